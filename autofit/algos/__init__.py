@@ -1,0 +1,5 @@
+"""Built-in trainer factories, one per TRL algorithm; the CLI's ``--algo`` picks one."""
+
+FACTORIES = {
+    "sft": "autofit.algos.sft:build_trainer",
+}

@@ -1,0 +1,23 @@
+"""``--algo sft``: TRL's SFTTrainer on worst-case synthetic data (every row exactly ``max_length`` tokens)."""
+
+from __future__ import annotations
+
+from autofit import probe_kit
+from autofit.candidate import Candidate
+
+
+def build_trainer(candidate: Candidate):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    path = probe_kit.model_path(candidate)
+    rows = probe_kit.synthetic_token_rows(candidate, candidate.max_length, probe_kit.probe_rows(candidate))
+    return SFTTrainer(
+        model=path,
+        args=SFTConfig(**candidate.training_args()),
+        train_dataset=Dataset.from_dict({"input_ids": rows}),
+        processing_class=AutoTokenizer.from_pretrained(path),
+        peft_config=candidate.peft_config(),
+        quantization_config=candidate.quantization_config(),
+    )

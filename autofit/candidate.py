@@ -1,0 +1,164 @@
+"""A candidate training configuration: what one probe runs and what the export writes.
+
+A ``Candidate`` is plain, frozen data that crosses the process boundary to a probe worker (it is pickled) and
+is stored in the Optuna study as JSON. Trainer factories read it through three small methods:
+``training_args()`` for the TRL config dataclass, ``peft_config()`` and ``quantization_config()`` for the
+trainer's constructor arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+# Config field that holds the sequence length, per algorithm.
+LENGTH_FIELD = {"sft": "max_length", "reward": "max_length"}
+
+LORA_TARGETS = "all-linear"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: str = LORA_TARGETS
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """Probe-only training arguments: never exported."""
+
+    steps: int
+    output_dir: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    algo: str
+    model: str
+    device: str  # "cuda" or "cpu"
+    micro_batch: int
+    grad_accum: int
+    max_length: int
+    checkpointing: bool = False
+    optim: Optional[str] = None  # None: the TRL config's default
+    lora: Optional[LoraSettings] = None
+    quantization: Optional[str] = None  # None, "8bit" or "4bit"
+    env: Tuple[Tuple[str, str], ...] = ()
+    rungs: Tuple[str, ...] = ()
+    # Training arguments the user fixed (learning rate, ...): passed through untouched.
+    user_args: Tuple[Tuple[str, Any], ...] = ()
+    real_weights: bool = False
+    probe: Optional[ProbeSettings] = field(default=None, compare=False)
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch * self.grad_accum
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.effective_batch * self.max_length
+
+    def replace(self, **changes) -> "Candidate":
+        return dataclasses.replace(self, **changes)
+
+    def with_rung(self, name: str, **changes) -> "Candidate":
+        return dataclasses.replace(self, rungs=self.rungs + (name,), **changes)
+
+    # -- what factories read ----------------------------------------------------------------------------------
+    def training_args(self) -> Dict[str, Any]:
+        """Keyword arguments for the algorithm's TRL config class (SFTConfig, ...)."""
+        args: Dict[str, Any] = dict(self.user_args)
+        args.update(
+            per_device_train_batch_size=self.micro_batch,
+            gradient_accumulation_steps=self.grad_accum,
+            activation_checkpointing=self.checkpointing,
+        )
+        args[LENGTH_FIELD.get(self.algo, "max_length")] = self.max_length
+        if self.optim is not None:
+            args["optim"] = self.optim
+        if self.device == "cpu":
+            args.update(use_cpu=True, bf16=False)
+        if self.probe is not None:
+            args.update(
+                output_dir=self.probe.output_dir,
+                max_steps=self.probe.steps,
+                save_strategy="no",
+                report_to="none",
+                logging_steps=1,
+                disable_tqdm=True,
+                dataloader_num_workers=0,
+            )
+        return args
+
+    def peft_config(self):
+        """A peft ``LoraConfig`` or None."""
+        if self.lora is None:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora.r,
+            lora_alpha=self.lora.alpha,
+            lora_dropout=self.lora.dropout,
+            target_modules=self.lora.target_modules,
+            task_type="SEQ_CLS" if self.algo == "reward" else "CAUSAL_LM",
+        )
+
+    def quantization_config(self):
+        """A transformers ``BitsAndBytesConfig`` or None."""
+        if self.quantization is None:
+            return None
+        import torch
+        from transformers import BitsAndBytesConfig
+
+        if self.quantization == "8bit":
+            return BitsAndBytesConfig(load_in_8bit=True)
+        compute = torch.float32 if self.device == "cpu" else torch.bfloat16
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute,
+        )
+
+    # -- identity and storage ---------------------------------------------------------------------------------
+    def to_dict(self) -> Dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("probe")
+        data["env"] = dict(self.env)
+        data["user_args"] = dict(self.user_args)
+        data["rungs"] = list(self.rungs)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "Candidate":
+        data = dict(data)
+        data["env"] = tuple(sorted(data.get("env", {}).items()))
+        data["user_args"] = tuple(sorted(data.get("user_args", {}).items()))
+        data["rungs"] = tuple(data.get("rungs", ()))
+        if data.get("lora") is not None:
+            data["lora"] = LoraSettings(**data["lora"])
+        return cls(**data)
+
+    def key(self) -> str:
+        """Stable identity of what is measured (the rung names that led here do not change the measurement)."""
+        data = self.to_dict()
+        data.pop("rungs")
+        return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        parts = [f"mb={self.micro_batch}x{self.grad_accum}", f"len={self.max_length}"]
+        if self.checkpointing:
+            parts.append("ckpt")
+        if self.optim:
+            parts.append(self.optim)
+        if self.quantization:
+            parts.append(f"q{self.quantization}")
+        if self.lora:
+            parts.append(f"lora{self.lora.r}")
+        return " ".join(parts)

@@ -1,0 +1,125 @@
+"""``autofit search``: the command line. Exit codes: 0 a fitting config was written, 2 bad input, 3 nothing fits."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from autofit import __version__
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_FIT = 0, 2, 3
+
+log = logging.getLogger("autofit")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not the usage block
+        self.exit(EXIT_BAD_INPUT, f"autofit: error: {message} (see autofit {self.prog.split()[-1]} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not valid: a positive integer is accepted")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from autofit.algos import FACTORIES
+
+    parser = _Parser(prog="autofit", description="Find the best TRL training configuration that fits your GPU.")
+    parser.add_argument("--version", action="version", version=f"autofit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    search = commands.add_parser("search", help="probe real training runs and write the best config that fits")
+    search.add_argument("--model", required=True, help="hub id (bundled configs work offline) or local folder")
+    search.add_argument("--algo", default="sft", help=f"one of: {', '.join(FACTORIES)} (default sft)")
+    search.add_argument("--gpu-memory", help="budget, e.g. 24GiB; default the card's memory; required on CPU")
+    search.add_argument("--device", default="auto", help="auto, cuda or cpu (cpu: simulated device meter)")
+    search.add_argument("--max-length", type=_positive_int, default=1024, help="sequence length (default 1024)")
+    search.add_argument("--min-length", type=_positive_int, help="floor for shorter sequences (default: never cut)")
+    search.add_argument("--effective-batch", type=_positive_int, default=8,
+                        help="micro-batch x accumulation, kept exactly (default 8)")
+    search.add_argument("--maximize", default="batch", help="batch (default) or length (longest that fits)")
+    search.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
+    search.add_argument("--out", default="autofit-out", help="output folder; the study there is resumed")
+    search.add_argument("--real-weights", action="store_true", help="load the model's weights instead of random")
+    search.add_argument("--probe-steps", type=_positive_int, default=2, help="optimizer steps per probe (>= 2)")
+    search.add_argument("--verify-steps", type=_positive_int, default=10, help="optimizer steps of the check run")
+    search.add_argument("--probe-timeout", type=float, default=900.0, help="seconds before a probe is killed")
+    search.add_argument("-q", "--quiet", action="store_true", help="only the final table")
+    return parser
+
+
+def _spec_from_args(args):
+    from autofit.api import budget_for
+    from autofit.device import resolve_device
+    from autofit.spec import DEVICES, InputError, SearchSpec
+
+    if args.device not in DEVICES:
+        raise InputError(f"--device '{args.device}' is not valid: accepted are {', '.join(DEVICES)}")
+    device = resolve_device(args.device)
+    ladder = [name.strip() for name in args.ladder.split(",") if name.strip()] if args.ladder else None
+    if args.ladder is not None and not ladder:
+        raise InputError(f"--ladder '{args.ladder}' names no rung")
+    return SearchSpec(
+        model=args.model,
+        algo=args.algo,
+        device=device,
+        budget_bytes=budget_for(device, args.gpu_memory),
+        max_length=args.max_length,
+        min_length=args.min_length,
+        effective_batch=args.effective_batch,
+        maximize=args.maximize,
+        ladder=ladder,
+        real_weights=args.real_weights,
+        out_dir=Path(args.out),
+        probe_steps=args.probe_steps,
+        verify_steps=args.verify_steps,
+        probe_timeout_s=args.probe_timeout,
+    )
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    from autofit.api import no_fit_message, run_search
+    from autofit.export import table_text
+    from autofit.registry import UnknownModelError, resolve_model
+    from autofit.spec import InputError, format_size
+
+    try:
+        spec = _spec_from_args(args)
+        resolve_model(spec.model)
+        report = run_search(spec)
+    except (InputError, UnknownModelError) as exc:
+        print(f"autofit: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"autofit: interrupted; run the same command again to resume from {args.out}", file=sys.stderr)
+        return 130
+    print(table_text(report))
+    for note in report.notes:
+        print(f"note: {note}")
+    if not report.fits:
+        print(f"autofit: {no_fit_message(report)}", file=sys.stderr)
+        print(f"details: {spec.out_dir / 'best.json'}")
+        return EXIT_NO_FIT
+    chosen, verified = report.chosen.candidate, report.verified
+    print(
+        f"best: {chosen.describe()} [{', '.join(chosen.rungs) or 'no rung needed'}], "
+        f"verified peak {format_size(verified.peak_bytes)} of {format_size(spec.budget_bytes)} over "
+        f"{verified.steps} steps, {verified.tokens_per_second:,.0f} tok/s; "
+        f"{report.probes_run} probes this run ({report.probes_total} stored)"
+    )
+    print(f"wrote {spec.out_dir / 'best.yaml'} and {spec.out_dir / 'best.json'}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

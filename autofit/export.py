@@ -1,0 +1,211 @@
+"""Writes the search's answer: best.yaml (for ``trl <algo> --config``), best.json (structured), and the table."""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from autofit.candidate import Candidate
+from autofit.device import first_gpu
+from autofit.probe_kit import checkpoint_folder
+from autofit.registry import resolve_model
+from autofit.search import SearchReport
+from autofit.spec import format_size
+
+log = logging.getLogger(__name__)
+
+PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "optuna")
+
+
+def versions() -> Dict[str, Optional[str]]:
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def loadable_name(candidate: Candidate) -> str:
+    """The model as TRL should load it: a hub id or folder as given; for a bundled toy model without a hub id
+    (tiny-qwen2), the random-weight checkpoint that the probes used."""
+    source = resolve_model(candidate.model)
+    if source.local_path or "/" in candidate.model:
+        return source.local_path or candidate.model
+    return str(checkpoint_folder(source.config, candidate.model))
+
+
+def model_args(candidate: Candidate) -> Dict[str, Any]:
+    """TRL ``ModelConfig`` fields (the CLI's model, LoRA and quantization flags)."""
+    args: Dict[str, Any] = {"model_name_or_path": loadable_name(candidate)}
+    if candidate.lora is not None:
+        args.update(
+            use_peft=True,
+            lora_r=candidate.lora.r,
+            lora_alpha=candidate.lora.alpha,
+            lora_dropout=candidate.lora.dropout,
+            lora_target_modules=candidate.lora.target_modules,
+        )
+    if candidate.quantization == "8bit":
+        args["load_in_8bit"] = True
+    elif candidate.quantization == "4bit":
+        args.update(load_in_4bit=True, bnb_4bit_quant_type="nf4", use_bnb_nested_quant=True)
+    return args
+
+
+def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) -> str:
+    """The rung (or the reason) behind one exported key."""
+    rungs = candidate.rungs
+    if key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        return "micro-batch (effective batch kept)" if "micro-batch" in rungs else "effective batch"
+    if key == "activation_checkpointing":
+        return "checkpointing" if candidate.checkpointing else "baseline: off is fastest and fits"
+    if key == "optim":
+        return "optimizer-8bit"
+    if key == "max_length":
+        if maximize == "length":
+            return "longest that fits (--maximize length)"
+        return "shorter-length" if candidate.max_length < spec_max_length else "--max-length"
+    if key in ("use_cpu", "bf16"):
+        return "CPU device (simulated meter)"
+    if key.startswith(("lora_", "use_peft")):
+        return "lora" if "lora" in rungs else next((r for r in rungs if r.startswith("quant")), "lora")
+    if key.startswith(("load_in", "bnb_", "use_bnb")):
+        return next((r for r in rungs if r.startswith("quant")), "quantization")
+    if key == "model_name_or_path":
+        return "random weights were probed; memory does not depend on their values"
+    return "yours"
+
+
+def _scalar(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def yaml_text(report: SearchReport) -> str:
+    fit, spec = report.chosen, report.spec
+    candidate = fit.candidate
+    defaults = fit.result.config_defaults or report.verified.config_defaults
+    train = {k: v for k, v in candidate.training_args().items() if k not in defaults or defaults[k] != v}
+    lines = [
+        f"# autofit: best {spec.algo} configuration for {spec.model} within {format_size(spec.budget_bytes)}",
+        f"# verified peak {format_size(report.verified.peak_bytes)} over {report.verified.steps} steps; "
+        f"rungs: {', '.join(candidate.rungs) or 'none'}",
+        f"# use: trl {spec.algo} --config best.yaml --dataset_name YOUR_DATASET",
+    ]
+    for key, value in {**model_args(candidate), **train}.items():
+        lines.append(f"{key}: {_scalar(value)}  # {_why(key, candidate, spec.max_length, spec.maximize)}")
+    if candidate.env:
+        lines.append("env:")
+        for key, value in candidate.env:
+            lines.append(f"  {key}: {_scalar(value)}  # expandable-segments")
+    return "\n".join(lines) + "\n"
+
+
+def _peft_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
+    if candidate.lora is None:
+        return None
+    return {"type": "lora", "r": candidate.lora.r, "lora_alpha": candidate.lora.alpha,
+            "lora_dropout": candidate.lora.dropout, "target_modules": candidate.lora.target_modules}
+
+
+def _quantization_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
+    if candidate.quantization == "8bit":
+        return {"load_in_8bit": True}
+    if candidate.quantization == "4bit":
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
+    return None
+
+
+def json_data(report: SearchReport) -> Dict[str, Any]:
+    spec = report.spec
+    gpu = first_gpu() if spec.device == "cuda" else None
+    data: Dict[str, Any] = {
+        "fits": report.fits,
+        "model": spec.model,
+        "algo": spec.algo,
+        "device": spec.device,
+        "gpu": gpu.name if gpu else None,
+        "budget_bytes": spec.budget_bytes,
+        "probes": report.probes_total,
+        "probes_this_run": report.probes_run,
+        "search": {
+            "maximize": spec.maximize,
+            "effective_batch": spec.effective_batch,
+            "max_length": spec.max_length,
+            "min_length": spec.min_length,
+            "ladder": [rung for state in report.levels for rung in state.rungs[-1:]],
+            "probe_steps": spec.probe_steps,
+            "verify_steps": spec.verify_steps,
+        },
+        "notes": report.notes,
+        "candidates": [
+            {
+                "kind": r.kind,
+                "rungs": list(r.candidate.rungs),
+                "candidate": r.candidate.describe(),
+                "outcome": r.result.outcome.value,
+                "peak_bytes": r.result.peak_bytes,
+                "tokens_per_second": round(r.result.tokens_per_second, 1),
+                "error": r.result.error or None,
+                "stored": r.cached,
+            }
+            for r in report.records
+        ],
+        "versions": versions(),
+    }
+    if report.fits:
+        fit, verified = report.chosen, report.verified
+        candidate = fit.candidate
+        data.update(
+            peak_bytes=max(verified.peak_bytes, fit.result.peak_bytes),
+            tokens_per_second=round(verified.tokens_per_second, 1),
+            rungs=list(candidate.rungs),
+            cost_class=report.levels[fit.level].cost,
+            config=candidate.training_args(),
+            config_class=verified.config_class,
+            model_args=model_args(candidate),
+            peft=_peft_dict(candidate),
+            quantization=_quantization_dict(candidate),
+            env=dict(candidate.env),
+            phase_peaks=fit.result.phase_peaks,
+            probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
+            verified={"steps": verified.steps, "peak_bytes": verified.peak_bytes, "phase_peaks": verified.phase_peaks,
+                      "outcome": verified.outcome.value, "stats": verified.stats},
+        )
+    else:
+        failure = report.lightest_failure()
+        data.update(peak_bytes=None, rungs=[], config=None, smallest_oom_peak_bytes=failure.result.peak_bytes if failure else None)
+    return data
+
+
+def table_text(report: SearchReport) -> str:
+    rows: List[Tuple[str, ...]] = [("#", "kind", "rungs", "candidate", "outcome", "peak", "tok/s")]
+    for index, r in enumerate(report.records, 1):
+        rows.append((
+            str(index), r.kind + ("*" if r.cached else ""), "+".join(r.candidate.rungs) or "baseline",
+            r.candidate.describe(), r.result.outcome.value, format_size(r.result.peak_bytes),
+            f"{r.result.tokens_per_second:,.0f}" if r.result.fits else "-",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if any(r.cached for r in report.records):
+        lines.append("* stored: measured by an earlier run of this search, not repeated")
+    return "\n".join(lines)
+
+
+def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "best.json", "yaml": out_dir / "best.yaml"}
+    paths["json"].write_text(json.dumps(json_data(report), indent=2, default=str) + "\n")
+    if report.fits:
+        paths["yaml"].write_text(yaml_text(report))
+    else:
+        paths["yaml"].unlink(missing_ok=True)  # a stale answer from an earlier search would mislead
+    return paths

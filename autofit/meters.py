@@ -1,0 +1,192 @@
+"""Device memory meters used inside a probe process.
+
+A meter answers three things: the peak bytes of the current phase, the peak of every phase seen, and (for the
+simulated meter) when to raise an out-of-memory error. Phases are named by the probe ("load", "forward_backward",
+"optimizer_step", ...); switching phase closes the previous one.
+
+- ``CudaMeter``: the real thing. Peak reserved bytes of the caching allocator (what OOMs) plus the memory of
+  this process that PyTorch does not manage (CUDA context, cuBLAS, NCCL), read through NVML. A budget smaller than
+  the card is enforced with ``torch.cuda.set_per_process_memory_fraction``.
+- ``SimulatedMeter``: counts the bytes of live tensor storages through a ``TorchDispatchMode`` and raises
+  ``torch.OutOfMemoryError`` when they exceed the budget. Real training on the CPU, measured; not GPU-exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from typing import Dict, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+log = logging.getLogger(__name__)
+
+
+class _PhaseLedger:
+    """Keeps the peak of each named phase; subclasses supply the live and peak readings."""
+
+    def __init__(self) -> None:
+        self.phase = "setup"
+        self.phase_peaks: Dict[str, int] = {}
+
+    def _read_peak(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _reset_peak(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def set_phase(self, name: str) -> None:
+        if name == self.phase:
+            return
+        self._close_phase()
+        self.phase = name
+        self._reset_peak()
+
+    def _close_phase(self) -> None:
+        peak = self._read_peak()
+        self.phase_peaks[self.phase] = max(self.phase_peaks.get(self.phase, 0), peak)
+
+    def peaks(self) -> Dict[str, int]:
+        self._close_phase()
+        return dict(self.phase_peaks)
+
+    def peak(self) -> int:
+        return max(self.peaks().values(), default=0)
+
+
+class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
+    """Counts live tensor storage bytes; raises ``torch.OutOfMemoryError`` above ``budget_bytes``.
+
+    Each storage is counted once, when an op first returns it, and released by a ``weakref.finalize`` when the
+    storage is freed (PyTorch keeps the storage's Python object alive exactly as long as the memory).
+    Tensors that existed before the mode was entered are added with ``track``.
+    """
+
+    def __init__(self, budget_bytes: Optional[int] = None) -> None:
+        _PhaseLedger.__init__(self)
+        TorchDispatchMode.__init__(self)
+        self.budget_bytes = budget_bytes
+        self.live = 0
+        self._phase_peak = 0
+        self._seen: Dict[int, int] = {}
+
+    # -- accounting -------------------------------------------------------------------------------------------
+    def _add(self, tensor: torch.Tensor) -> int:
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
+            return 0
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse, nested or functional wrappers
+            return 0
+        key = storage._cdata
+        if key in self._seen:
+            return 0
+        nbytes = storage.nbytes()
+        self._seen[key] = nbytes
+        self.live += nbytes
+        weakref.finalize(storage, self._release, key)
+        return nbytes
+
+    def _release(self, key: int) -> None:
+        self.live -= self._seen.pop(key, 0)
+
+    def track(self, *modules_or_tensors) -> None:
+        """Count tensors created outside the mode (for example loaded from disk)."""
+        for item in modules_or_tensors:
+            if isinstance(item, torch.nn.Module):
+                for tensor in list(item.parameters()) + list(item.buffers()):
+                    self._add(tensor)
+            elif isinstance(item, torch.Tensor):
+                self._add(item)
+        self._bump(0, "track")
+
+    def _bump(self, requested: int, op_name: str) -> None:
+        self._phase_peak = max(self._phase_peak, self.live)
+        if self.budget_bytes is not None and self.live > self.budget_bytes:
+            raise torch.OutOfMemoryError(
+                f"Simulated device out of memory. Tried to allocate {requested / 2**20:.2f} MiB in {op_name}; "
+                f"live tensors {self.live / 2**20:.2f} MiB > budget {self.budget_bytes / 2**20:.2f} MiB "
+                f"(phase {self.phase})"
+            )
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        added = 0
+        for tensor in tree_flatten(out)[0]:
+            added += self._add(tensor)
+        if added:
+            self._bump(added, str(func))
+        return out
+
+    # -- phase ledger -----------------------------------------------------------------------------------------
+    def _read_peak(self) -> int:
+        return max(self._phase_peak, self.live)
+
+    def _reset_peak(self) -> None:
+        self._phase_peak = self.live
+
+    def stats(self) -> Dict[str, int]:
+        return {"live_bytes": self.live}
+
+
+class CudaMeter(_PhaseLedger):
+    """Peak reserved bytes plus this process's non-PyTorch device memory (NVML)."""
+
+    def __init__(self, budget_bytes: Optional[int] = None, device: int = 0) -> None:
+        super().__init__()
+        self.device = device
+        self.budget_bytes = budget_bytes
+        torch.cuda.init()
+        self.total_bytes = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_device(device)
+        torch.empty(1, device=f"cuda:{device}")  # create the context so it can be measured
+        self.context_bytes = max(0, self._process_bytes() - torch.cuda.memory_reserved(device))
+        if budget_bytes is not None and budget_bytes < self.total_bytes:
+            usable = budget_bytes - self.context_bytes
+            if usable <= 0:
+                raise torch.OutOfMemoryError(
+                    f"budget {budget_bytes} bytes is below the CUDA context ({self.context_bytes} bytes)"
+                )
+            torch.cuda.set_per_process_memory_fraction(usable / self.total_bytes, device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def _process_bytes(self) -> int:
+        """Device memory NVML attributes to this process; falls back to driver used memory."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(self._nvml_index())
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == os.getpid() and proc.usedGpuMemory:
+                    return int(proc.usedGpuMemory)
+        except Exception as exc:  # NVML missing, or no per-process accounting in containers
+            log.debug("NVML per-process memory unavailable: %s", exc)
+        free, total = torch.cuda.mem_get_info(self.device)
+        return total - free
+
+    def _nvml_index(self) -> int:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            first = visible.split(",")[self.device].strip()
+            if first.isdigit():
+                return int(first)
+        return self.device
+
+    def _read_peak(self) -> int:
+        return torch.cuda.max_memory_reserved(self.device) + self.context_bytes
+
+    def _reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def stats(self) -> Dict[str, int]:
+        stats = torch.cuda.memory_stats(self.device)
+        return {
+            "context_bytes": self.context_bytes,
+            "alloc_retries": int(stats.get("num_alloc_retries", 0)),
+            "allocated_peak_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
+            "nvml_process_bytes": self._process_bytes(),
+        }

@@ -1,0 +1,132 @@
+"""Building blocks for trainer factories: a loadable model, a synthesized tokenizer, worst-case data.
+
+Random weights by default: peak memory does not depend on weight values. A random-weight checkpoint (weights in
+the configuration's dtype, plus a synthesized tokenizer) is written once per configuration to a cache folder, so
+TRL loads the model from a path exactly as ``trl sft --model_name_or_path`` would, quantization included.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Dict, List
+
+from autofit.candidate import Candidate
+from autofit.registry import resolve_model
+
+log = logging.getLogger(__name__)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("AUTOFIT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "autofit"
+    return Path(root).expanduser()
+
+
+def special_token_ids(config: Dict) -> Dict[str, int]:
+    """pad/eos/bos ids for the synthesized tokenizer: the configuration's own where it has them."""
+    vocab = config["vocab_size"]
+
+    def first(value, fallback):
+        if isinstance(value, list):
+            value = value[0] if value else None
+        return value if isinstance(value, int) and 0 <= value < vocab else fallback
+
+    eos = first(config.get("eos_token_id"), vocab - 2)
+    bos = first(config.get("bos_token_id"), vocab - 3)
+    pad = first(config.get("pad_token_id"), vocab - 1)
+    if pad == eos:
+        pad = vocab - 1 if eos != vocab - 1 else vocab - 4
+    return {"pad": pad, "eos": eos, "bos": bos}
+
+
+def synthesize_tokenizer(config: Dict):
+    """A word-level tokenizer whose vocabulary has exactly the model's size (token ``t{i}`` is id i)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(config["vocab_size"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    ids = special_token_ids(config)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=f"t{ids['pad']}",
+        eos_token=f"t{ids['eos']}",
+        bos_token=f"t{ids['bos']}",
+        unk_token="t0",
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    return tokenizer
+
+
+def _config_hash(config: Dict) -> str:
+    return hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def model_path(candidate: Candidate) -> str:
+    """A path TRL can load: the user's folder with ``--real-weights``, else a cached random-weight checkpoint."""
+    source = resolve_model(candidate.model)
+    if candidate.real_weights:
+        return source.local_path or candidate.model
+    return str(random_checkpoint(source.config, candidate.model))
+
+
+def checkpoint_folder(config: Dict, name: str) -> Path:
+    return cache_dir() / "random-checkpoints" / f"{name.replace('/', '--')}-{_config_hash(config)}"
+
+
+def random_checkpoint(config: Dict, name: str) -> Path:
+    """Write (once, under a lock) a checkpoint with random weights and a synthesized tokenizer."""
+    folder = checkpoint_folder(config, name)
+    if (folder / ".complete").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".complete").exists():
+            _write_random_checkpoint(config, folder)
+            (folder / ".complete").touch()
+    return folder
+
+
+def _write_random_checkpoint(config: Dict, folder: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    settings = dict(config)
+    model_type = settings.pop("model_type")
+    hf_config = AutoConfig.for_model(model_type, **settings)
+    dtype = getattr(hf_config, "dtype", None) or torch.float32
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    log.info("writing a random-weight checkpoint of %s to %s", model_type, folder)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    model.save_pretrained(folder)
+    synthesize_tokenizer(config).save_pretrained(folder)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def synthetic_token_rows(candidate: Candidate, length: int, rows: int) -> List[List[int]]:
+    """``rows`` sequences of exactly ``length`` random ordinary token ids (no special tokens)."""
+    import random
+
+    config = resolve_model(candidate.model).config
+    special = set(special_token_ids(config).values())
+    ordinary = [i for i in range(min(config["vocab_size"], 1 << 16)) if i not in special]
+    rng = random.Random(0)
+    return [[rng.choice(ordinary) for _ in range(length)] for _ in range(rows)]
+
+
+def probe_rows(candidate: Candidate) -> int:
+    """Enough rows for every micro-batch of every probe step."""
+    steps = candidate.probe.steps if candidate.probe else 1
+    return candidate.effective_batch * steps

@@ -1,0 +1,221 @@
+"""The search: walk the ladder, find the largest micro-batch (or longest sequence) that fits at each level, choose,
+and verify the choice with a longer run.
+
+Rules (see DESIGN.md, "The ladder"):
+- Levels are visited from free to costly. The first level where anything fits fixes the cost class.
+- Within the free and speed classes the remaining levels of that class are tried too, unless a fit already
+  reaches the top of the range (the largest micro-batch, or the full length); the fastest measured fit wins.
+- Within the quality class the first level that fits wins: its rungs change the training least.
+- The chosen configuration is verified for ``verify_steps`` optimizer steps under the same budget; if that run
+  does not fit, the next-best fit is verified instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from autofit.candidate import Candidate
+from autofit.ladder import QUALITY, LadderState, Rung, climb
+from autofit.outcome import Outcome, ProbeResult
+from autofit.runner import Runner
+from autofit.spec import SearchSpec, format_size
+from autofit.store import ProbeStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Record:
+    level: int
+    candidate: Candidate
+    kind: str  # "probe" or "verify"
+    result: ProbeResult
+    cached: bool
+
+
+@dataclass
+class Fit:
+    level: int
+    candidate: Candidate
+    result: ProbeResult
+
+
+@dataclass
+class SearchReport:
+    spec: SearchSpec
+    levels: List[LadderState]
+    records: List[Record] = field(default_factory=list)
+    chosen: Optional[Fit] = None
+    verified: Optional[ProbeResult] = None
+    notes: List[str] = field(default_factory=list)
+    probes_run: int = 0
+    probes_total: int = 0
+
+    @property
+    def fits(self) -> bool:
+        return self.chosen is not None
+
+    def lightest_failure(self) -> Optional[Record]:
+        """The OOM with the smallest peak at the most optimized level: how far from fitting we are."""
+        ooms = [r for r in self.records if r.result.outcome is Outcome.OOM]
+        if not ooms:
+            return None
+        last = max(r.level for r in ooms)
+        return min((r for r in ooms if r.level == last), key=lambda r: r.result.peak_bytes)
+
+
+def divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def length_grid(low: int, high: int) -> List[int]:
+    """Candidate sequence lengths from ``low`` to ``high``: multiples of a step that keeps about 64 points."""
+    step = max(8, 2 ** int(math.log2(max(high, 8) / 64))) if high > low else 1
+    inner = range((low // step + 1) * step, high, step)
+    return sorted({low, *inner, high})
+
+
+class Search:
+    def __init__(self, spec: SearchSpec, runner: Runner, rungs: Sequence[Rung], store: Optional[ProbeStore] = None):
+        self.spec = spec
+        self.runner = runner
+        base = Candidate(
+            algo=spec.algo,
+            model=spec.model,
+            device=spec.device,
+            micro_batch=spec.effective_batch,
+            grad_accum=1,
+            max_length=spec.max_length,
+            user_args=tuple(sorted(spec.user_args.items())),
+            real_weights=spec.real_weights,
+        )
+        start = LadderState(base, min_length=spec.min_length, maximize=spec.maximize)
+        self.levels = climb(start, rungs)
+        self.store = store or ProbeStore(
+            spec.out_dir, spec.study_name(), spec.budget_bytes, len(self.levels), spec.effective_batch, spec.max_length
+        )
+        self.report = SearchReport(spec, self.levels)
+
+    # -- measuring --------------------------------------------------------------------------------------------
+    def _measure(self, level: int, candidate: Candidate, kind: str = "probe") -> ProbeResult:
+        steps = self.spec.verify_steps if kind == "verify" else self.spec.probe_steps
+        result, cached = self.store.measure(candidate, kind, level, lambda: self.runner.run(candidate, steps))
+        self.report.records.append(Record(level, candidate, kind, result, cached))
+        rungs = "+".join(candidate.rungs) or "baseline"
+        detail = f"peak {format_size(result.peak_bytes)}"
+        if result.fits:
+            detail += f", {result.tokens_per_second:,.0f} tok/s"
+        else:
+            detail += f" in {result.error_phase or '?'}: {result.error[:160]}"
+        log.info(
+            "%s %-5s [%s] %s: %s %s%s",
+            kind, len(self.report.records), rungs, candidate.describe(), result.outcome.value, detail,
+            " (stored)" if cached else "",
+        )
+        return result
+
+    def _largest(self, level: int, values: Sequence[int], make: Callable[[int], Candidate]) -> List[Fit]:
+        """Bisection for the largest value that fits, memory assumed to grow with the value.
+        Returns every fit found, the largest first."""
+        fits: List[Fit] = []
+
+        def fits_at(index: int) -> bool:
+            candidate = make(values[index])
+            result = self._measure(level, candidate)
+            if result.fits:
+                fits.append(Fit(level, candidate, result))
+            return result.fits
+
+        if not fits_at(0):
+            return []
+        low, high = 0, len(values) - 1
+        if high > 0 and not fits_at(high):
+            while high - low > 1:
+                mid = (low + high) // 2
+                if fits_at(mid):
+                    low = mid
+                else:
+                    high = mid
+        return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
+
+    def _size(self, candidate: Candidate) -> Tuple[int, int]:
+        if self.spec.maximize == "length":
+            return candidate.max_length, candidate.micro_batch
+        return candidate.micro_batch, candidate.max_length
+
+    # -- one level --------------------------------------------------------------------------------------------
+    def _search_level(self, level: int, state: LadderState) -> List[Fit]:
+        spec = self.spec
+        batches = divisors(spec.effective_batch) if state.vary_batch else [spec.effective_batch]
+
+        def at(batch: int, length: int) -> Candidate:
+            return state.candidate.replace(
+                micro_batch=batch, grad_accum=spec.effective_batch // batch, max_length=length
+            )
+
+        if spec.maximize == "length":
+            grid = length_grid(spec.min_length, spec.max_length)
+            return self._largest(level, grid, lambda length: at(batches[0], length))
+        fits = self._largest(level, batches, lambda batch: at(batch, spec.max_length))
+        if not fits and state.vary_length:
+            shorter = length_grid(spec.min_length, spec.max_length)[:-1]
+            by_length = self._largest(level, shorter, lambda length: at(batches[0], length))
+            if by_length:
+                length = by_length[0].candidate.max_length
+                fits = self._largest(level, batches, lambda batch: at(batch, length)) + by_length[1:]
+        return fits
+
+    def _at_top(self, fit: Fit) -> bool:
+        if self.spec.maximize == "length":
+            return fit.candidate.max_length == self.spec.max_length
+        return fit.candidate.micro_batch == self.spec.effective_batch and fit.candidate.max_length == self.spec.max_length
+
+    # -- the walk ---------------------------------------------------------------------------------------------
+    def run(self) -> SearchReport:
+        primary: List[Fit] = []  # the best fit of each level
+        fallback: List[Fit] = []  # smaller fits, in case a verification fails
+        cost = None
+        for level, state in enumerate(self.levels):
+            if cost is not None and (state.cost != cost or cost == QUALITY or any(map(self._at_top, primary))):
+                break
+            fits = self._search_level(level, state)
+            if fits:
+                cost = cost or state.cost
+                primary.append(fits[0])
+                fallback.extend(fits[1:])
+        self._choose(primary, fallback)
+        self.report.probes_run = self.store.probes_run
+        self.report.probes_total = self.store.probes_total
+        return self.report
+
+    def _rank(self, fits: List[Fit]) -> List[Fit]:
+        if self.spec.maximize == "length":
+            return sorted(fits, key=lambda f: (f.candidate.max_length, f.result.tokens_per_second), reverse=True)
+        return sorted(fits, key=lambda f: f.result.tokens_per_second, reverse=True)
+
+    def _choose(self, primary: List[Fit], fallback: List[Fit]) -> None:
+        for fit in self._rank(primary) + self._rank(fallback):
+            verified = self._measure(fit.level, fit.candidate, kind="verify")
+            if verified.fits:
+                self.report.chosen, self.report.verified = fit, verified
+                self._note_truncation(fit.candidate)
+                return
+            self.report.notes.append(
+                f"{fit.candidate.describe()} fitted in {self.spec.probe_steps} steps but not in "
+                f"{self.spec.verify_steps} ({verified.outcome.value}: {verified.error[:120]}); next candidate"
+            )
+
+    def _note_truncation(self, candidate: Candidate) -> None:
+        spec = self.spec
+        if spec.maximize == "length":
+            self.report.notes.append(
+                f"longest max_length that fits: {candidate.max_length} (searched {spec.min_length}..{spec.max_length})"
+            )
+        elif candidate.max_length < spec.max_length:
+            self.report.notes.append(
+                f"max_length cut from {spec.max_length} to {candidate.max_length}: training examples longer than "
+                f"{candidate.max_length} tokens will be truncated"
+            )

@@ -1,0 +1,106 @@
+"""What the user asks for, validated: ``SearchSpec``. Every bad value raises ``InputError`` with one line that
+names the value and what is accepted."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from autofit.algos import FACTORIES
+
+
+class InputError(ValueError):
+    pass
+
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+
+
+def parse_size(text: str) -> int:
+    """'24GiB', '80GB', '512MiB', '1.5g' -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise InputError(f"memory size '{text}' is not valid: use a positive number with a unit, e.g. 24GiB, 80GB, 512MiB")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(nbytes: Optional[float]) -> str:
+    if nbytes is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+MAXIMIZE = ("batch", "length")
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@dataclass
+class SearchSpec:
+    model: str
+    algo: str = "sft"
+    device: str = "cpu"  # resolved: "cuda" or "cpu"
+    budget_bytes: Optional[int] = None
+    max_length: int = 1024
+    min_length: Optional[int] = None  # floor for the shorter-length rung; None: max_length (never cut)
+    effective_batch: int = 8
+    maximize: str = "batch"
+    ladder: Optional[List[str]] = None  # rung names; None: the default ladder
+    user_args: Dict[str, Any] = field(default_factory=dict)
+    real_weights: bool = False
+    factory: Optional[str] = None  # "module:function"; None: the built-in factory of ``algo``
+    out_dir: Path = Path("autofit-out")
+    probe_steps: int = 2
+    verify_steps: int = 10
+    probe_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir)
+        if self.factory is None and self.algo not in FACTORIES:
+            raise InputError(f"unknown algo '{self.algo}': accepted are {', '.join(FACTORIES)}")
+        if self.device not in ("cuda", "cpu"):
+            raise InputError(f"device '{self.device}' is not valid: accepted are {', '.join(DEVICES)}")
+        if self.maximize not in MAXIMIZE:
+            raise InputError(f"--maximize '{self.maximize}' is not valid: accepted are {', '.join(MAXIMIZE)}")
+        for name in ("max_length", "effective_batch", "probe_steps", "verify_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InputError(f"{name.replace('_', '-')} {value!r} is not valid: it must be a positive integer")
+        if self.probe_steps < 2:
+            raise InputError(f"probe-steps {self.probe_steps} is not valid: a probe needs at least 2 optimizer steps")
+        if self.min_length is None:
+            self.min_length = self.max_length if self.maximize == "batch" else min(self.max_length, 128)
+        if not isinstance(self.min_length, int) or self.min_length < 1:
+            raise InputError(f"min-length {self.min_length!r} is not valid: it must be a positive integer")
+        if self.min_length > self.max_length:
+            raise InputError(
+                f"--min-length {self.min_length} is above --max-length {self.max_length}: it must be at most that"
+            )
+        if self.device == "cpu" and self.budget_bytes is None:
+            raise InputError("--gpu-memory is required on the CPU: it is the budget of the simulated device")
+        if self.ladder is not None:
+            from autofit.ladder import resolve_ladder
+
+            try:
+                resolve_ladder(self.ladder)
+            except ValueError as exc:
+                raise InputError(str(exc)) from None
+
+    def study_name(self) -> str:
+        """Same question, same study: running the same command again resumes it."""
+        parts = [
+            self.algo, self.model, self.device, str(self.budget_bytes), str(self.max_length), str(self.min_length),
+            str(self.effective_batch), self.maximize, ",".join(self.ladder or ["default"]),
+            str(sorted(self.user_args.items())), str(self.real_weights), self.factory or "", str(self.probe_steps),
+        ]
+        return "|".join(parts)

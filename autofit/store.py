@@ -1,0 +1,79 @@
+"""Probe results kept in an Optuna study on disk: one trial per probe, so a search resumes where it stopped.
+
+OOM is not a failure: the trial completes with a positive constraint value (peak - budget), which is what
+Optuna's constrained samplers read. Crashes and time-outs are FAIL trials. A probe that was interrupted leaves a
+RUNNING trial without a result; it is not reused and runs again.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable, Dict, Optional, Tuple
+
+import optuna
+from optuna.distributions import IntDistribution
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from autofit.candidate import Candidate
+from autofit.outcome import Outcome, ProbeResult
+
+log = logging.getLogger(__name__)
+
+STUDY_FILE = "study.journal"
+
+
+class ProbeStore:
+    def __init__(self, out_dir: Path, study_name: str, budget_bytes: Optional[int], levels: int, max_batch: int,
+                 max_length: int):
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = JournalStorage(JournalFileBackend(str(Path(out_dir) / STUDY_FILE)))
+        self.study = optuna.create_study(
+            study_name=study_name, storage=storage, direction="maximize", load_if_exists=True
+        )
+        self.budget_bytes = budget_bytes
+        self.distributions = {
+            "level": IntDistribution(0, max(levels - 1, 0)),
+            "micro_batch": IntDistribution(1, max(max_batch, 1)),
+            "max_length": IntDistribution(1, max(max_length, 1)),
+        }
+        self._cache: Dict[Tuple[str, str], ProbeResult] = {}
+        for trial in self.study.get_trials(deepcopy=False):
+            attrs = trial.user_attrs
+            if "result" in attrs and trial.state in (TrialState.COMPLETE, TrialState.FAIL):
+                self._cache[(attrs["key"], attrs["kind"])] = ProbeResult.from_dict(attrs["result"])
+        self.probes_run = 0
+
+    @property
+    def probes_total(self) -> int:
+        """Probes recorded in the study, those of earlier (interrupted) runs included."""
+        return len(self._cache)
+
+    def lookup(self, candidate: Candidate, kind: str) -> Optional[ProbeResult]:
+        return self._cache.get((candidate.key(), kind))
+
+    def measure(self, candidate: Candidate, kind: str, level: int, run: Callable[[], ProbeResult]) -> Tuple[ProbeResult, bool]:
+        """The stored result for ``candidate``, or run it as a new trial. Returns (result, was_cached)."""
+        cached = self.lookup(candidate, kind)
+        if cached is not None:
+            return cached, True
+        params = {"level": level, "micro_batch": candidate.micro_batch, "max_length": candidate.max_length}
+        self.study.enqueue_trial(params, user_attrs={"key": candidate.key(), "kind": kind})
+        trial = self.study.ask(fixed_distributions=self.distributions)
+        trial.set_user_attr("candidate", candidate.to_dict())
+        result = run()
+        trial.set_user_attr("result", result.to_dict())
+        if self.budget_bytes is not None:
+            over = result.peak_bytes - self.budget_bytes
+            if result.outcome is Outcome.OOM:
+                over = max(over, 1)
+            trial.set_constraint("peak_minus_budget", float(over))
+        if result.outcome in (Outcome.OK, Outcome.OOM):
+            self.study.tell(trial, result.tokens_per_second if result.fits else 0.0)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+        self._cache[(candidate.key(), kind)] = result
+        self.probes_run += 1
+        return result, False

@@ -1,0 +1,14 @@
+"""Smaller micro-batches with more gradient accumulation; the effective batch is kept exactly."""
+
+from autofit.ladder import SPEED, LadderState
+
+
+class MicroBatch:
+    name = "micro-batch"
+    cost = SPEED
+    help = "per_device_train_batch_size x gradient_accumulation_steps = effective batch, micro-batch searched"
+
+    def apply(self, state: LadderState):
+        if state.vary_batch or state.candidate.effective_batch == 1:
+            return None
+        return state.with_rung(self, vary_batch=True)
