@@ -115,7 +115,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"best: {chosen.describe()} [{', '.join(chosen.rungs) or 'no rung needed'}], "
         f"verified peak {format_size(verified.peak_bytes)} of {format_size(spec.budget_bytes)} over "
         f"{verified.steps} steps, {verified.tokens_per_second:,.0f} tok/s; "
-        f"{report.probes_run} probes this run ({report.probes_total} stored)"
+        f"{report.probes_run} new probes, {sum(r.cached for r in report.records)} reused from {spec.out_dir}"
     )
     print(f"wrote {spec.out_dir / 'best.yaml'} and {spec.out_dir / 'best.json'}")
     return EXIT_OK

@@ -196,7 +196,7 @@ def table_text(report: SearchReport) -> str:
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     if any(r.cached for r in report.records):
-        lines.append("* stored: measured by an earlier run of this search, not repeated")
+        lines.append("* stored: measured by an earlier run of this search (same --out), not repeated")
     return "\n".join(lines)
 
 

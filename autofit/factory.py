@@ -6,9 +6,10 @@ import importlib
 from typing import Callable, Union
 
 from autofit.algos import FACTORIES
+from autofit.spec import InputError
 
 
-class FactoryError(ValueError):
+class FactoryError(InputError):
     pass
 
 

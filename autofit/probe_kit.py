@@ -104,15 +104,11 @@ def _write_random_checkpoint(config: Dict, folder: Path) -> None:
     model_type = settings.pop("model_type")
     hf_config = AutoConfig.for_model(model_type, **settings)
     dtype = getattr(hf_config, "dtype", None) or torch.float32
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     log.info("writing a random-weight checkpoint of %s to %s", model_type, folder)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    # Built on the CPU: the device and its meter see only what the trainer itself loads.
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     model.save_pretrained(folder)
     synthesize_tokenizer(config).save_pretrained(folder)
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
 
 
 def synthetic_token_rows(candidate: Candidate, length: int, rows: int) -> List[List[int]]:

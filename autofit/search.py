@@ -21,7 +21,7 @@ from autofit.candidate import Candidate
 from autofit.ladder import QUALITY, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
 from autofit.runner import Runner
-from autofit.spec import SearchSpec, format_size
+from autofit.spec import InputError, SearchSpec, format_size
 from autofit.store import ProbeStore
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,10 @@ class Search:
     def _measure(self, level: int, candidate: Candidate, kind: str = "probe") -> ProbeResult:
         steps = self.spec.verify_steps if kind == "verify" else self.spec.probe_steps
         result, cached = self.store.measure(candidate, kind, level, lambda: self.runner.run(candidate, steps))
+        if result.error_phase == "import":  # the same in every probe: stop instead of walking the ladder
+            raise InputError(result.error)
+        if any(r.candidate.key() == candidate.key() and r.kind == kind for r in self.report.records):
+            return result  # already measured and listed in this run (the same point reached from another level)
         self.report.records.append(Record(level, candidate, kind, result, cached))
         rungs = "+".join(candidate.rungs) or "baseline"
         detail = f"peak {format_size(result.peak_bytes)}"

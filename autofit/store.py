@@ -7,7 +7,10 @@ RUNNING trial without a result; it is not reused and runs again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
@@ -23,6 +26,22 @@ from autofit.outcome import Outcome, ProbeResult
 log = logging.getLogger(__name__)
 
 STUDY_FILE = "study.journal"
+
+
+@contextlib.contextmanager
+def deferred_interrupt():
+    """Hold Ctrl-C until the block ends: an interrupt in the middle of a journal write would corrupt the study."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 class ProbeStore:
@@ -60,10 +79,18 @@ class ProbeStore:
         if cached is not None:
             return cached, True
         params = {"level": level, "micro_batch": candidate.micro_batch, "max_length": candidate.max_length}
-        self.study.enqueue_trial(params, user_attrs={"key": candidate.key(), "kind": kind})
-        trial = self.study.ask(fixed_distributions=self.distributions)
-        trial.set_user_attr("candidate", candidate.to_dict())
+        with deferred_interrupt():
+            self.study.enqueue_trial(params, user_attrs={"key": candidate.key(), "kind": kind})
+            trial = self.study.ask(fixed_distributions=self.distributions)
+            trial.set_user_attr("candidate", candidate.to_dict())
         result = run()
+        with deferred_interrupt():
+            self._record(trial, result)
+        self._cache[(candidate.key(), kind)] = result
+        self.probes_run += 1
+        return result, False
+
+    def _record(self, trial, result: ProbeResult) -> None:
         trial.set_user_attr("result", result.to_dict())
         if self.budget_bytes is not None:
             over = result.peak_bytes - self.budget_bytes
@@ -74,6 +101,3 @@ class ProbeStore:
             self.study.tell(trial, result.tokens_per_second if result.fits else 0.0)
         else:
             self.study.tell(trial, state=TrialState.FAIL)
-        self._cache[(candidate.key(), kind)] = result
-        self.probes_run += 1
-        return result, False

@@ -11,11 +11,13 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
 from typing import Callable, Dict, List, Optional
 
+from autofit import probe_kit
 from autofit.candidate import Candidate
 from autofit.outcome import Outcome, ProbeResult, classify_exception
 
@@ -68,6 +70,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
     meter = None
     step_times: List[float] = []
     try:
+        if not candidate.real_weights:
+            probe_kit.model_path(candidate)  # write the random-weight checkpoint (once) outside the meter
         meter = make_meter(candidate, budget_bytes)
         context = meter if candidate.device == "cpu" else contextlib.nullcontext()
         with context:
@@ -164,6 +168,8 @@ def _safe_stats(meter) -> Dict:
 
 def child_main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[int], result_path: str, log_path: str):
     """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically."""
+    # Ctrl-C reaches the whole process group; the search process alone decides, and kills this probe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)

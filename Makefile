@@ -1,0 +1,35 @@
+# autofit: `make demo` and `make test` create the environment when it is missing.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU-only machines get torch's CPU build (an unpinned torch pulls several GB of CUDA packages).
+TORCH_CPU ?= torch==2.13.0
+DEMO_OUT ?= autofit-out/demo
+
+.PHONY: venv demo test test-fast gpu-test clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	if $(BIN)/python -c "import torch" 2>/dev/null; then :; \
+	elif nvidia-smi -L >/dev/null 2>&1; then $(BIN)/python -m pip install -q torch; \
+	else $(BIN)/python -m pip install -q $(TORCH_CPU); fi
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+demo: venv
+	$(BIN)/autofit search --model tiny-qwen2 --device cpu --gpu-memory 300MiB --max-length 128 --out $(DEMO_OUT)
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow"
+
+gpu-test: venv
+	$(BIN)/python -m pytest -q -m gpu
+
+clean:
+	rm -rf autofit-out .pytest_cache

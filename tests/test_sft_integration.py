@@ -1,0 +1,217 @@
+"""Real TRL SFTTrainer probes on the bundled tiny model, in probe processes, under the simulated meter."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autofit import cli
+from autofit.candidate import Candidate
+from autofit.outcome import Outcome
+from autofit.runner import ProcessRunner
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "128"]
+
+
+def search(out, budget, *extra):
+    code = cli.main(BASE + ["--gpu-memory", budget, "--out", str(out), *extra])
+    best = json.loads((Path(out) / "best.json").read_text())
+    return code, best
+
+
+@pytest.fixture(scope="module")
+def generous(tmp_path_factory):
+    out = tmp_path_factory.mktemp("generous")
+    code, best = search(out, "2GiB")
+    return code, out, best
+
+
+def test_generous_budget_applies_no_rung(generous):
+    code, _, best = generous
+    assert code == 0 and best["fits"]
+    assert best["rungs"] == []
+    assert best["config"]["per_device_train_batch_size"] == 8
+    assert best["config"]["gradient_accumulation_steps"] == 1
+    assert best["config"]["activation_checkpointing"] is False
+    assert best["probes"] == 2  # one probe, one verification
+    assert {"load", "forward_backward", "optimizer_step"} <= set(best["phase_peaks"])
+    assert best["verified"]["steps"] == 10
+    assert 0 < best["verified"]["peak_bytes"] <= best["budget_bytes"]
+    assert best["tokens_per_second"] > 0
+    assert best["versions"]["trl"]
+
+
+def test_best_yaml_loads_through_trl_parser(generous, tmp_path):
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    _, out, best = generous
+    config, model = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(out / "best.yaml"), "--output_dir", str(tmp_path)]
+    )
+    assert config.max_length == 128
+    assert config.per_device_train_batch_size == best["config"]["per_device_train_batch_size"]
+    assert config.activation_checkpointing is False
+    assert Path(model.model_name_or_path, "config.json").is_file()
+
+
+def test_tight_budget_escalates_within_budget(generous, tmp_path):
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    baseline_peak = generous[2]["peak_bytes"]
+    budget = int(baseline_peak * 0.6)
+    code, best = search(tmp_path, f"{budget}B")
+    assert code == 0 and best["fits"]
+    assert best["rungs"], "a budget of 60% of the baseline peak must need a rung"
+    config = best["config"]
+    assert config["per_device_train_batch_size"] * config["gradient_accumulation_steps"] == 8
+    assert best["verified"]["peak_bytes"] <= budget
+    assert best["peak_bytes"] <= budget
+    assert any(c["outcome"] == "OOM" for c in best["candidates"])
+    parsed, _ = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(tmp_path / "best.yaml"), "--output_dir", str(tmp_path / "run")]
+    )
+    assert parsed.per_device_train_batch_size == config["per_device_train_batch_size"]
+    assert parsed.gradient_accumulation_steps == config["gradient_accumulation_steps"]
+    assert parsed.activation_checkpointing == config["activation_checkpointing"]
+
+
+def test_absurd_budget_exits_3_with_a_clear_message(tmp_path, capsys):
+    code, best = search(tmp_path, "8MiB")
+    err = capsys.readouterr().err
+    assert code == 3
+    assert best["fits"] is False and not (tmp_path / "best.yaml").exists()
+    assert "nothing fits in 8.00 MiB" in err and "needed more than" in err and "--gpu-memory" in err
+    assert best["smallest_oom_peak_bytes"] > 8 * 2**20
+
+
+def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
+    command = [sys.executable, "-m", "autofit.cli", *BASE, "--gpu-memory", "260MiB", "--out", str(tmp_path)]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while len(list(tmp_path.glob("probes/*/result.json"))) < 2:
+        assert first.poll() is None, "the search ended before it could be interrupted"
+        assert time.time() < deadline, "no probe finished in time"
+        time.sleep(0.2)
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 130, err
+    assert "resume" in err
+    finished = len(list(tmp_path.glob("probes/*/result.json")))
+
+    code, best = search(tmp_path, "260MiB")
+    assert code == 0
+    stored = [c for c in best["candidates"] if c["stored"]]
+    assert len(stored) >= 2
+    assert best["probes_this_run"] == best["probes"] - len({(c["candidate"], c["kind"]) for c in stored})
+    # every probe ran once: one result folder per distinct measured candidate
+    assert len(list(tmp_path.glob("probes/*/result.json"))) == best["probes"]
+    assert finished <= best["probes"]
+
+
+def test_quantized_lora_probe_runs_and_uses_less_memory(tmp_path):
+    runner = ProcessRunner("autofit.algos.sft:build_trainer", None, tmp_path)
+    full = Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=2, max_length=32)
+    qlora = full.replace(quantization="4bit", lora=__import__("autofit.candidate").candidate.LoraSettings())
+    full_result, qlora_result = runner.run(full, 2), runner.run(qlora, 2)
+    assert full_result.outcome is Outcome.OK, full_result.error
+    assert qlora_result.outcome is Outcome.OK, qlora_result.error
+    assert qlora_result.phase_peaks["load"] < full_result.phase_peaks["load"]
+    assert qlora_result.phase_peaks["optimizer_step"] < full_result.phase_peaks["optimizer_step"]
+
+
+@pytest.mark.parametrize(
+    "factory, outcome, message",
+    [
+        ("probe_factories:raises_runtime_error", Outcome.CRASH, "boom"),
+        ("probe_factories:killed_by_host", Outcome.CRASH, "SIGKILL"),
+        ("probe_factories:hangs", Outcome.TIMEOUT, "time limit"),
+        ("probe_factories:rejects_config", Outcome.INVALID, "divisible"),
+        ("probe_factories:ignores_candidate", Outcome.INVALID, "ignored the candidate"),
+    ],
+)
+def test_misbehaving_probes_are_classified(tmp_path, factory, outcome, message):
+    runner = ProcessRunner(factory, 2**30, tmp_path, timeout_s=20)
+    result = runner.run(Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=1, max_length=16), 2)
+    assert result.outcome is outcome
+    assert message in result.error
+
+
+def test_fit_api_with_the_example_factory(tmp_path):
+    import autofit
+
+    sys.path.insert(0, str(REPO / "examples"))  # probe processes inherit the search's sys.path
+    try:
+        import fit_sft
+
+        result = autofit.fit(
+            fit_sft.make_trainer, model="tiny-qwen2", device="cpu", gpu_memory="2GiB", max_length=64,
+            training_args={"learning_rate": 1e-4}, out_dir=tmp_path,
+        )
+    finally:
+        sys.path.remove(str(REPO / "examples"))
+    assert result.training_args["learning_rate"] == 1e-4
+    assert result.candidate.effective_batch == 8
+    best = json.loads(result.best_json.read_text())
+    assert best["fits"] and best["config"]["learning_rate"] == 1e-4
+    assert "learning_rate: 0.0001" in result.best_yaml.read_text()
+
+
+def test_unimportable_factory_stops_the_search_at_once(tmp_path):
+    import autofit
+    from autofit.spec import InputError
+
+    with pytest.raises(InputError, match="cannot be imported"):  # seen by the caller
+        autofit.fit("probe_factories:does_not_exist", model="tiny-qwen2", device="cpu", gpu_memory="1GiB",
+                    max_length=16, out_dir=tmp_path)
+    with pytest.raises(InputError, match="cannot be imported"):  # seen only by the first probe
+        autofit.fit("__main__:does_not_exist", model="tiny-qwen2", device="cpu", gpu_memory="1GiB",
+                    max_length=16, out_dir=tmp_path)
+    assert len(list(tmp_path.glob("probes/*/result.json"))) == 1
+
+
+def test_tight_budget_climbs_to_the_first_quality_rung_that_fits(tmp_path):
+    # tiny-qwen2 at 32 tokens, micro-batch 1 (measured): full fine-tuning ~107 MiB, 8-bit AdamW ~87 MiB,
+    # LoRA ~36 MiB, 8-bit base + LoRA ~31 MiB, 4-bit base + LoRA ~30 MiB
+    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "32",
+                     "--gpu-memory", "33MiB", "--out", str(tmp_path)])
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert code == 0, best["candidates"]
+    assert best["rungs"][-1] == "quant-8bit"
+    assert best["cost_class"] == "quality"
+    assert best["quantization"] == {"load_in_8bit": True} and best["peft"]["r"] == 16
+    assert best["verified"]["peak_bytes"] <= 33 * 2**20
+    tried = {tuple(c["rungs"]) for c in best["candidates"] if c["outcome"] == "OOM"}
+    assert ("micro-batch", "checkpointing", "optimizer-8bit", "lora") in tried
+    assert not any("quant-4bit" in c["rungs"] for c in best["candidates"])  # first fitting quality rung wins
+    yaml_text = (tmp_path / "best.yaml").read_text()
+    assert "load_in_8bit: true  # quant-8bit" in yaml_text and "use_peft: true" in yaml_text
+    from trl import ModelConfig, SFTConfig, TrlParser, get_peft_config, get_quantization_config
+
+    config, model_config = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(tmp_path / "best.yaml"), "--output_dir", str(tmp_path / "run")]
+    )
+    assert get_peft_config(model_config).r == 16
+    assert get_quantization_config(model_config).load_in_8bit is True
+    assert config.per_device_train_batch_size * config.gradient_accumulation_steps == 8
+
+
+def test_the_search_process_never_imports_torch(tmp_path):
+    # Stronger than "never initializes CUDA": the searching process does not even import torch; only probes do.
+    script = (
+        "import sys\n"
+        "from autofit import cli\n"
+        "if __name__ == '__main__':\n"
+        f"    code = cli.main({BASE + ['--gpu-memory', '2GiB', '--max-length', '16', '--out', str(tmp_path)]!r})\n"
+        "    print('exit', code, 'torch imported:', 'torch' in sys.modules)\n"
+    )
+    (tmp_path / "run_search.py").write_text(script)
+    done = subprocess.run([sys.executable, str(tmp_path / "run_search.py")], capture_output=True, text=True,
+                          timeout=300)
+    assert "exit 0 torch imported: False" in done.stdout, done.stderr[-2000:]
