@@ -17,7 +17,7 @@ log = logging.getLogger("autofit")
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, not the usage block
-        self.exit(EXIT_BAD_INPUT, f"autofit: error: {message} (see autofit {self.prog.split()[-1]} --help)\n")
+        self.exit(EXIT_BAD_INPUT, f"autofit: error: {message} (see {self.prog} --help)\n")
 
 
 def _positive_int(text: str) -> int:

@@ -102,7 +102,7 @@ class Search:
     # -- measuring --------------------------------------------------------------------------------------------
     def _measure(self, level: int, candidate: Candidate, kind: str = "probe") -> ProbeResult:
         steps = self.spec.verify_steps if kind == "verify" else self.spec.probe_steps
-        result, cached = self.store.measure(candidate, kind, level, lambda: self.runner.run(candidate, steps))
+        result, cached = self.store.measure(candidate, kind, steps, level, lambda: self.runner.run(candidate, steps))
         if result.error_phase == "import":  # the same in every probe: stop instead of walking the ladder
             raise InputError(result.error)
         if any(r.candidate.key() == candidate.key() and r.kind == kind for r in self.report.records):
@@ -179,38 +179,49 @@ class Search:
 
     # -- the walk ---------------------------------------------------------------------------------------------
     def run(self) -> SearchReport:
+        start = 0
+        while start < len(self.levels):
+            primary, fallback, start = self._walk(start)
+            if self._choose(primary, fallback):
+                break
+            # every fit failed its verification: they do not really fit, so climb on from where the walk stopped
+        self.report.probes_run = self.store.probes_run
+        self.report.probes_total = self.store.probes_total
+        return self.report
+
+    def _walk(self, start: int) -> Tuple[List[Fit], List[Fit], int]:
+        """Visit levels from ``start`` until a cost class has fits; returns (primary, fallback, next level)."""
         primary: List[Fit] = []  # the best fit of each level
         fallback: List[Fit] = []  # smaller fits, in case a verification fails
         cost = None
-        for level, state in enumerate(self.levels):
+        for level in range(start, len(self.levels)):
+            state = self.levels[level]
             if cost is not None and (state.cost != cost or cost == QUALITY or any(map(self._at_top, primary))):
-                break
+                return primary, fallback, level
             fits = self._search_level(level, state)
             if fits:
                 cost = cost or state.cost
                 primary.append(fits[0])
                 fallback.extend(fits[1:])
-        self._choose(primary, fallback)
-        self.report.probes_run = self.store.probes_run
-        self.report.probes_total = self.store.probes_total
-        return self.report
+        return primary, fallback, len(self.levels)
 
     def _rank(self, fits: List[Fit]) -> List[Fit]:
         if self.spec.maximize == "length":
             return sorted(fits, key=lambda f: (f.candidate.max_length, f.result.tokens_per_second), reverse=True)
         return sorted(fits, key=lambda f: f.result.tokens_per_second, reverse=True)
 
-    def _choose(self, primary: List[Fit], fallback: List[Fit]) -> None:
+    def _choose(self, primary: List[Fit], fallback: List[Fit]) -> bool:
         for fit in self._rank(primary) + self._rank(fallback):
             verified = self._measure(fit.level, fit.candidate, kind="verify")
             if verified.fits:
                 self.report.chosen, self.report.verified = fit, verified
                 self._note_truncation(fit.candidate)
-                return
+                return True
             self.report.notes.append(
                 f"{fit.candidate.describe()} fitted in {self.spec.probe_steps} steps but not in "
                 f"{self.spec.verify_steps} ({verified.outcome.value}: {verified.error[:120]}); next candidate"
             )
+        return False
 
     def _note_truncation(self, candidate: Candidate) -> None:
         spec = self.spec

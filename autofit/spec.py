@@ -27,9 +27,10 @@ def parse_size(text: str) -> int:
     """'24GiB', '80GB', '512MiB', '1.5g' -> bytes."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+    nbytes = int(float(match.group(1)) * _UNITS[unit]) if match and unit in _UNITS else 0
+    if nbytes <= 0:
         raise InputError(f"memory size '{text}' is not valid: use a positive number with a unit, e.g. 24GiB, 80GB, 512MiB")
-    return int(float(match.group(1)) * _UNITS[unit])
+    return nbytes
 
 
 def format_size(nbytes: Optional[float]) -> str:
@@ -76,6 +77,10 @@ class SearchSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InputError(f"{name.replace('_', '-')} {value!r} is not valid: it must be a positive integer")
+        if self.budget_bytes is not None and (not isinstance(self.budget_bytes, int) or self.budget_bytes <= 0):
+            raise InputError(f"memory budget {self.budget_bytes!r} is not valid: it must be a positive number of bytes")
+        if not self.probe_timeout_s > 0:
+            raise InputError(f"probe-timeout {self.probe_timeout_s!r} is not valid: it must be a positive number of seconds")
         if self.probe_steps < 2:
             raise InputError(f"probe-steps {self.probe_steps} is not valid: a probe needs at least 2 optimizer steps")
         if self.min_length is None:

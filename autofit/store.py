@@ -26,6 +26,9 @@ from autofit.outcome import Outcome, ProbeResult
 log = logging.getLogger(__name__)
 
 STUDY_FILE = "study.journal"
+# Outcomes an earlier run's result is reused for. A crash or a time-out may have a cause that has been fixed since
+# (or a longer --probe-timeout), so those probes run again.
+REUSABLE = (Outcome.OK, Outcome.OOM, Outcome.INVALID)
 
 
 @contextlib.contextmanager
@@ -58,11 +61,14 @@ class ProbeStore:
             "micro_batch": IntDistribution(1, max(max_batch, 1)),
             "max_length": IntDistribution(1, max(max_length, 1)),
         }
-        self._cache: Dict[Tuple[str, str], ProbeResult] = {}
+        self._cache: Dict[Tuple[str, str, int], ProbeResult] = {}
         for trial in self.study.get_trials(deepcopy=False):
             attrs = trial.user_attrs
-            if "result" in attrs and trial.state in (TrialState.COMPLETE, TrialState.FAIL):
-                self._cache[(attrs["key"], attrs["kind"])] = ProbeResult.from_dict(attrs["result"])
+            if "result" not in attrs:
+                continue  # interrupted before it finished: it runs again
+            result = ProbeResult.from_dict(attrs["result"])
+            if result.outcome in REUSABLE:
+                self._cache[(attrs["key"], attrs["kind"], attrs.get("steps"))] = result
         self.probes_run = 0
 
     @property
@@ -70,23 +76,26 @@ class ProbeStore:
         """Probes recorded in the study, those of earlier (interrupted) runs included."""
         return len(self._cache)
 
-    def lookup(self, candidate: Candidate, kind: str) -> Optional[ProbeResult]:
-        return self._cache.get((candidate.key(), kind))
+    def lookup(self, candidate: Candidate, kind: str, steps: int) -> Optional[ProbeResult]:
+        return self._cache.get((candidate.key(), kind, steps))
 
-    def measure(self, candidate: Candidate, kind: str, level: int, run: Callable[[], ProbeResult]) -> Tuple[ProbeResult, bool]:
-        """The stored result for ``candidate``, or run it as a new trial. Returns (result, was_cached)."""
-        cached = self.lookup(candidate, kind)
+    def measure(
+        self, candidate: Candidate, kind: str, steps: int, level: int, run: Callable[[], ProbeResult]
+    ) -> Tuple[ProbeResult, bool]:
+        """The stored result for ``candidate`` measured over ``steps``, or run it as a new trial.
+        Returns (result, was_cached)."""
+        cached = self.lookup(candidate, kind, steps)
         if cached is not None:
             return cached, True
         params = {"level": level, "micro_batch": candidate.micro_batch, "max_length": candidate.max_length}
         with deferred_interrupt():
-            self.study.enqueue_trial(params, user_attrs={"key": candidate.key(), "kind": kind})
+            self.study.enqueue_trial(params, user_attrs={"key": candidate.key(), "kind": kind, "steps": steps})
             trial = self.study.ask(fixed_distributions=self.distributions)
             trial.set_user_attr("candidate", candidate.to_dict())
         result = run()
         with deferred_interrupt():
             self._record(trial, result)
-        self._cache[(candidate.key(), kind)] = result
+        self._cache[(candidate.key(), kind, steps)] = result
         self.probes_run += 1
         return result, False
 

@@ -1,0 +1,137 @@
+"""Test doubles for the search: a probe runner whose memory and speed are known formulas of the candidate.
+
+``FormulaRunner`` implements the ``autofit.runner.Runner`` protocol (``run(candidate, steps) -> ProbeResult``)
+without training anything, so a whole search runs in milliseconds and tests can derive the exact expected
+choice from the same formula (``runner.peak_bytes(candidate)``, ``runner.tokens_per_second(candidate)``).
+
+Memory model (all integers, in bytes), with ``W = weight_bytes`` the 16-bit weights of the full model:
+
+    weights     = W, W // 2 with quantization "8bit", W // 4 with "4bit"
+    trainable   = W without LoRA, W // lora_divisor with LoRA (only the adapters train)
+    grads       = trainable
+    optimizer   = 4 * trainable (AdamW: two fp32 states), 1 * trainable with optim "adamw_bnb_8bit"
+    activations = micro_batch * max_length * act_bytes_per_token, divided by ckpt_divisor with checkpointing
+    peak        = weights + grads + optimizer + activations
+                  (+ fragmentation_bytes unless the candidate's env sets expandable segments)
+                  (+ verify_extra_bytes when steps >= verify_from_steps, i.e. for the verification run)
+
+A candidate whose peak is above ``budget_bytes`` returns ``Outcome.OOM`` with that peak (never an exception).
+Otherwise ``Outcome.OK`` with
+
+    tokens_per_second = base_tps * micro_batch / (micro_batch + 1), times ckpt_speed with checkpointing
+
+so a bigger micro-batch is faster and checkpointing is slower.
+
+Failure injection: ``fail_if(candidate, steps)`` may return an ``Outcome`` (CRASH, TIMEOUT, INVALID) for that
+run; ``interrupt_on_call=N`` raises ``KeyboardInterrupt`` on the N-th call (1-based), which is not recorded in
+``calls`` because it did not finish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+from autofit.candidate import Candidate
+from autofit.outcome import Outcome, ProbeResult
+
+KiB = 2**10
+MiB = 2**20
+
+EIGHT_BIT_OPTIM = "adamw_bnb_8bit"
+ALLOC_ENV = "PYTORCH_ALLOC_CONF"
+
+
+@dataclass(frozen=True)
+class Call:
+    candidate: Candidate
+    steps: int
+    result: ProbeResult
+
+
+class FormulaRunner:
+    def __init__(
+        self,
+        budget_bytes: int,
+        *,
+        weight_bytes: int = 100 * MiB,
+        act_bytes_per_token: int = 64 * KiB,
+        ckpt_divisor: int = 4,
+        lora_divisor: int = 50,
+        base_tps: float = 10_000.0,
+        ckpt_speed: float = 0.7,
+        fragmentation_bytes: int = 0,
+        verify_extra_bytes: int = 0,
+        verify_from_steps: int = 10,
+        fail_if: Optional[Callable[[Candidate, int], Optional[Outcome]]] = None,
+        interrupt_on_call: Optional[int] = None,
+    ):
+        self.budget_bytes = budget_bytes
+        self.weight_bytes = weight_bytes
+        self.act_bytes_per_token = act_bytes_per_token
+        self.ckpt_divisor = ckpt_divisor
+        self.lora_divisor = lora_divisor
+        self.base_tps = base_tps
+        self.ckpt_speed = ckpt_speed
+        self.fragmentation_bytes = fragmentation_bytes
+        self.verify_extra_bytes = verify_extra_bytes
+        self.verify_from_steps = verify_from_steps
+        self.fail_if = fail_if
+        self.interrupt_on_call = interrupt_on_call
+        self.calls: List[Call] = []
+        self.attempts = 0  # calls started, the interrupted one included
+
+    # -- the formula ------------------------------------------------------------------------------------------
+    def state_bytes(self, candidate: Candidate) -> int:
+        """Weights + gradients + optimizer states."""
+        weights = {None: self.weight_bytes, "8bit": self.weight_bytes // 2, "4bit": self.weight_bytes // 4}[
+            candidate.quantization
+        ]
+        trainable = self.weight_bytes if candidate.lora is None else self.weight_bytes // self.lora_divisor
+        optimizer = trainable * (1 if candidate.optim == EIGHT_BIT_OPTIM else 4)
+        return weights + trainable + optimizer
+
+    def activation_bytes(self, candidate: Candidate) -> int:
+        act = candidate.micro_batch * candidate.max_length * self.act_bytes_per_token
+        return act // self.ckpt_divisor if candidate.checkpointing else act
+
+    def peak_bytes(self, candidate: Candidate, steps: int = 2) -> int:
+        extra = self.verify_extra_bytes if steps >= self.verify_from_steps else 0
+        if "expandable_segments:True" not in dict(candidate.env).get(ALLOC_ENV, ""):
+            extra += self.fragmentation_bytes
+        return self.state_bytes(candidate) + self.activation_bytes(candidate) + extra
+
+    def tokens_per_second(self, candidate: Candidate) -> float:
+        mb = candidate.micro_batch
+        return self.base_tps * mb / (mb + 1) * (self.ckpt_speed if candidate.checkpointing else 1.0)
+
+    def fits(self, candidate: Candidate, steps: int = 2) -> bool:
+        return self.peak_bytes(candidate, steps) <= self.budget_bytes
+
+    # -- the Runner protocol ----------------------------------------------------------------------------------
+    def run(self, candidate: Candidate, steps: int) -> ProbeResult:
+        self.attempts += 1
+        if self.interrupt_on_call is not None and self.attempts == self.interrupt_on_call:
+            raise KeyboardInterrupt
+        result = self._result(candidate, steps)
+        self.calls.append(Call(candidate, steps, result))
+        return result
+
+    def _result(self, candidate: Candidate, steps: int) -> ProbeResult:
+        failure = self.fail_if(candidate, steps) if self.fail_if is not None else None
+        if failure is not None:
+            return ProbeResult(failure, steps=steps, error=f"fake {failure.value}", error_phase="train")
+        peak = self.peak_bytes(candidate, steps)
+        if peak > self.budget_bytes:
+            return ProbeResult(Outcome.OOM, peak_bytes=peak, steps=steps, error="fake OOM", error_phase="train")
+        return ProbeResult(
+            Outcome.OK, peak_bytes=peak, steps=steps, seconds=0.01, tokens_per_second=self.tokens_per_second(candidate)
+        )
+
+    # -- what tests read --------------------------------------------------------------------------------------
+    @property
+    def candidates(self) -> List[Candidate]:
+        return [call.candidate for call in self.calls]
+
+    def probes(self, steps: Optional[int] = None) -> List[Call]:
+        return [call for call in self.calls if steps is None or call.steps == steps]

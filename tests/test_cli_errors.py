@@ -1,0 +1,109 @@
+"""``autofit search`` on bad input: exit code 2 and one line on stderr that names the bad value, before any probe."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autofit import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def no_probes(monkeypatch, tmp_path):
+    """Bad input must fail before any probe process or search starts."""
+
+    class NoRunner:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a probe runner was created for bad input")
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the search started for bad input")
+
+    import autofit.api
+
+    monkeypatch.setattr(autofit.api, "ProcessRunner", NoRunner)
+    monkeypatch.setattr(autofit.api, "Search", no_search)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an unknown model is not found in a real cache
+
+
+def exit_code(argv):
+    try:
+        return cli.main(argv)
+    except SystemExit as exc:  # argparse's own errors exit
+        return exc.code
+
+
+def base_args(tmp_path, **overrides):
+    args = {"--model": "tiny-qwen2", "--device": "cpu", "--gpu-memory": "1GiB", "--max-length": "64",
+            "--out": str(tmp_path / "out")}
+    args.update(overrides)
+    argv = ["search"]
+    for flag, value in args.items():
+        if value is not None:
+            argv += [flag, value]
+    return argv
+
+
+@pytest.mark.parametrize("overrides, named", [
+    ({"--model": "nobody/no-such-model-xyz"}, "nobody/no-such-model-xyz"),
+    ({"--algo": "dpo-nope"}, "dpo-nope"),
+    ({"--gpu-memory": "12XB"}, "12XB"),
+    ({"--min-length": "128", "--max-length": "64"}, "128"),
+    ({"--ladder": "micro-batch,warp-drive"}, "warp-drive"),
+    ({"--device": "gpu"}, "gpu"),
+    ({"--maximize": "speed"}, "speed"),
+    ({"--effective-batch": "0"}, "'0'"),
+    ({"--gpu-memory": None}, "--gpu-memory"),
+    ({"--max-length": "-3"}, "'-3'"),
+    ({"--ladder": ","}, "','"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, overrides, named):
+    code = exit_code(base_args(tmp_path, **overrides))
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == cli.EXIT_BAD_INPUT == 2
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("autofit: error:")
+    assert named in lines[0]
+    assert not (tmp_path / "out" / "best.json").exists()
+
+
+def test_min_length_error_names_both_lengths(tmp_path, capsys):
+    assert exit_code(base_args(tmp_path, **{"--min-length": "128", "--max-length": "64"})) == 2
+    err = capsys.readouterr().err
+    assert "128" in err and "64" in err
+
+
+def test_missing_model_is_a_usage_error(tmp_path, capsys):
+    assert exit_code(base_args(tmp_path, **{"--model": None})) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--model" in lines[0]
+
+
+def test_search_help_lists_options():
+    done = subprocess.run(
+        [sys.executable, "-m", "autofit.cli", "search", "--help"], cwd=ROOT, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    for option in ("--maximize", "--ladder", "--gpu-memory", "--min-length", "--effective-batch"):
+        assert option in done.stdout
+
+
+@pytest.mark.parametrize("argv", [["bogus"], []])
+def test_top_level_usage_error_hint(capsys, argv):
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "autofit autofit" not in err and "see autofit --help" in err
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1"])
+def test_non_positive_probe_timeout_is_bad_input(tmp_path, capsys, timeout):
+    assert exit_code(base_args(tmp_path, **{"--probe-timeout": timeout})) == 2
+    assert timeout in capsys.readouterr().err

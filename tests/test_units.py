@@ -1,0 +1,387 @@
+"""Small pure pieces: sizes, the spec's validation, the ladder and its rungs, candidates, error classification,
+factory references, the offline model registry."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+
+from autofit.candidate import Candidate, LoraSettings, ProbeSettings
+from autofit.factory import FactoryError, factory_ref
+from autofit.ladder import FREE, QUALITY, SPEED, LadderState, climb, resolve_ladder
+from autofit.outcome import Outcome, ProbeResult, classify_exception, classify_exit
+from autofit.registry import UnknownModelError, resolve_model
+from autofit.spec import InputError, SearchSpec, format_size, parse_size
+from strategies import DEFAULT_LADDER, RUNGS
+from strategies.allocator import ALLOC_ENV, ExpandableSegments
+from strategies.checkpointing import GradientCheckpointing
+from strategies.lora import Lora
+from strategies.microbatch import MicroBatch
+from strategies.optimizer import EIGHT_BIT_ADAMW, EightBitOptimizer
+from strategies.quantization import QuantizedBase
+from strategies.sequence_length import ShorterSequences
+
+DEFAULT_NAMES = [
+    "expandable-segments", "micro-batch", "checkpointing", "optimizer-8bit", "lora", "quant-8bit", "quant-4bit",
+    "shorter-length",
+]
+
+
+def candidate(**changes) -> Candidate:
+    fields = dict(algo="sft", model="tiny-qwen2", device="cuda", micro_batch=8, grad_accum=1, max_length=512)
+    fields.update(changes)
+    return Candidate(**fields)
+
+
+def state(min_length=128, maximize="batch", **changes) -> LadderState:
+    return LadderState(candidate(**changes), min_length=min_length, maximize=maximize)
+
+
+# -- sizes ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, expected", [
+    ("24GiB", 24 * 2**30),
+    ("80GB", 80 * 10**9),
+    ("512MiB", 512 * 2**20),
+    ("1.5g", int(1.5 * 2**30)),
+    (" 2 gib ", 2 * 2**30),
+    ("300MiB", 300 * 2**20),
+    ("1024", 1024),
+])
+def test_parse_size_good(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["12XB", "-1GiB", "abc", "", "0GiB", "GiB", "1.2.3GB"])
+def test_parse_size_bad_names_the_value(text):
+    with pytest.raises(InputError) as err:
+        parse_size(text)
+    assert f"'{text}'" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("nbytes, text", [
+    (None, "-"), (0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (2**20, "1.00 MiB"),
+    (int(1.5 * 2**30), "1.50 GiB"), (80 * 2**30, "80.00 GiB"),
+])
+def test_format_size(nbytes, text):
+    assert format_size(nbytes) == text
+
+
+def test_format_size_round_trips_through_parse_size():
+    for n in (2**20, 3 * 2**30, 512 * 2**20):
+        assert parse_size(format_size(n).replace(" ", "")) == n
+
+
+# -- the spec ---------------------------------------------------------------------------------------------------
+def spec(**kw) -> SearchSpec:
+    fields = dict(model="tiny-qwen2", device="cpu", budget_bytes=2**30)
+    fields.update(kw)
+    return SearchSpec(**fields)
+
+
+@pytest.mark.parametrize("kw, named", [
+    (dict(algo="dpo-nope"), "dpo-nope"),
+    (dict(min_length=600, max_length=512), "600"),
+    (dict(maximize="speed"), "speed"),
+    (dict(device="cpu", budget_bytes=None), "--gpu-memory"),
+    (dict(ladder=["lora", "warp-drive"]), "warp-drive"),
+    (dict(device="gpu"), "gpu"),
+    (dict(effective_batch=0), "0"),
+    (dict(max_length=-5), "-5"),
+    (dict(probe_steps=1), "1"),
+    (dict(min_length=0), "0"),
+])
+def test_spec_validation_errors_name_the_value(kw, named):
+    with pytest.raises(InputError) as err:
+        spec(**kw)
+    message = str(err.value)
+    assert named in message and "\n" not in message
+
+
+def test_spec_min_length_above_max_names_both():
+    with pytest.raises(InputError, match="--min-length 600 is above --max-length 512"):
+        spec(min_length=600, max_length=512)
+
+
+def test_spec_defaults():
+    assert spec(max_length=512).min_length == 512  # batch: never cut by default
+    assert spec(max_length=512, maximize="length").min_length == 128
+    assert spec(max_length=64, maximize="length").min_length == 64
+    assert spec(ladder=["lora", "micro-batch"]).ladder == ["lora", "micro-batch"]
+
+
+def test_study_name_changes_with_the_question():
+    base = spec()
+    assert base.study_name() == spec().study_name()
+    for change in (dict(budget_bytes=2**31), dict(max_length=256), dict(effective_batch=4), dict(ladder=["lora"]),
+                   dict(maximize="length"), dict(user_args={"learning_rate": 1e-4})):
+        assert spec(**change).study_name() != base.study_name(), change
+
+
+# -- the ladder -------------------------------------------------------------------------------------------------
+def test_resolve_ladder_default_and_order():
+    assert [r.name for r in resolve_ladder(None)] == DEFAULT_NAMES
+    assert list(RUNGS) == DEFAULT_NAMES
+    assert [r.name for r in resolve_ladder(["lora", "micro-batch"])] == ["lora", "micro-batch"]
+    assert [r.cost for r in DEFAULT_LADDER] == [FREE, SPEED, SPEED] + [QUALITY] * 5
+
+
+def test_resolve_ladder_unknown_name():
+    with pytest.raises(ValueError) as err:
+        resolve_ladder(["micro-batch", "warp-drive"])
+    assert "'warp-drive'" in str(err.value) and "micro-batch" in str(err.value)
+
+
+def test_climb_is_cumulative_and_cost_never_decreases():
+    levels = climb(state(), resolve_ladder(["lora", "checkpointing", "micro-batch"]))
+    assert [lvl.rungs for lvl in levels] == [(), ("lora",), ("lora", "checkpointing"),
+                                              ("lora", "checkpointing", "micro-batch")]
+    assert [lvl.cost for lvl in levels] == [FREE, QUALITY, QUALITY, QUALITY]
+    last = levels[-1]
+    assert last.candidate.lora is not None and last.candidate.checkpointing and last.vary_batch
+
+
+def test_climb_skips_rungs_that_do_not_apply():
+    levels = climb(state(device="cpu", checkpointing=True), resolve_ladder(None))
+    names = [lvl.rungs[-1] for lvl in levels[1:]]
+    assert "expandable-segments" not in names and "checkpointing" not in names
+    assert names == ["micro-batch", "optimizer-8bit", "lora", "quant-8bit", "quant-4bit", "shorter-length"]
+
+
+# -- each rung --------------------------------------------------------------------------------------------------
+def test_expandable_segments():
+    applied = ExpandableSegments().apply(state())
+    assert dict(applied.candidate.env) == {ALLOC_ENV: "expandable_segments:True"}
+    assert applied.cost == FREE and applied.rungs == ("expandable-segments",)
+    assert ExpandableSegments().apply(state(device="cpu")) is None
+    assert ExpandableSegments().apply(applied) is None
+    assert ExpandableSegments().apply(state(env=((ALLOC_ENV, "backend:native"),))) is None
+
+
+def test_micro_batch_rung():
+    applied = MicroBatch().apply(state())
+    assert applied.vary_batch and applied.cost == SPEED and applied.candidate.micro_batch == 8
+    assert MicroBatch().apply(applied) is None
+    assert MicroBatch().apply(state(micro_batch=1, grad_accum=1)) is None  # effective batch 1
+
+
+def test_checkpointing_rung():
+    applied = GradientCheckpointing().apply(state())
+    assert applied.candidate.checkpointing and applied.cost == SPEED
+    assert GradientCheckpointing().apply(state(checkpointing=True)) is None
+
+
+def test_optimizer_rung():
+    applied = EightBitOptimizer().apply(state())
+    assert applied.candidate.optim == EIGHT_BIT_ADAMW and applied.cost == QUALITY
+    assert EightBitOptimizer().apply(applied) is None
+
+
+def test_lora_rung():
+    applied = Lora().apply(state())
+    assert applied.candidate.lora == LoraSettings() and applied.cost == QUALITY
+    assert Lora().apply(applied) is None
+    custom = Lora(LoraSettings(r=4, alpha=8)).apply(state())
+    assert custom.candidate.lora.r == 4
+
+
+def test_quantization_rungs():
+    q8 = QuantizedBase(8).apply(state())
+    assert q8.candidate.quantization == "8bit" and q8.candidate.lora == LoraSettings()
+    assert q8.rungs == ("quant-8bit",)
+    q4 = QuantizedBase(4).apply(q8)
+    assert q4.candidate.quantization == "4bit" and q4.rungs == ("quant-8bit", "quant-4bit")
+    assert QuantizedBase(8).apply(q4) is None  # never back up to 8-bit
+    assert QuantizedBase(4).apply(q4) is None
+    keeps = QuantizedBase(8).apply(state(lora=LoraSettings(r=4)))
+    assert keeps.candidate.lora.r == 4  # an existing LoRA is kept
+    with pytest.raises(ValueError, match="3"):
+        QuantizedBase(3)
+
+
+def test_shorter_length_rung():
+    applied = ShorterSequences().apply(state(min_length=128))
+    assert applied.vary_length and applied.cost == QUALITY and applied.candidate.max_length == 512
+    assert ShorterSequences().apply(applied) is None
+    assert ShorterSequences().apply(state(min_length=128, maximize="length")) is None
+    assert ShorterSequences().apply(state(min_length=512)) is None
+
+
+# -- candidates -------------------------------------------------------------------------------------------------
+def test_training_args_sets_activation_checkpointing_both_ways():
+    for ckpt in (False, True):
+        args = candidate(checkpointing=ckpt, micro_batch=2, grad_accum=4).training_args()
+        assert args["activation_checkpointing"] is ckpt
+        assert "gradient_checkpointing" not in args
+        assert args["per_device_train_batch_size"] == 2 and args["gradient_accumulation_steps"] == 4
+        assert args["max_length"] == 512
+        assert "optim" not in args
+
+
+def test_training_args_cpu_and_optim_and_user_args():
+    args = candidate(device="cpu", optim=EIGHT_BIT_ADAMW, user_args=(("learning_rate", 1e-4),)).training_args()
+    assert args["use_cpu"] is True and args["bf16"] is False
+    assert args["optim"] == EIGHT_BIT_ADAMW and args["learning_rate"] == 1e-4
+    cuda = candidate().training_args()
+    assert "use_cpu" not in cuda and "bf16" not in cuda
+
+
+def test_training_args_probe_keys_only_with_probe_settings():
+    probe_keys = {"output_dir", "max_steps", "save_strategy", "report_to", "logging_steps"}
+    assert not probe_keys & set(candidate().training_args())
+    args = candidate(probe=ProbeSettings(steps=3, output_dir="/tmp/x")).training_args()
+    assert probe_keys <= set(args)
+    assert args["max_steps"] == 3 and args["output_dir"] == "/tmp/x" and args["save_strategy"] == "no"
+
+
+def test_to_dict_from_dict_round_trip_through_json():
+    c = candidate(
+        checkpointing=True, optim=EIGHT_BIT_ADAMW, lora=LoraSettings(r=8), quantization="4bit",
+        env=((ALLOC_ENV, "expandable_segments:True"),), rungs=("lora", "quant-4bit"),
+        user_args=(("learning_rate", 2e-5), ("seed", 3)), real_weights=True,
+    )
+    data = json.loads(json.dumps(c.to_dict()))
+    assert "probe" not in data
+    back = Candidate.from_dict(data)
+    assert back == c and back.key() == c.key()
+    assert isinstance(back.lora, LoraSettings) and isinstance(back.env, tuple) and isinstance(back.rungs, tuple)
+
+
+def test_key_is_stable_and_ignores_rungs_and_probe():
+    c = candidate()
+    assert c.key() == candidate().key()
+    assert len(c.key()) == 16 and int(c.key(), 16) >= 0
+    assert c.with_rung("micro-batch").key() == c.key()
+    assert c.replace(rungs=("a", "b")).key() == c.key()
+    assert c.replace(probe=ProbeSettings(2, "/tmp/p")).key() == c.key()
+    for change in (dict(micro_batch=4, grad_accum=2), dict(max_length=256), dict(checkpointing=True),
+                   dict(optim=EIGHT_BIT_ADAMW), dict(lora=LoraSettings()), dict(quantization="8bit"),
+                   dict(device="cpu"), dict(user_args=(("seed", 1),))):
+        assert c.replace(**change).key() != c.key(), change
+
+
+def test_describe_and_effective_batch():
+    c = candidate(micro_batch=2, grad_accum=4, checkpointing=True, lora=LoraSettings())
+    assert c.effective_batch == 8 and c.tokens_per_step == 8 * 512
+    assert c.describe() == "mb=2x4 len=512 ckpt lora16"
+
+
+# -- outcomes ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("exc, outcome", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), Outcome.OOM),
+    (RuntimeError("CUDA error: out of memory"), Outcome.OOM),
+    (RuntimeError("CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"), Outcome.OOM),
+    (ValueError("--optim adamw_bnb_8bit requires bitsandbytes"), Outcome.INVALID),
+    (TypeError("unexpected keyword"), Outcome.INVALID),
+    (ImportError("no module named bitsandbytes"), Outcome.INVALID),
+    (RuntimeError("boom"), Outcome.CRASH),
+    (KeyError("x"), Outcome.CRASH),
+])
+def test_classify_exception(exc, outcome):
+    assert classify_exception(exc) is outcome
+
+
+def test_classify_exit():
+    timeout = classify_exit(None, timed_out=True)
+    assert timeout.outcome is Outcome.TIMEOUT and "time limit" in timeout.error
+    killed = classify_exit(-signal.SIGKILL, timed_out=False)
+    assert killed.outcome is Outcome.CRASH and "SIGKILL" in killed.error and "host memory" in killed.error
+    segv = classify_exit(-signal.SIGSEGV, timed_out=False)
+    assert segv.outcome is Outcome.CRASH and "SIGSEGV" in segv.error and "host memory" not in segv.error
+    code = classify_exit(1, timed_out=False)
+    assert code.outcome is Outcome.CRASH and "code 1" in code.error
+
+
+def test_probe_result_round_trip():
+    result = ProbeResult(Outcome.OOM, peak_bytes=5, phase_peaks={"forward": 3}, error="x", error_phase="forward")
+    back = ProbeResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert back == result and back.outcome is Outcome.OOM and not back.fits
+    assert ProbeResult(Outcome.OK).fits
+
+
+# -- factories --------------------------------------------------------------------------------------------------
+def module_level_factory(candidate):
+    return candidate
+
+
+def test_factory_ref_rejects_lambda_and_nested_function():
+    def nested(candidate):
+        return candidate
+
+    for factory in (lambda c: c, nested):
+        with pytest.raises(FactoryError, match="importable"):
+            factory_ref(factory)
+
+
+def test_factory_ref_accepts_names_and_module_level_functions():
+    assert factory_ref("autofit.algos.sft:build_trainer") == "autofit.algos.sft:build_trainer"
+    assert factory_ref("sft") == "autofit.algos.sft:build_trainer"
+    ref = factory_ref(module_level_factory)
+    assert ref.endswith(":module_level_factory")
+
+
+@pytest.mark.parametrize("ref, message", [
+    ("no_such_module_xyz:fn", "cannot be imported"),
+    ("autofit.algos.sft:no_such_function", "cannot be imported"),
+    ("notaref", "not of the form"),
+])
+def test_factory_ref_bad_names(ref, message):
+    with pytest.raises(FactoryError, match=message):
+        factory_ref(ref)
+
+
+# -- model registry ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def empty_hub_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+
+
+def test_resolve_bundled_models(empty_hub_cache):
+    tiny = resolve_model("tiny-qwen2")
+    assert tiny.model_type == "qwen2" and tiny.local_path is None
+    qwen = resolve_model("Qwen/Qwen2.5-0.5B")
+    assert qwen.model_type == "qwen2" and qwen.name == "Qwen/Qwen2.5-0.5B"
+
+
+def test_resolve_local_folder(tmp_path, empty_hub_cache):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    source = resolve_model(str(folder))
+    assert source.model_type == "llama" and source.local_path == str(folder.resolve())
+
+
+def test_resolve_folder_without_config(tmp_path, empty_hub_cache):
+    folder = tmp_path / "empty-model"
+    folder.mkdir()
+    with pytest.raises(UnknownModelError, match="config.json") as err:
+        resolve_model(str(folder))
+    assert str(folder) in str(err.value)
+
+
+def test_resolve_unknown_model(empty_hub_cache):
+    with pytest.raises(UnknownModelError) as err:
+        resolve_model("nobody/no-such-model-xyz")
+    assert "'nobody/no-such-model-xyz'" in str(err.value) and "tiny-qwen2" in str(err.value)
+
+
+def test_resolve_from_hub_cache(tmp_path, empty_hub_cache):
+    snap = tmp_path / "hub" / "models--someone--cached-model" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
+    assert resolve_model("someone/cached-model").model_type == "gemma3_text"
+
+
+# -- regressions: bugs found by these tests and fixed ----------------------------------------------------------
+@pytest.mark.parametrize("budget", [0, -5])
+def test_spec_rejects_non_positive_budget(budget):
+    with pytest.raises(InputError, match=str(budget)):
+        spec(budget_bytes=budget)
+
+
+def test_parse_size_rejects_sizes_that_round_to_zero():
+    with pytest.raises(InputError, match="0.4B"):
+        parse_size("0.4B")
