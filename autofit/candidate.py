@@ -14,8 +14,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-# Config field that holds the sequence length, per algorithm.
-LENGTH_FIELD = {"sft": "max_length", "reward": "max_length"}
+# Config field that holds the searched sequence length, per algorithm (RL: the completion length).
+LENGTH_FIELD = {"sft": "max_length", "reward": "max_length", "grpo": "max_completion_length",
+                "rloo": "max_completion_length"}
+RL_ALGOS = ("grpo", "rloo")
 
 LORA_TARGETS = "all-linear"
 
@@ -53,6 +55,9 @@ class Candidate:
     # Training arguments the user fixed (learning rate, ...): passed through untouched.
     user_args: Tuple[Tuple[str, Any], ...] = ()
     real_weights: bool = False
+    # RL only: completions per prompt (None: the config class's default) and the synthetic prompts' length.
+    num_generations: Optional[int] = None
+    prompt_length: Optional[int] = None
     probe: Optional[ProbeSettings] = field(default=None, compare=False)
 
     @property
@@ -61,7 +66,11 @@ class Candidate:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.effective_batch * self.max_length
+        return self.effective_batch * (self.max_length + (self.prompt_length or 0))
+
+    @property
+    def is_rl(self) -> bool:
+        return self.algo in RL_ALGOS
 
     def replace(self, **changes) -> "Candidate":
         return dataclasses.replace(self, **changes)
@@ -81,6 +90,8 @@ class Candidate:
         args[LENGTH_FIELD.get(self.algo, "max_length")] = self.max_length
         if self.optim is not None:
             args["optim"] = self.optim
+        if self.num_generations is not None:
+            args["num_generations"] = self.num_generations
         if self.device == "cpu":
             args.update(use_cpu=True, bf16=False)
         if self.probe is not None:
@@ -93,6 +104,8 @@ class Candidate:
                 disable_tqdm=True,
                 dataloader_num_workers=0,
             )
+            if self.is_rl:  # the worst case: every completion runs to max_completion_length
+                args["generation_kwargs"] = {**(args.get("generation_kwargs") or {}), "min_new_tokens": self.max_length}
         return args
 
     def peft_config(self):
@@ -153,6 +166,8 @@ class Candidate:
 
     def describe(self) -> str:
         parts = [f"mb={self.micro_batch}x{self.grad_accum}", f"len={self.max_length}"]
+        if self.num_generations is not None:
+            parts.append(f"gen={self.num_generations}")
         if self.checkpointing:
             parts.append("ckpt")
         if self.optim:

@@ -41,8 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--algo", default="sft", help=f"one of: {', '.join(FACTORIES)} (default sft)")
     search.add_argument("--gpu-memory", help="budget, e.g. 24GiB; default the card's memory; required on CPU")
     search.add_argument("--device", default="auto", help="auto, cuda or cpu (cpu: simulated device meter)")
-    search.add_argument("--max-length", type=_positive_int, default=1024, help="sequence length (default 1024)")
+    search.add_argument("--max-length", type=_positive_int, help="sequence length, sft (default 1024)")
     search.add_argument("--min-length", type=_positive_int, help="floor for shorter sequences (default: never cut)")
+    rl = search.add_argument_group("grpo and rloo")
+    rl.add_argument("--max-completion-length", type=_positive_int, help="completion length (default 512)")
+    rl.add_argument("--min-completion-length", type=_positive_int, help="floor for shorter completions")
+    rl.add_argument("--max-prompt-length", type=_positive_int, default=128, help="synthetic prompt length (128)")
+    rl.add_argument("--num-generations", type=int, help="completions per prompt (default: TRL's)")
+    rl.add_argument("--beta", type=float, help="KL coefficient; > 0 loads and measures the reference model")
     search.add_argument("--effective-batch", type=_positive_int, default=8,
                         help="micro-batch x accumulation, kept exactly (default 8)")
     search.add_argument("--maximize", default="batch", help="batch (default) or length (longest that fits)")
@@ -65,6 +71,8 @@ def _spec_from_args(args):
         raise InputError(f"--device '{args.device}' is not valid: accepted are {', '.join(DEVICES)}")
     device = resolve_device(args.device)
     ladder = [name.strip() for name in args.ladder.split(",") if name.strip()] if args.ladder else None
+    max_length, min_length = _lengths(args)
+    user_args = {"beta": args.beta} if args.beta is not None else {}
     if args.ladder is not None and not ladder:
         raise InputError(f"--ladder '{args.ladder}' names no rung")
     return SearchSpec(
@@ -72,8 +80,11 @@ def _spec_from_args(args):
         algo=args.algo,
         device=device,
         budget_bytes=budget_for(device, args.gpu_memory),
-        max_length=args.max_length,
-        min_length=args.min_length,
+        max_length=max_length,
+        min_length=min_length,
+        num_generations=args.num_generations,
+        prompt_length=args.max_prompt_length,
+        user_args=user_args,
         effective_batch=args.effective_batch,
         maximize=args.maximize,
         ladder=ladder,
@@ -83,6 +94,26 @@ def _spec_from_args(args):
         verify_steps=args.verify_steps,
         probe_timeout_s=args.probe_timeout,
     )
+
+
+def _lengths(args):
+    """(max_length, min_length) of the search: the sequence for sft, the completion for grpo/rloo."""
+    from autofit.candidate import RL_ALGOS
+    from autofit.spec import InputError
+
+    if args.algo in RL_ALGOS:
+        if args.max_length is not None or args.min_length is not None:
+            raise InputError(f"--max-length/--min-length do not apply to {args.algo}: use --max-completion-length "
+                             "and --min-completion-length")
+        if args.beta is not None and args.beta < 0:
+            raise InputError(f"--beta {args.beta} is not valid: it must be 0 or more")
+        return args.max_completion_length or 512, args.min_completion_length
+    rl_flags = [flag for flag, value in (("--max-completion-length", args.max_completion_length),
+                                         ("--min-completion-length", args.min_completion_length),
+                                         ("--beta", args.beta)) if value is not None]
+    if rl_flags:
+        raise InputError(f"{rl_flags[0]} applies to grpo and rloo, not to '{args.algo}'")
+    return args.max_length or 1024, args.min_length
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -68,10 +68,13 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
         return "checkpointing" if candidate.checkpointing else "baseline: off is fastest and fits"
     if key == "optim":
         return "optimizer-8bit"
-    if key == "max_length":
+    if key in ("num_generations", "beta"):
+        return f"--{key.replace('_', '-')}"
+    if key in ("max_length", "max_completion_length"):
         if maximize == "length":
             return "longest that fits (--maximize length)"
-        return "shorter-length" if candidate.max_length < spec_max_length else "--max-length"
+        flag = "--max-completion-length" if candidate.is_rl else "--max-length"
+        return "shorter-length" if candidate.max_length < spec_max_length else flag
     if key in ("use_cpu", "bf16"):
         return "CPU device (simulated meter)"
     if key.startswith(("lora_", "use_peft")):
@@ -153,6 +156,7 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
                 "peak_bytes": r.result.peak_bytes,
                 "tokens_per_second": round(r.result.tokens_per_second, 1),
                 "error": r.result.error or None,
+                "error_phase": r.result.error_phase or None,
                 "stored": r.cached,
             }
             for r in report.records

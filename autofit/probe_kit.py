@@ -111,6 +111,16 @@ def _write_random_checkpoint(config: Dict, folder: Path) -> None:
     synthesize_tokenizer(config).save_pretrained(folder)
 
 
+def load_tokenizer(candidate: Candidate, **kwargs):
+    """The tokenizer for ``model_path(candidate)``. A synthesized one is loaded as the generic fast tokenizer:
+    AutoTokenizer would pick the architecture's own class (Qwen2Tokenizer, ...) and rebuild it wrongly."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = model_path(candidate)
+    loader = AutoTokenizer if candidate.real_weights else PreTrainedTokenizerFast
+    return loader.from_pretrained(path, **kwargs)
+
+
 def synthetic_token_rows(candidate: Candidate, length: int, rows: int) -> List[List[int]]:
     """``rows`` sequences of exactly ``length`` random ordinary token ids (no special tokens)."""
     import random

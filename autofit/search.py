@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from autofit.candidate import Candidate
+from autofit.candidate import RL_ALGOS, Candidate
 from autofit.ladder import QUALITY, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
 from autofit.runner import Runner
@@ -91,6 +91,8 @@ class Search:
             max_length=spec.max_length,
             user_args=tuple(sorted(spec.user_args.items())),
             real_weights=spec.real_weights,
+            num_generations=spec.num_generations,
+            prompt_length=spec.prompt_length if spec.algo in RL_ALGOS else None,
         )
         start = LadderState(base, min_length=spec.min_length, maximize=spec.maximize)
         self.levels = climb(start, rungs)
@@ -105,6 +107,9 @@ class Search:
         result, cached = self.store.measure(candidate, kind, steps, level, lambda: self.runner.run(candidate, steps))
         if result.error_phase == "import":  # the same in every probe: stop instead of walking the ladder
             raise InputError(result.error)
+        if not self.report.records and result.outcome is Outcome.INVALID and result.error_phase == "load":
+            # The trainer rejected the very first configuration (TRL validates its own invariants): bad input.
+            raise InputError(f"the trainer rejects this configuration: {result.error}")
         if any(r.candidate.key() == candidate.key() and r.kind == kind for r in self.report.records):
             return result  # already measured and listed in this run (the same point reached from another level)
         self.report.records.append(Record(level, candidate, kind, result, cached))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from autofit.algos import FACTORIES
+from autofit.candidate import RL_ALGOS
 
 
 class InputError(ValueError):
@@ -60,6 +61,10 @@ class SearchSpec:
     user_args: Dict[str, Any] = field(default_factory=dict)
     real_weights: bool = False
     factory: Optional[str] = None  # "module:function"; None: the built-in factory of ``algo``
+    # RL (grpo, rloo): completions per prompt (None: TRL's default) and the synthetic prompts' length.
+    # For these algorithms max_length/min_length bound the completion length.
+    num_generations: Optional[int] = None
+    prompt_length: int = 128
     out_dir: Path = Path("autofit-out")
     probe_steps: int = 2
     verify_steps: int = 10
@@ -83,6 +88,21 @@ class SearchSpec:
             raise InputError(f"probe-timeout {self.probe_timeout_s!r} is not valid: it must be a positive number of seconds")
         if self.probe_steps < 2:
             raise InputError(f"probe-steps {self.probe_steps} is not valid: a probe needs at least 2 optimizer steps")
+        if self.num_generations is not None:
+            if self.algo not in RL_ALGOS:
+                raise InputError(f"--num-generations applies to {', '.join(RL_ALGOS)}, not to '{self.algo}'")
+            if not isinstance(self.num_generations, int) or self.num_generations < 2:
+                raise InputError(
+                    f"--num-generations {self.num_generations!r} is not valid: GRPO/RLOO need at least 2 "
+                    "completions per prompt to compare them"
+                )
+            if self.effective_batch % self.num_generations:
+                raise InputError(
+                    f"--effective-batch {self.effective_batch} cannot be divided into groups of --num-generations "
+                    f"{self.num_generations}: use a multiple of {self.num_generations}"
+                )
+        if not isinstance(self.prompt_length, int) or self.prompt_length < 1:
+            raise InputError(f"--max-prompt-length {self.prompt_length!r} is not valid: it must be a positive integer")
         if self.min_length is None:
             self.min_length = self.max_length if self.maximize == "batch" else min(self.max_length, 128)
         if not isinstance(self.min_length, int) or self.min_length < 1:
@@ -108,4 +128,6 @@ class SearchSpec:
             str(self.effective_batch), self.maximize, ",".join(self.ladder or ["default"]),
             str(sorted(self.user_args.items())), str(self.real_weights), self.factory or "", str(self.probe_steps),
         ]
+        if self.algo in RL_ALGOS:
+            parts += [str(self.num_generations), str(self.prompt_length)]
         return "|".join(parts)

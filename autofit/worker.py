@@ -55,6 +55,40 @@ def _phase_callback(meter, step_times: List[float]):
     return PhaseCallback()
 
 
+def _models_of(trainer) -> List:
+    """Every model the trainer holds: the policy, and the reference, reward or value models of RL trainers."""
+    import torch
+
+    found = []
+    for value in vars(trainer).values():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        found.extend(item for item in items if isinstance(item, torch.nn.Module))
+    return found
+
+
+def _instrument_rl_phases(trainer, meter) -> None:
+    """Online RL trainers (GRPO, RLOO) generate inside the training step: name those phases for the meter.
+    generation: the completions (KV cache); scoring: rewards plus the old/reference log-prob passes."""
+    generate = getattr(trainer, "_generate", None)
+    generate_and_score = getattr(trainer, "_generate_and_score_completions", None)
+    if generate is None or generate_and_score is None:
+        return
+
+    def generate_phase(*args, **kwargs):
+        meter.set_phase("generation")
+        out = generate(*args, **kwargs)
+        meter.set_phase("scoring")
+        return out
+
+    def generate_and_score_phase(*args, **kwargs):
+        out = generate_and_score(*args, **kwargs)
+        meter.set_phase("forward_backward")
+        return out
+
+    trainer._generate = generate_phase
+    trainer._generate_and_score_completions = generate_and_score_phase
+
+
 def _synchronize(args) -> None:
     import torch
 
@@ -78,9 +112,10 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             meter.set_phase("load")
             trainer = factory(candidate)
             _check_trainer(trainer, candidate)
-            if hasattr(meter, "track"):
-                meter.track(trainer.model)
+            if hasattr(meter, "track"):  # weights loaded from disk bypass the dispatch mode
+                meter.track(*_models_of(trainer))
             trainer.add_callback(_phase_callback(meter, step_times))
+            _instrument_rl_phases(trainer, meter)
             meter.set_phase("train_setup")
             trainer.train()
         peaks = meter.peaks()

@@ -12,7 +12,6 @@ import argparse
 import logging
 
 from datasets import Dataset
-from transformers import AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
 import autofit
@@ -26,7 +25,7 @@ def make_trainer(candidate: autofit.Candidate) -> SFTTrainer:
         model=path,
         args=SFTConfig(**candidate.training_args()),
         train_dataset=Dataset.from_dict({"input_ids": rows}),  # worst case: every row at full length
-        processing_class=AutoTokenizer.from_pretrained(path),
+        processing_class=probe_kit.load_tokenizer(candidate),
         peft_config=candidate.peft_config(),
         quantization_config=candidate.quantization_config(),
     )

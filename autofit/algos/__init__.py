@@ -2,4 +2,6 @@
 
 FACTORIES = {
     "sft": "autofit.algos.sft:build_trainer",
+    "grpo": "autofit.algos.rl:build_grpo_trainer",
+    "rloo": "autofit.algos.rl:build_rloo_trainer",
 }

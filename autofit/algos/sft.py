@@ -8,7 +8,6 @@ from autofit.candidate import Candidate
 
 def build_trainer(candidate: Candidate):
     from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     path = probe_kit.model_path(candidate)
@@ -17,7 +16,7 @@ def build_trainer(candidate: Candidate):
         model=path,
         args=SFTConfig(**candidate.training_args()),
         train_dataset=Dataset.from_dict({"input_ids": rows}),
-        processing_class=AutoTokenizer.from_pretrained(path),
+        processing_class=probe_kit.load_tokenizer(candidate),
         peft_config=candidate.peft_config(),
         quantization_config=candidate.quantization_config(),
     )
