@@ -2,7 +2,8 @@
 and verify the choice with a longer run.
 
 Rules (see DESIGN.md, "The ladder"):
-- Levels are visited from free to costly. The first level where anything fits fixes the cost class.
+- Levels are visited from free to costly. The first level where anything fits fixes the cost class (with
+  ``maximize="length"`` the free and speed classes count as one: a longer sequence with the same math wins).
 - Within the free and speed classes the remaining levels of that class are tried too, unless a fit already
   reaches the top of the range (the largest micro-batch, or the full length); the fastest measured fit wins.
 - Within the quality class the first level that fits wins: its rungs change the training least.
@@ -12,13 +13,14 @@ Rules (see DESIGN.md, "The ladder"):
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from autofit.candidate import RL_ALGOS, Candidate
-from autofit.ladder import QUALITY, LadderState, Rung, climb
+from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
 from autofit.runner import Runner
 from autofit.spec import InputError, SearchSpec, format_size
@@ -100,6 +102,11 @@ class Search:
             spec.out_dir, spec.study_name(), spec.budget_bytes, len(self.levels), spec.effective_batch, spec.max_length
         )
         self.report = SearchReport(spec, self.levels)
+        if spec.algo in RL_ALGOS and importlib.util.find_spec("vllm") is None:
+            self.report.notes.append(
+                "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
+                "(gpu_memory_utilization, max_num_seqs, sleep mode) were not searched"
+            )
 
     # -- measuring --------------------------------------------------------------------------------------------
     def _measure(self, level: int, candidate: Candidate, kind: str = "probe") -> ProbeResult:
@@ -201,14 +208,21 @@ class Search:
         cost = None
         for level in range(start, len(self.levels)):
             state = self.levels[level]
-            if cost is not None and (state.cost != cost or cost == QUALITY or any(map(self._at_top, primary))):
+            if cost is not None and (self._class(state) != cost or cost == QUALITY or any(map(self._at_top, primary))):
                 return primary, fallback, level
             fits = self._search_level(level, state)
             if fits:
-                cost = cost or state.cost
+                cost = cost or self._class(state)
                 primary.append(fits[0])
                 fallback.extend(fits[1:])
         return primary, fallback, len(self.levels)
+
+    def _class(self, state: LadderState) -> str:
+        """The cost class a level competes in. When the length is maximized, the free and speed rungs compete
+        together: the same training with a longer sequence is what the user asked for."""
+        if self.spec.maximize == "length" and state.cost == FREE:
+            return SPEED
+        return state.cost
 
     def _rank(self, fits: List[Fit]) -> List[Fit]:
         if self.spec.maximize == "length":

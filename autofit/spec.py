@@ -47,6 +47,19 @@ MAXIMIZE = ("batch", "length")
 DEVICES = ("auto", "cuda", "cpu")
 
 
+def ppo_message() -> str:
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("trl")
+    except metadata.PackageNotFoundError:
+        installed = "none"
+    return (
+        f"algo 'ppo' is not supported yet: TRL 1.13 removed PPOTrainer (installed trl {installed}; TRL 0.29-1.12 "
+        f"have it in trl.experimental.ppo) and autofit has no PPO probe yet; accepted are {', '.join(FACTORIES)}"
+    )
+
+
 @dataclass
 class SearchSpec:
     model: str
@@ -72,6 +85,8 @@ class SearchSpec:
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
+        if self.factory is None and self.algo == "ppo":
+            raise InputError(ppo_message())
         if self.factory is None and self.algo not in FACTORIES:
             raise InputError(f"unknown algo '{self.algo}': accepted are {', '.join(FACTORIES)}")
         if self.device not in ("cuda", "cpu"):

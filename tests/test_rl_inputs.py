@@ -93,3 +93,10 @@ def test_every_rl_candidate_keeps_groups_and_effective_batch(groups, num_generat
         assert args["max_completion_length"] == candidate.max_length and "max_length" not in args
     if report.fits:
         assert report.verified.peak_bytes <= spec.budget_bytes
+
+
+def test_ppo_says_why_it_is_missing(capsys):
+    code = exit_code(["search", "--model", "tiny-qwen2", "--algo", "ppo", "--device", "cpu", "--gpu-memory", "1GiB"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "TRL 1.13 removed PPOTrainer" in err and "installed trl" in err

@@ -1,5 +1,6 @@
 """Real TRL GRPO and RLOO probes on tiny models, in probe processes, under the simulated meter."""
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -44,6 +45,8 @@ def test_grpo_search_end_to_end(tmp_path):
     assert config["num_generations"] == 4 and config["max_completion_length"] == 32
     assert config["per_device_train_batch_size"] * config["gradient_accumulation_steps"] == 8
     assert "generation_kwargs" not in config  # the forced full-length completions are probe-only
+    if importlib.util.find_spec("vllm") is None:
+        assert any("vLLM is not installed" in note for note in best["notes"])
     parsed, _ = TrlParser((GRPOConfig, ModelConfig)).parse_args_and_config(
         ["--config", str(tmp_path / "best.yaml"), "--output_dir", str(tmp_path / "run")]
     )

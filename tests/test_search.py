@@ -261,13 +261,18 @@ def test_maximize_length_longest_fitting_grid_length(tmp_path, extra_mib):
     runner = FormulaRunner(budget)
     grid = length_grid(spec.min_length, spec.max_length)
     assert spec.min_length == 128
-    length = max(L for L in grid if runner.fits(cand(spec, 1, L)))
+    plain = max(L for L in grid if runner.fits(cand(spec, 1, L)))
+    # With maximize="length" the free and speed classes compete together: checkpointing buys a longer sequence
+    # with the same math, so it is used whenever it reaches further (and only then: it is slower).
+    with_ckpt = max(L for L in grid if runner.fits(cand(spec, 1, L, checkpointing=True)))
 
     report, _ = run(spec, runner)
     chosen = report.chosen.candidate
-    assert chosen.max_length == length
-    assert same(chosen, cand(spec, 1, length))  # found at the free level: no rung
+    assert chosen.max_length == max(plain, with_ckpt)
+    assert chosen.checkpointing == (with_ckpt > plain)
+    assert not any(r.cost == "quality" for r in report.levels if r.rungs == chosen.rungs)
     assert all(c.max_length in grid for c in runner.candidates)
+    length = chosen.max_length
     assert any(f"longest max_length that fits: {length}" in n for n in report.notes)
 
 

@@ -4,4 +4,5 @@ FACTORIES = {
     "sft": "autofit.algos.sft:build_trainer",
     "grpo": "autofit.algos.rl:build_grpo_trainer",
     "rloo": "autofit.algos.rl:build_rloo_trainer",
+    "reward": "autofit.algos.reward:build_trainer",
 }
