@@ -5,8 +5,11 @@ BIN := $(VENV)/bin
 # CPU-only machines get torch's CPU build (an unpinned torch pulls several GB of CUDA packages).
 TORCH_CPU ?= torch==2.13.0
 DEMO_OUT ?= autofit-out/demo
+# PPO was removed in TRL 1.13: its tests run with this TRL overlaid on the environment.
+TRL_PPO ?= trl==1.12.0
+PPO_OVERLAY ?= .trl112
 
-.PHONY: venv demo test test-fast gpu-test clean
+.PHONY: venv demo test test-main test-ppo test-fast gpu-test clean
 
 venv: $(VENV)/.installed
 
@@ -22,8 +25,17 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/autofit search --model tiny-qwen2 --device cpu --gpu-memory 300MiB --max-length 128 --out $(DEMO_OUT)
 
-test: venv
+test: test-main test-ppo
+
+test-main: venv
 	$(BIN)/python -m pytest -q
+
+$(PPO_OVERLAY)/.installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(PPO_OVERLAY) $(TRL_PPO)
+	touch $@
+
+test-ppo: venv $(PPO_OVERLAY)/.installed
+	PYTHONPATH=$(PPO_OVERLAY) $(BIN)/python -m pytest -q -m ppo
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -32,4 +44,4 @@ gpu-test: venv
 	$(BIN)/python -m pytest -q -m gpu
 
 clean:
-	rm -rf autofit-out .pytest_cache
+	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY)

@@ -16,8 +16,8 @@ from typing import Any, Dict, Optional, Tuple
 
 # Config field that holds the searched sequence length, per algorithm (RL: the completion length).
 LENGTH_FIELD = {"sft": "max_length", "reward": "max_length", "grpo": "max_completion_length",
-                "rloo": "max_completion_length"}
-RL_ALGOS = ("grpo", "rloo")
+                "rloo": "max_completion_length", "ppo": "response_length"}
+RL_ALGOS = ("grpo", "rloo", "ppo")
 
 LORA_TARGETS = "all-linear"
 
@@ -104,7 +104,9 @@ class Candidate:
                 disable_tqdm=True,
                 dataloader_num_workers=0,
             )
-            if self.is_rl:  # the worst case: every completion runs to max_completion_length
+            if self.algo == "ppo":  # PPO counts episodes, not steps; its sample generations are evaluation only
+                args.update(total_episodes=self.effective_batch * self.probe.steps, num_sample_generations=0)
+            elif self.is_rl:  # the worst case: every completion runs to max_completion_length
                 args["generation_kwargs"] = {**(args.get("generation_kwargs") or {}), "min_new_tokens": self.max_length}
         return args
 

@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--device", default="auto", help="auto, cuda or cpu (cpu: simulated device meter)")
     search.add_argument("--max-length", type=_positive_int, help="sequence length, sft (default 1024)")
     search.add_argument("--min-length", type=_positive_int, help="floor for shorter sequences (default: never cut)")
-    rl = search.add_argument_group("grpo and rloo")
-    rl.add_argument("--max-completion-length", type=_positive_int, help="completion length (default 512)")
+    rl = search.add_argument_group("grpo, rloo and ppo")
+    rl.add_argument("--max-completion-length", type=_positive_int, help="completion (ppo: response) length (default 512)")
     rl.add_argument("--min-completion-length", type=_positive_int, help="floor for shorter completions")
     rl.add_argument("--max-prompt-length", type=_positive_int, default=128, help="synthetic prompt length (128)")
     rl.add_argument("--num-generations", type=int, help="completions per prompt (default: TRL's)")
@@ -105,6 +105,8 @@ def _lengths(args):
         if args.max_length is not None or args.min_length is not None:
             raise InputError(f"--max-length/--min-length do not apply to {args.algo}: use --max-completion-length "
                              "and --min-completion-length")
+        if args.beta is not None and args.algo == "ppo":
+            raise InputError("--beta applies to grpo and rloo; PPO's KL coefficient is PPOConfig.kl_coef")
         if args.beta is not None and args.beta < 0:
             raise InputError(f"--beta {args.beta} is not valid: it must be 0 or more")
         return args.max_completion_length or 512, args.min_completion_length

@@ -86,6 +86,13 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
     return "yours"
 
 
+def usage(algo: str) -> str:
+    if algo == "ppo":
+        return ("# TRL has no ppo command: build PPOConfig(**best.json['config']); PPO's loop does not enable "
+                "checkpointing from its config, so call model.gradient_checkpointing_enable() when it is set")
+    return f"# use: trl {algo} --config best.yaml --dataset_name YOUR_DATASET"
+
+
 def _scalar(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
@@ -99,7 +106,7 @@ def yaml_text(report: SearchReport) -> str:
         f"# autofit: best {spec.algo} configuration for {spec.model} within {format_size(spec.budget_bytes)}",
         f"# verified peak {format_size(report.verified.peak_bytes)} over {report.verified.steps} steps; "
         f"rungs: {', '.join(candidate.rungs) or 'none'}",
-        f"# use: trl {spec.algo} --config best.yaml --dataset_name YOUR_DATASET",
+        usage(spec.algo),
     ]
     for key, value in {**model_args(candidate), **train}.items():
         lines.append(f"{key}: {_scalar(value)}  # {_why(key, candidate, spec.max_length, spec.maximize)}")

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from autofit.candidate import RL_ALGOS, Candidate
+from autofit.candidate import LENGTH_FIELD, RL_ALGOS, Candidate
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
 from autofit.runner import Runner
@@ -102,7 +102,7 @@ class Search:
             spec.out_dir, spec.study_name(), spec.budget_bytes, len(self.levels), spec.effective_batch, spec.max_length
         )
         self.report = SearchReport(spec, self.levels)
-        if spec.algo in RL_ALGOS and importlib.util.find_spec("vllm") is None:
+        if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:
             self.report.notes.append(
                 "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
                 "(gpu_memory_utilization, max_num_seqs, sleep mode) were not searched"
@@ -244,12 +244,13 @@ class Search:
 
     def _note_truncation(self, candidate: Candidate) -> None:
         spec = self.spec
+        field = LENGTH_FIELD.get(spec.algo, "max_length")
         if spec.maximize == "length":
             self.report.notes.append(
-                f"longest max_length that fits: {candidate.max_length} (searched {spec.min_length}..{spec.max_length})"
+                f"longest {field} that fits: {candidate.max_length} (searched {spec.min_length}..{spec.max_length})"
             )
         elif candidate.max_length < spec.max_length:
+            what = "completions are cut at" if candidate.is_rl else "training examples longer than that are truncated to"
             self.report.notes.append(
-                f"max_length cut from {spec.max_length} to {candidate.max_length}: training examples longer than "
-                f"{candidate.max_length} tokens will be truncated"
+                f"{field} cut from {spec.max_length} to {candidate.max_length}: {what} {candidate.max_length} tokens"
             )

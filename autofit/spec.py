@@ -47,16 +47,33 @@ MAXIMIZE = ("batch", "length")
 DEVICES = ("auto", "cuda", "cpu")
 
 
-def ppo_message() -> str:
+GROUP_ALGOS = ("grpo", "rloo")  # algorithms that sample num_generations completions per prompt
+
+
+def installed_trl() -> str:
     from importlib import metadata
 
     try:
-        installed = metadata.version("trl")
+        return metadata.version("trl")
     except metadata.PackageNotFoundError:
-        installed = "none"
+        return "none"
+
+
+def ppo_available() -> bool:
+    """PPOTrainer lives in trl.experimental.ppo from TRL 0.29 to 1.12; TRL 1.13 removed it."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version("0.29") <= Version(installed_trl()) < Version("1.13")
+    except InvalidVersion:
+        return False
+
+
+def ppo_message() -> str:
     return (
-        f"algo 'ppo' is not supported yet: TRL 1.13 removed PPOTrainer (installed trl {installed}; TRL 0.29-1.12 "
-        f"have it in trl.experimental.ppo) and autofit has no PPO probe yet; accepted are {', '.join(FACTORIES)}"
+        f"algo 'ppo' needs TRL 0.29-1.12 (installed trl {installed_trl()}; TRL 1.13 removed PPOTrainer): "
+        "pip install 'trl-autofit[ppo]' in a separate environment, or overlay it with "
+        "pip install --no-deps --target ./trl112 trl==1.12.0 and PYTHONPATH=./trl112"
     )
 
 
@@ -85,7 +102,7 @@ class SearchSpec:
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
-        if self.factory is None and self.algo == "ppo":
+        if self.factory is None and self.algo == "ppo" and not ppo_available():
             raise InputError(ppo_message())
         if self.factory is None and self.algo not in FACTORIES:
             raise InputError(f"unknown algo '{self.algo}': accepted are {', '.join(FACTORIES)}")
@@ -104,8 +121,8 @@ class SearchSpec:
         if self.probe_steps < 2:
             raise InputError(f"probe-steps {self.probe_steps} is not valid: a probe needs at least 2 optimizer steps")
         if self.num_generations is not None:
-            if self.algo not in RL_ALGOS:
-                raise InputError(f"--num-generations applies to {', '.join(RL_ALGOS)}, not to '{self.algo}'")
+            if self.algo not in GROUP_ALGOS:
+                raise InputError(f"--num-generations applies to {', '.join(GROUP_ALGOS)}, not to '{self.algo}'")
             if not isinstance(self.num_generations, int) or self.num_generations < 2:
                 raise InputError(
                     f"--num-generations {self.num_generations!r} is not valid: GRPO/RLOO need at least 2 "

@@ -38,21 +38,42 @@ def _phase_callback(meter, step_times: List[float]):
     from transformers import TrainerCallback
 
     class PhaseCallback(TrainerCallback):
-        """Names the phases of each optimizer step for the meter and times the steps."""
+        """Names the phases of each optimizer step for the meter and times the steps. PPO's own loop calls only
+        on_train_begin and on_step_end, so a step is timed from the previous mark."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self._mark = time.perf_counter()
 
         def on_step_begin(self, args, state, control, **kwargs):
             meter.set_phase("forward_backward")
-            self._start = time.perf_counter()
+            self._mark = time.perf_counter()
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             meter.set_phase("optimizer_step")
 
         def on_step_end(self, args, state, control, **kwargs):
             _synchronize(args)
-            step_times.append(time.perf_counter() - self._start)
+            now = time.perf_counter()
+            step_times.append(now - self._mark)
+            self._mark = now
             meter.set_phase("between_steps")
 
     return PhaseCallback()
+
+
+def _wrap(owner, name: str, before: Optional[str], after: Optional[str], meter) -> None:
+    """Replace ``owner.name`` with a call that switches the meter's phase before and after it."""
+    original = getattr(owner, name)
+
+    def wrapped(*args, **kwargs):
+        if before:
+            meter.set_phase(before)
+        out = original(*args, **kwargs)
+        if after:
+            meter.set_phase(after)
+        return out
+
+    setattr(owner, name, wrapped)
 
 
 def _models_of(trainer) -> List:
@@ -67,26 +88,15 @@ def _models_of(trainer) -> List:
 
 
 def _instrument_rl_phases(trainer, meter) -> None:
-    """Online RL trainers (GRPO, RLOO) generate inside the training step: name those phases for the meter.
-    generation: the completions (KV cache); scoring: rewards plus the old/reference log-prob passes."""
-    generate = getattr(trainer, "_generate", None)
-    generate_and_score = getattr(trainer, "_generate_and_score_completions", None)
-    if generate is None or generate_and_score is None:
-        return
-
-    def generate_phase(*args, **kwargs):
-        meter.set_phase("generation")
-        out = generate(*args, **kwargs)
-        meter.set_phase("scoring")
-        return out
-
-    def generate_and_score_phase(*args, **kwargs):
-        out = generate_and_score(*args, **kwargs)
-        meter.set_phase("forward_backward")
-        return out
-
-    trainer._generate = generate_phase
-    trainer._generate_and_score_completions = generate_and_score_phase
+    """Online RL trainers generate inside the training step: name those phases for the meter.
+    generation: the completions (KV cache); scoring: rewards plus the old/reference/value passes."""
+    if hasattr(trainer, "_generate") and hasattr(trainer, "_generate_and_score_completions"):  # GRPO, RLOO
+        _wrap(trainer, "_generate", "generation", "scoring", meter)
+        _wrap(trainer, "_generate_and_score_completions", None, "forward_backward", meter)
+    elif hasattr(trainer, "policy_model") and hasattr(trainer, "value_model"):  # PPO's own loop
+        _wrap(trainer.policy_model, "generate", "generation", "scoring", meter)
+        _wrap(trainer.model, "forward", "forward_backward", None, meter)
+        _wrap(trainer.optimizer, "step", "optimizer_step", "forward_backward", meter)
 
 
 def _synchronize(args) -> None:
