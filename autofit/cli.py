@@ -58,7 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--probe-steps", type=_positive_int, default=2, help="optimizer steps per probe (>= 2)")
     search.add_argument("--verify-steps", type=_positive_int, default=10, help="optimizer steps of the check run")
     search.add_argument("--probe-timeout", type=float, default=900.0, help="seconds before a probe is killed")
+    search.add_argument("--max-probes", type=_positive_int, help="stop probing after N probes and choose")
+    search.add_argument("--headroom", type=float, help="fraction of the budget kept free (default 0.03 on CUDA)")
     search.add_argument("-q", "--quiet", action="store_true", help="only the final table")
+    from autofit import estimate
+
+    estimate.add_parser(commands)
     return parser
 
 
@@ -93,6 +98,8 @@ def _spec_from_args(args):
         probe_steps=args.probe_steps,
         verify_steps=args.verify_steps,
         probe_timeout_s=args.probe_timeout,
+        max_probes=args.max_probes,
+        headroom=args.headroom,
     )
 
 
@@ -120,6 +127,10 @@ def _lengths(args):
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "estimate":
+        from autofit import estimate
+
+        return estimate.run(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from autofit.api import no_fit_message, run_search
     from autofit.export import table_text

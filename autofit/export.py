@@ -164,11 +164,15 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
                 "tokens_per_second": round(r.result.tokens_per_second, 1),
                 "error": r.result.error or None,
                 "error_phase": r.result.error_phase or None,
+                "predicted_bytes": round(r.predicted_bytes) if r.predicted_bytes is not None else None,
+                "prior_predicted_bytes": round(r.prior_bytes) if r.prior_bytes is not None else None,
                 "stored": r.cached,
             }
             for r in report.records
         ],
         "versions": versions(),
+        "memory_model": report.calibration.to_dict() if report.calibration is not None else None,
+        "prediction_error": prediction_error(report),
     }
     if report.fits:
         fit, verified = report.chosen, report.verified
@@ -193,6 +197,21 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
         failure = report.lightest_failure()
         data.update(peak_bytes=None, rungs=[], config=None, smallest_oom_peak_bytes=failure.result.peak_bytes if failure else None)
     return data
+
+
+def prediction_error(report: SearchReport) -> Dict[str, Optional[float]]:
+    """Relative error of the memory model's predictions against the measured peaks of probes that fitted:
+    before calibration (the prior alone) and as the search saw it (calibrated on the probes before each one)."""
+    measured = [r for r in report.records if r.result.fits and r.result.peak_bytes and not r.cached]
+
+    def errors(attribute: str) -> Dict[str, Optional[float]]:
+        values = [abs(getattr(r, attribute) - r.result.peak_bytes) / r.result.peak_bytes
+                  for r in measured if getattr(r, attribute) is not None]
+        if not values:
+            return {"mean": None, "max": None, "points": 0}
+        return {"mean": round(sum(values) / len(values), 4), "max": round(max(values), 4), "points": len(values)}
+
+    return {"prior": errors("prior_bytes"), "calibrated": errors("predicted_bytes")}
 
 
 def table_text(report: SearchReport) -> str:

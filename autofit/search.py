@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from autofit import memory_model
 from autofit.candidate import LENGTH_FIELD, RL_ALGOS, Candidate
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
@@ -36,6 +37,8 @@ class Record:
     kind: str  # "probe" or "verify"
     result: ProbeResult
     cached: bool
+    predicted_bytes: Optional[float] = None  # the memory model's peak before this probe (calibrated when it could)
+    prior_bytes: Optional[float] = None  # the uncalibrated prediction
 
 
 @dataclass
@@ -55,6 +58,8 @@ class SearchReport:
     notes: List[str] = field(default_factory=list)
     probes_run: int = 0
     probes_total: int = 0
+    calibration: Optional[memory_model.Calibration] = None
+    probe_limit_reached: bool = False
 
     @property
     def fits(self) -> bool:
@@ -80,6 +85,18 @@ def length_grid(low: int, high: int) -> List[int]:
     return sorted({low, *inner, high})
 
 
+class ProbeLimitReached(Exception):
+    """--max-probes probes have run: choose among the fits found so far."""
+
+
+def _shape_of(model: str) -> Optional[memory_model.ModelShape]:
+    try:
+        return memory_model.ModelShape.from_model(model)
+    except (KeyError, ValueError, TypeError) as exc:  # an architecture the ledger does not describe
+        log.info("no memory model for %s (%s): plain bisection", model, exc)
+        return None
+
+
 class Search:
     def __init__(self, spec: SearchSpec, runner: Runner, rungs: Sequence[Rung], store: Optional[ProbeStore] = None):
         self.spec = spec
@@ -102,15 +119,50 @@ class Search:
             spec.out_dir, spec.study_name(), spec.budget_bytes, len(self.levels), spec.effective_batch, spec.max_length
         )
         self.report = SearchReport(spec, self.levels)
+        self.shape = _shape_of(spec.model)
+        self.calibration: Optional[memory_model.Calibration] = None
         if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:
             self.report.notes.append(
                 "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
                 "(gpu_memory_utilization, max_num_seqs, sleep mode) were not searched"
             )
 
+    # -- predicting -------------------------------------------------------------------------------------------
+    def _predict(self, candidate: Candidate, calibrated: bool = True) -> Optional[float]:
+        if self.shape is None:
+            return None
+        try:
+            calibration = self.calibration if calibrated else None
+            return memory_model.predict_calibrated(candidate, calibration, self.shape).total
+        except (KeyError, ValueError, ZeroDivisionError) as exc:  # a configuration the ledger cannot describe
+            log.debug("no prediction for %s: %s", candidate.describe(), exc)
+            return None
+
+    def _learn(self, candidate: Candidate, result: ProbeResult) -> None:
+        """Calibrate the memory model on every probe that ran to the end."""
+        if self.shape is None or not result.fits or not result.peak_bytes:
+            return
+        points = [(r.candidate, r.result.peak_bytes) for r in self.report.records
+                  if r.kind == "probe" and r.result.fits and r.result.peak_bytes]
+        try:
+            self.calibration = memory_model.calibrate(points, self.shape, device=self.spec.device)
+        except (KeyError, ValueError, ZeroDivisionError) as exc:
+            log.debug("calibration failed: %s", exc)
+
+    def _fits(self, result: ProbeResult) -> bool:
+        """Measured within the budget minus the headroom kept for what a short probe cannot see."""
+        if not result.fits:
+            return False
+        budget = self.spec.budget_bytes
+        return budget is None or result.peak_bytes <= budget * (1 - self.spec.headroom)
+
     # -- measuring --------------------------------------------------------------------------------------------
     def _measure(self, level: int, candidate: Candidate, kind: str = "probe") -> ProbeResult:
         steps = self.spec.verify_steps if kind == "verify" else self.spec.probe_steps
+        if (kind == "probe" and self.spec.max_probes is not None and self.store.lookup(candidate, kind, steps) is None
+                and self.store.probes_run >= self.spec.max_probes):
+            raise ProbeLimitReached()
+        predicted, prior = self._predict(candidate), self._predict(candidate, calibrated=False)
         result, cached = self.store.measure(candidate, kind, steps, level, lambda: self.runner.run(candidate, steps))
         if result.error_phase == "import":  # the same in every probe: stop instead of walking the ladder
             raise InputError(result.error)
@@ -119,9 +171,13 @@ class Search:
             raise InputError(f"the trainer rejects this configuration: {result.error}")
         if any(r.candidate.key() == candidate.key() and r.kind == kind for r in self.report.records):
             return result  # already measured and listed in this run (the same point reached from another level)
-        self.report.records.append(Record(level, candidate, kind, result, cached))
+        self.report.records.append(Record(level, candidate, kind, result, cached, predicted, prior))
+        if kind == "probe":
+            self._learn(candidate, result)
         rungs = "+".join(candidate.rungs) or "baseline"
         detail = f"peak {format_size(result.peak_bytes)}"
+        if predicted is not None:
+            detail += f" (predicted {format_size(predicted)})"
         if result.fits:
             detail += f", {result.tokens_per_second:,.0f} tok/s"
         else:
@@ -134,28 +190,59 @@ class Search:
         return result
 
     def _largest(self, level: int, values: Sequence[int], make: Callable[[int], Candidate]) -> List[Fit]:
-        """Bisection for the largest value that fits, memory assumed to grow with the value.
-        Returns every fit found, the largest first."""
+        """The largest value that fits, memory assumed to grow with the value. Returns every fit found, the
+        largest first.
+
+        The memory model picks the first probe: the largest value predicted to fit. If it fits, the next value is
+        probed to confirm it is the largest (and the search climbs on if that fits too); if it does not, the
+        values below it are bisected. The answer is the same as plain bisection's; the model only saves probes."""
         fits: List[Fit] = []
 
         def fits_at(index: int) -> bool:
             candidate = make(values[index])
             result = self._measure(level, candidate)
-            if result.fits:
+            if self._fits(result):
                 fits.append(Fit(level, candidate, result))
-            return result.fits
+                return True
+            return False
 
-        if not fits_at(0):
-            return []
-        low, high = 0, len(values) - 1
-        if high > 0 and not fits_at(high):
-            while high - low > 1:
-                mid = (low + high) // 2
-                if fits_at(mid):
-                    low = mid
+        top = len(values) - 1
+        start = self._predicted_start(values, make)
+        if fits_at(start):
+            low, high = start, None
+            if start < top:
+                high = start + 1 if not fits_at(start + 1) else None
+                low = start if high is not None else start + 1
+            if high is None and low < top:  # it fitted above the prediction: ordinary bisection upwards
+                if fits_at(top):
+                    low = top
                 else:
-                    high = mid
+                    high = top
+        else:
+            if start == 0 or not fits_at(0):
+                return []
+            low, high = 0, start
+        while high is not None and high - low > 1:
+            mid = (low + high) // 2
+            if fits_at(mid):
+                low = mid
+            else:
+                high = mid
         return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
+
+    def _predicted_start(self, values: Sequence[int], make: Callable[[int], Candidate]) -> int:
+        """Index of the largest value predicted to fit; without a prediction, the smallest value."""
+        budget = self.spec.budget_bytes
+        if budget is None:
+            return len(values) - 1
+        start = 0
+        for index, value in enumerate(values):
+            predicted = self._predict(make(value))
+            if predicted is None:
+                return 0
+            if predicted <= budget * (1 - self.spec.headroom):
+                start = index
+        return start
 
     def _size(self, candidate: Candidate) -> Tuple[int, int]:
         if self.spec.maximize == "length":
@@ -194,9 +281,10 @@ class Search:
         start = 0
         while start < len(self.levels):
             primary, fallback, start = self._walk(start)
-            if self._choose(primary, fallback):
+            if self._choose(primary, fallback) or self.report.probe_limit_reached:
                 break
             # every fit failed its verification: they do not really fit, so climb on from where the walk stopped
+        self.report.calibration = self.calibration
         self.report.probes_run = self.store.probes_run
         self.report.probes_total = self.store.probes_total
         return self.report
@@ -210,12 +298,26 @@ class Search:
             state = self.levels[level]
             if cost is not None and (self._class(state) != cost or cost == QUALITY or any(map(self._at_top, primary))):
                 return primary, fallback, level
-            fits = self._search_level(level, state)
+            try:
+                fits = self._search_level(level, state)
+            except ProbeLimitReached:
+                self.report.probe_limit_reached = True
+                self.report.notes.append(f"--max-probes {self.spec.max_probes} reached: the search stopped there")
+                fits = [f for f in self._fits_so_far(level) if f not in primary + fallback]
+                if fits:
+                    primary.append(fits[0])
+                    fallback.extend(fits[1:])
+                return primary, fallback, len(self.levels)
             if fits:
                 cost = cost or self._class(state)
                 primary.append(fits[0])
                 fallback.extend(fits[1:])
         return primary, fallback, len(self.levels)
+
+    def _fits_so_far(self, level: int) -> List[Fit]:
+        fits = [Fit(level, r.candidate, r.result) for r in self.report.records
+                if r.level == level and r.kind == "probe" and self._fits(r.result)]
+        return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
 
     def _class(self, state: LadderState) -> str:
         """The cost class a level competes in. When the length is maximized, the free and speed rungs compete

@@ -44,6 +44,8 @@ def format_size(nbytes: Optional[float]) -> str:
 
 
 MAXIMIZE = ("batch", "length")
+# Kept free on CUDA: a few optimizer steps do not show all the fragmentation a long run builds up.
+CUDA_HEADROOM = 0.03
 DEVICES = ("auto", "cuda", "cpu")
 
 
@@ -99,6 +101,8 @@ class SearchSpec:
     probe_steps: int = 2
     verify_steps: int = 10
     probe_timeout_s: float = 900.0
+    max_probes: Optional[int] = None  # probes (verifications aside) before the search stops and chooses
+    headroom: Optional[float] = None  # fraction of the budget kept free; None: 3% on CUDA, 0 on the simulated meter
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -118,6 +122,12 @@ class SearchSpec:
             raise InputError(f"memory budget {self.budget_bytes!r} is not valid: it must be a positive number of bytes")
         if not self.probe_timeout_s > 0:
             raise InputError(f"probe-timeout {self.probe_timeout_s!r} is not valid: it must be a positive number of seconds")
+        if self.max_probes is not None and (not isinstance(self.max_probes, int) or self.max_probes < 1):
+            raise InputError(f"--max-probes {self.max_probes!r} is not valid: it must be a positive integer")
+        if self.headroom is None:
+            self.headroom = CUDA_HEADROOM if self.device == "cuda" else 0.0
+        if not 0.0 <= self.headroom < 0.5:
+            raise InputError(f"--headroom {self.headroom!r} is not valid: use a fraction from 0 to 0.5, e.g. 0.03")
         if self.probe_steps < 2:
             raise InputError(f"probe-steps {self.probe_steps} is not valid: a probe needs at least 2 optimizer steps")
         if self.num_generations is not None:

@@ -51,6 +51,7 @@ class ProbeStore:
     def __init__(self, out_dir: Path, study_name: str, budget_bytes: Optional[int], levels: int, max_batch: int,
                  max_length: int):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
         storage = JournalStorage(JournalFileBackend(str(Path(out_dir) / STUDY_FILE)))
         self.study = optuna.create_study(
             study_name=study_name, storage=storage, direction="maximize", load_if_exists=True

@@ -1,0 +1,239 @@
+"""``autofit estimate``: what the memory model predicts for the baseline and for each level of the ladder, and which
+rung it expects to be needed first. No probe runs and torch is never imported, so it answers in a fraction of a
+second, for a GPU this machine does not have.
+
+Wiring (in ``autofit.cli``)::
+
+    from autofit import estimate
+    estimate.add_parser(commands)           # commands = parser.add_subparsers(...)
+    ...
+    if args.command == "estimate":
+        return estimate.run(args)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+from autofit.candidate import RL_ALGOS
+from autofit.memory_model import (
+    PRIOR_UNCERTAINTY,
+    Calibration,
+    ModelShape,
+    RungEstimate,
+    expected_rung,
+)
+from autofit.spec import InputError, SearchSpec, format_size, parse_size
+
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+ALGOS = ("sft", "grpo", "rloo", "reward")
+DEVICES = ("cuda", "cpu")
+MEMORY_MODEL_KEY = "memory_model"  # best.json key of a calibrated model (Calibration.to_dict())
+
+# Columns of the table: (header, ledger terms summed into it).
+COLUMNS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("weights", ("weights",)),
+    ("grads", ("gradients",)),
+    ("optim", ("optimizer",)),
+    ("activ", ("activations",)),
+    ("logits", ("logits",)),
+    ("gen", ("generation",)),
+    ("ref", ("reference",)),
+    ("ctx+alloc", ("cuda_context", "allocator")),
+)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not valid: a positive integer is accepted")
+    return value
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``estimate`` on the CLI's subparsers; returns its parser."""
+    parser = subparsers.add_parser(
+        "estimate", help="predict peak memory per ladder level with the analytic memory model (no probe, no torch)",
+        description="Predict the peak device memory of the baseline and of each ladder level, without probing.",
+    )
+    parser.add_argument("--model", required=True, help="hub id (bundled configs work offline) or local folder")
+    parser.add_argument("--algo", default="sft", help=f"one of: {', '.join(ALGOS)} (default sft)")
+    parser.add_argument("--gpu-memory", required=True, help="budget, e.g. 24GiB, 80GB")
+    parser.add_argument("--device", default="cuda",
+                        help="cuda (default: a GPU with bf16 autocast and a CUDA context) or cpu (the simulated meter)")
+    parser.add_argument("--max-length", "--max-completion-length", dest="max_length", type=_positive_int,
+                        help="sequence length (sft, reward; default 1024) or completion length (grpo, rloo; default 512)")
+    parser.add_argument("--min-length", type=_positive_int, help="floor for the shorter-length rung (default: never cut)")
+    parser.add_argument("--effective-batch", type=_positive_int, default=8, help="micro-batch x accumulation (8)")
+    parser.add_argument("--num-generations", type=int, help="grpo/rloo: completions per prompt (default: TRL's)")
+    parser.add_argument("--max-prompt-length", type=_positive_int, default=128, help="grpo/rloo: prompt length (128)")
+    parser.add_argument("--beta", type=float, help="grpo/rloo: KL coefficient; > 0 without LoRA adds a reference model")
+    parser.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
+    parser.add_argument("--from", dest="from_dir", metavar="DIR",
+                        help="use the calibrated memory model of an earlier search (DIR/best.json, key memory_model)")
+    parser.set_defaults(handler=run)
+    return parser
+
+
+def spec_from_args(args) -> SearchSpec:
+    """A validated ``SearchSpec`` for the estimate (raises ``InputError`` with one line)."""
+    if args.algo not in ALGOS:
+        raise InputError(f"unknown algo '{args.algo}': accepted are {', '.join(ALGOS)}")
+    if args.device not in DEVICES:
+        raise InputError(f"--device '{args.device}' is not valid: accepted are {', '.join(DEVICES)}")
+    rl = args.algo in RL_ALGOS
+    if not rl:
+        flags = [f for f, v in (("--num-generations", args.num_generations), ("--beta", args.beta)) if v is not None]
+        if flags:
+            raise InputError(f"{flags[0]} applies to grpo and rloo, not to '{args.algo}'")
+    if args.beta is not None and args.beta < 0:
+        raise InputError(f"--beta {args.beta} is not valid: it must be 0 or more")
+    ladder = None
+    if args.ladder is not None:
+        ladder = [name.strip() for name in args.ladder.split(",") if name.strip()]
+        if not ladder:
+            raise InputError(f"--ladder '{args.ladder}' names no rung")
+    return SearchSpec(
+        model=args.model,
+        algo=args.algo,
+        device=args.device,
+        budget_bytes=parse_size(args.gpu_memory),
+        max_length=args.max_length or (512 if rl else 1024),
+        min_length=args.min_length,
+        effective_batch=args.effective_batch,
+        num_generations=args.num_generations,
+        prompt_length=args.max_prompt_length,
+        user_args={"beta": args.beta} if args.beta is not None else {},
+        ladder=ladder,
+    )
+
+
+def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optional[Calibration], List[str]]:
+    """The calibrated model stored in ``from_dir/best.json`` when it applies to ``spec``; else None and a note."""
+    if not from_dir:
+        return None, []
+    path = Path(from_dir) / "best.json"
+    prior = f"using the uncalibrated prior (±{PRIOR_UNCERTAINTY:.0%})"
+    if not path.is_file():
+        return None, [f"{path} does not exist: {prior}"]
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, [f"{path} cannot be read ({exc}): {prior}"]
+    stored = data.get(MEMORY_MODEL_KEY) if isinstance(data, dict) else None
+    if not stored:
+        return None, [f"{path} has no calibrated memory model ('{MEMORY_MODEL_KEY}'): {prior}"]
+    try:
+        calibration = Calibration.from_dict(stored)
+    except (TypeError, ValueError) as exc:
+        return None, [f"{path}: the memory model cannot be read ({exc}): {prior}"]
+    mismatch = [f"{name} {mine}" for name, mine, theirs in (
+        ("model", calibration.model, spec.model), ("algo", calibration.algo, spec.algo),
+        ("device", calibration.device, spec.device)) if mine is not None and mine != theirs]
+    if mismatch:
+        return None, [f"{path} was calibrated for {', '.join(mismatch)}: {prior}"]
+    return calibration, [f"calibrated on {calibration.points} probe(s) from {path} "
+                         f"(static x{calibration.static_scale:.3f}, dynamic x{calibration.dynamic_scale:.3f}, "
+                         f"±{calibration.uncertainty:.0%})"]
+
+
+def _unit(budget: float) -> Tuple[str, float]:
+    return ("GiB", 2**30) if budget >= 2 * 2**30 else ("MiB", 2**20)
+
+
+def _fits_cell(ledger, budget: int) -> str:
+    answer = "yes" if ledger.fits(budget) else "no"
+    return answer if ledger.verdict(budget) != "maybe" else answer + "?"
+
+
+def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, notes: Sequence[str] = (),
+                  result: Optional[RungEstimate] = None) -> str:
+    """The report printed by ``autofit estimate``: one row per ladder level (the level's largest micro-batch
+    predicted to fit, else its smallest), the ledger's terms at the predicted peak, the band and the verdict."""
+    budget = spec.budget_bytes
+    result = result or expected_rung(spec, budget, calibration=calibration)
+    length_name = "max_completion_length" if spec.algo in RL_ALGOS else "max_length"
+    lines = [
+        f"autofit estimate: {spec.algo} {spec.model} on {spec.device}, budget {format_size(budget)}, "
+        f"effective batch {spec.effective_batch}, {length_name} {spec.max_length}"
+        + (f", prompt {spec.prompt_length}" if spec.algo in RL_ALGOS else ""),
+    ]
+    if calibration is None:
+        lines.append(f"memory model: analytic prior, uncalibrated (±{PRIOR_UNCERTAINTY:.0%})")
+    lines += [f"note: {note}" for note in notes]
+    unit, scale = _unit(budget)
+    header = ["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in COLUMNS] + ["peak", "±", "phase", "fits"]
+    rows = []
+    for level in result.levels:
+        ledger, candidate = level.ledger, level.candidate
+        cells = [str(level.level), ("+" + level.rungs[-1]) if level.rungs else "baseline",
+                 f"{candidate.micro_batch}x{candidate.grad_accum}", str(candidate.max_length)]
+        cells += [f"{sum(getattr(ledger, term) for term in terms) / scale:.2f}" for _, terms in COLUMNS]
+        cells += [f"{ledger.total / scale:.2f}", f"{ledger.total * ledger.uncertainty / scale:.2f}", ledger.phase,
+                  _fits_cell(ledger, budget)]
+        rows.append(cells)
+    widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
+    left = {1, len(header) - 2}  # rungs and phase read better left-aligned
+
+    def render(row):
+        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    lines += ["", f"predicted peak by term ({unit}), at each level's peak phase:", render(header)]
+    lines += [render(row) for row in rows]
+    lines.append("fits: the point prediction against the budget; '?' when the budget lies inside the ± band")
+    lines.append("")
+    expected = result.expected
+    if expected is None:
+        lightest = min(result.levels, key=lambda level: level.ledger.total)
+        lines.append(
+            f"expected: nothing is predicted to fit {format_size(budget)}; the lightest level "
+            f"({'+'.join(lightest.rungs) or 'baseline'}, {lightest.candidate.describe()}) predicts "
+            f"{format_size(lightest.ledger.total)} ± {format_size(lightest.ledger.total * lightest.ledger.uncertainty)}"
+        )
+    else:
+        rung = result.rung
+        what = "no rung is needed (the baseline fits)" if rung == "baseline" else f"rung '{rung}' is needed first"
+        lines.append(
+            f"expected: {what}: level {expected.level} ({'+'.join(expected.rungs) or 'baseline'}), "
+            f"{expected.candidate.describe()} predicts {format_size(expected.ledger.total)} "
+            f"± {format_size(expected.ledger.total * expected.ledger.uncertainty)} of {format_size(budget)}"
+        )
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """Print the estimate; 0, or 2 with a one-line message on bad input."""
+    from autofit.registry import UnknownModelError
+
+    try:
+        spec = spec_from_args(args)
+        try:
+            ModelShape.from_model(spec.model)
+        except UnknownModelError as exc:
+            raise InputError(str(exc)) from None
+        calibration, notes = load_calibration(args.from_dir, spec)
+        text = estimate_text(spec, calibration, notes)
+    except (InputError, ValueError) as exc:
+        print(f"autofit: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(text)
+    return EXIT_OK
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Stand-alone entry (``python -m autofit.estimate ...``) until the CLI wires the subcommand."""
+    parser = argparse.ArgumentParser(prog="autofit")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""The analytic memory model (autofit.memory_model) and ``autofit estimate``: no torch, no probe.
+
+Hand-computed values come from the bundled configurations (autofit/models/*.json) and from
+/work/shared/notes/memory-facts.md; the parameter counts are the ones transformers builds from those configs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autofit import memory_model as mm
+from autofit.candidate import Candidate, LoraSettings
+from autofit.memory_model import (
+    Calibration,
+    ModelShape,
+    calibrate,
+    expected_rung,
+    fused_head_buffer_bytes,
+    kv_cache_bytes,
+    lora_params,
+    optimizer_state_bytes,
+    param_counts,
+    phase_ledgers,
+    predict,
+    predict_calibrated,
+)
+from autofit.spec import SearchSpec
+
+GiB, MiB, KiB = 2**30, 2**20, 2**10
+REPO = Path(__file__).resolve().parents[1]
+BF16 = (("model_init_kwargs", {"dtype": "bfloat16"}),)  # user_args loading the weights in bf16
+
+
+def shape(name: str) -> ModelShape:
+    return ModelShape.from_model(name)
+
+
+def cand(**changes) -> Candidate:
+    fields = dict(algo="sft", model="Qwen/Qwen2.5-0.5B", device="cuda", micro_batch=4, grad_accum=1, max_length=1024)
+    fields.update(changes)
+    return Candidate(**fields)
+
+
+# -- shapes and parameter counts --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, total", [
+    ("Qwen/Qwen2.5-0.5B", 494_032_768),
+    ("Qwen/Qwen2.5-1.5B", 1_543_714_304),
+    ("Qwen/Qwen2.5-7B", 7_615_616_512),
+    ("meta-llama/Llama-3.1-8B", 8_030_261_248),
+    ("google/gemma-3-1b-it", 999_885_952),
+    ("tiny-qwen2", 5_671_168),
+])
+def test_parameter_counts_match_transformers(name, total):
+    assert param_counts(shape(name)).total == total
+
+
+def test_shape_fields_and_parts():
+    llama = shape("meta-llama/Llama-3.1-8B")
+    assert (llama.hidden, llama.layers, llama.heads, llama.kv_heads, llama.head_dim) == (4096, 32, 32, 8, 128)
+    assert (llama.intermediate, llama.vocab, llama.tied_embeddings, llama.dtype_bytes) == (14336, 128256, False, 2)
+    counts = param_counts(llama)
+    assert counts.per_layer_linear == 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    assert counts.embedding == counts.lm_head == 128256 * 4096  # untied: ~1.05B params stay unquantized
+    gemma = shape("google/gemma-3-1b-it")
+    assert (gemma.head_dim, gemma.q_dim, gemma.kv_dim, gemma.tied_embeddings, gemma.qk_norm) == (256, 1024, 256, True, True)
+    assert param_counts(gemma).lm_head == 0
+    assert shape("tiny-qwen2").dtype_bytes == 4
+    qwen = shape("Qwen/Qwen2.5-0.5B")
+    assert qwen.qkv_bias and not qwen.o_bias and qwen.tied_embeddings
+    # a sequence-classification (reward) model: a 1 x h score head instead of the LM head
+    assert param_counts(shape("Qwen/Qwen2.5-7B"), "reward").total == 7_615_616_512 - 152064 * 3584 + 3584
+
+
+def test_shape_rejects_a_config_it_cannot_read():
+    with pytest.raises(ValueError, match="intermediate_size"):
+        ModelShape.from_config({"model_type": "mystery", "hidden_size": 8, "num_hidden_layers": 1,
+                                "num_attention_heads": 1, "vocab_size": 10})
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("meta-llama/Llama-3.1-8B", 41_943_040),  # Llama-3-8B shape; PEFT's well-known count
+    ("Qwen/Qwen2.5-7B", 40_370_176),
+    ("Qwen/Qwen2.5-0.5B", 8_798_208),
+])
+def test_lora_params_memory_facts_2_2(name, expected):
+    assert lora_params(shape(name), 16) == expected
+    assert lora_params(shape(name), 16, "all-linear") == expected
+
+
+def test_lora_params_subset_and_unknown_target():
+    llama = shape("meta-llama/Llama-3.1-8B")
+    assert lora_params(llama, 8, ["q_proj", "v_proj"]) == 32 * 8 * ((4096 + 4096) + (4096 + 1024))
+    with pytest.raises(ValueError):
+        lora_params(llama, 8, ["lm_head"])
+
+
+# -- KV cache and the fused LM head -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, per_token", [
+    ("meta-llama/Llama-3.1-8B", 128 * KiB), ("Qwen/Qwen2.5-7B", 56 * KiB), ("Qwen/Qwen2.5-0.5B", 12 * KiB),
+])
+def test_kv_cache_per_token_memory_facts_2_6(name, per_token):
+    assert kv_cache_bytes(shape(name), 1, 1, 2) == per_token
+    assert kv_cache_bytes(shape(name), 3, 100, 2) == 300 * per_token
+
+
+def test_kv_cache_unsloth_20k_context():
+    assert kv_cache_bytes(shape("meta-llama/Llama-3.1-8B"), 1, 20480, 2) == 2.5 * GiB
+
+
+def test_fused_head_buffer_trl_facts():
+    assert fused_head_buffer_bytes(10_000, 4) == 512 * MiB  # 4096 x 32768 x 4 B, whatever the vocab
+    assert fused_head_buffer_bytes(1016, 4) == 127 * MiB  # "127 MiB at 1016 tokens"
+    assert fused_head_buffer_bytes(4096, 2) == 256 * MiB
+    assert fused_head_buffer_bytes(0, 2) == 0
+    # in the ledger: on CUDA the Triton path has no tile temporaries, so with LoRA (frozen head) the logits term is
+    # the buffer plus the fp32 hidden-state gradient
+    c = cand(micro_batch=8, max_length=1024, lora=LoraSettings())
+    n = 8 * 1023
+    assert phase_ledgers(c)[0].logits == pytest.approx(4096 * 32768 * 2 + n * 896 * 4)
+
+
+# -- weights, gradients and optimizer states per regime (memory-facts 2.1, 2.3) ---------------------------------------
+def test_optimizer_state_bytes_per_regime():
+    big, small = (1 << 20, 1), (1000, 1)
+    assert optimizer_state_bytes([big], None, 2) == 4 * (1 << 20)  # torch AdamW, bf16 params: states in bf16
+    assert optimizer_state_bytes([big], "adamw_torch", 4) == 8 * (1 << 20)  # fp32 params
+    assert optimizer_state_bytes([big], "adamw_bnb_8bit", 4) == pytest.approx((2 + 8 / 256) * (1 << 20))
+    assert optimizer_state_bytes([small], "adamw_bnb_8bit", 2) == 8 * 1000  # < 4096 elements: 32-bit states
+    assert optimizer_state_bytes([mm.Tensors(1 << 20, 1, True)], "adamw_bnb_8bit", 2) == 8 * (1 << 20)  # embedding
+    assert optimizer_state_bytes([big], "sgd", 4) == 0
+
+
+def test_ledger_full_finetune_default_fp32_weights():
+    """TRL 1.16 loads the weights in float32 unless model_init_kwargs says otherwise: 4 + 4 + 8 B/param."""
+    c = cand(micro_batch=1, grad_accum=2, max_length=64)
+    train = phase_ledgers(c)[0]
+    p = 494_032_768
+    assert train.phase == "train"
+    assert train.weights == pytest.approx(4 * p + 2 * param_counts(shape(c.model)).linear)  # + autocast bf16 copy
+    assert train.gradients == 4 * p  # resident in forward: grad_accum >= 2
+    assert train.optimizer == 8 * p
+    assert phase_ledgers(c.replace(grad_accum=1))[0].gradients == 0  # GA=1: freed before the forward
+
+
+def test_ledger_pure_bf16_and_lora_and_qlora():
+    p = 494_032_768
+    bf16 = phase_ledgers(cand(grad_accum=2, user_args=BF16))[0]
+    assert (bf16.weights, bf16.gradients, bf16.optimizer) == (2 * p, 2 * p, 4 * p)  # "pure bf16": 8 B/param
+    lora = lora_params(shape("Qwen/Qwen2.5-0.5B"), 16)
+    step = next(l for l in phase_ledgers(cand(lora=LoraSettings(), user_args=BF16)) if l.phase == "step")
+    assert step.gradients == 4 * lora and step.optimizer == 8 * lora  # PEFT upcasts adapters to fp32
+    q = next(l for l in phase_ledgers(cand(lora=LoraSettings(), quantization="4bit", user_args=BF16)) if l.phase == "step")
+    assert q.gradients == 2 * lora and q.optimizer == 4 * lora  # TRL casts QLoRA adapters to bf16
+
+
+def test_ledger_nf4_weights_llama_memory_facts_2_3():
+    """~6.98B linear params x 0.516 B + ~1.05B embedding/head params in bf16 ≈ 5.7 GB."""
+    c = Candidate(algo="sft", model="meta-llama/Llama-3.1-8B", device="cuda", micro_batch=1, grad_accum=1,
+                  max_length=512, lora=LoraSettings(), quantization="4bit", user_args=BF16)
+    llama = shape(c.model)
+    counts = param_counts(llama)
+    base = counts.linear * 0.516 + (counts.total - counts.linear) * 2
+    assert base == pytest.approx(5.7e9, rel=0.01)
+    dequant = 14336 * 4096 * 2  # one MLP matrix dequantized to bf16 (117 MB)
+    adapters = lora_params(llama, 16) * 2
+    assert phase_ledgers(c)[-1].weights == pytest.approx(base + dequant + adapters)
+
+
+def test_reference_model_only_with_beta_and_without_lora():
+    rl = dict(algo="grpo", max_length=256, num_generations=4, prompt_length=64)
+    p = 494_032_768
+    assert predict(cand(**rl)).reference == 0  # GRPO's default beta is 0.0
+    assert predict(cand(**rl, user_args=(("beta", 0.04),))).reference == 4 * p
+    assert predict(cand(**rl, user_args=(("beta", 0.04),), lora=LoraSettings())).reference == 0
+    assert predict(cand(**{**rl, "algo": "rloo"})).reference == 4 * p  # RLOO's default beta is 0.05
+
+
+def test_generation_phase_uses_the_generation_batch():
+    c = cand(algo="grpo", micro_batch=2, grad_accum=4, max_length=512, num_generations=4, prompt_length=128,
+             user_args=BF16)
+    gen = next(l for l in phase_ledgers(c) if l.phase == "generation")
+    qwen = shape(c.model)
+    kv = kv_cache_bytes(qwen, 8, 640, 2)  # 2 x 4 sequences of prompt + completion, bf16 under autocast
+    logits = 8 * qwen.vocab * 4 * mm.GEN_LOGITS_COPIES
+    prefill = 8 * 128 * 2 * (mm.GEN_PREFILL_MLP_COPIES * qwen.intermediate + mm.GEN_PREFILL_HIDDEN_COPIES * qwen.hidden)
+    assert gen.generation == pytest.approx(kv + logits + prefill)
+    # a smaller micro-batch at the same effective batch does not shrink the generation phase
+    smaller = next(l for l in phase_ledgers(c.replace(micro_batch=1, grad_accum=8)) if l.phase == "generation")
+    assert smaller.generation == gen.generation
+
+
+def test_cuda_context_and_allocator():
+    cuda, cpu = predict(cand()), predict(cand(device="cpu"))
+    assert cuda.cuda_context == GiB // 2 and cpu.cuda_context == 0
+    assert cpu.allocator == 0
+    assert cuda.allocator == pytest.approx(0.05 * (cuda.total - cuda.allocator - cuda.cuda_context))
+    assert cuda.total == pytest.approx(sum(cuda.terms().values()))
+    assert cuda.phase_totals[cuda.phase] == pytest.approx(cuda.total)
+
+
+def test_activations_checkpointing_keeps_layer_inputs():
+    c = cand(device="cpu", lora=LoraSettings(), max_length=512)
+    tokens = 4 * 512
+    train_ckpt = phase_ledgers(c.replace(checkpointing=True))[0]
+    outside = mm.ACT_OUTSIDE_LAYERS_BYTES_PER_H * 896 * 4 / 2
+    assert train_ckpt.activations == pytest.approx(tokens * (24 * 896 * 4 + outside))
+    per_layer = mm.activation_bytes_per_token_layer(shape(c.model), 4)
+    assert per_layer == pytest.approx(2 * (4 * 2 * 896 + 4 * 896 + 4 * 128 + 8 * 4864))  # c_h = 12 at 2 B, x2 fp32
+    assert phase_ledgers(c)[0].activations == pytest.approx(tokens * (24 * per_layer + outside))
+
+
+# -- agreement with the simulated CPU meter (trl 1.16, transformers 5.23, torch 2.13; measured once, recorded) --------
+@pytest.mark.parametrize("changes, measured_mib", [
+    (dict(micro_batch=1, max_length=64), 97.84),
+    (dict(micro_batch=4, max_length=512), 879.93),
+    (dict(micro_batch=2, max_length=2048), 1.65 * 1024),
+    (dict(micro_batch=4, max_length=512, checkpointing=True), 803.84),
+    (dict(micro_batch=4, grad_accum=2, max_length=512), 901.61),
+    (dict(micro_batch=4, max_length=512, optim="adamw_bnb_8bit"), 859.60),
+    (dict(micro_batch=4, max_length=512, lora=LoraSettings()), 820.11),
+    (dict(micro_batch=4, max_length=512, lora=LoraSettings(), quantization="4bit"), 812.00),
+    (dict(algo="reward", micro_batch=4, max_length=256), 134.84),
+    (dict(algo="grpo", micro_batch=4, max_length=64, num_generations=2, prompt_length=32), 223.07),
+    (dict(algo="grpo", micro_batch=4, grad_accum=2, max_length=128, num_generations=4, prompt_length=64), 396.30),
+    (dict(algo="rloo", micro_batch=4, max_length=64, num_generations=2, prompt_length=32), 244.70),
+])
+def test_prior_agrees_with_recorded_cpu_probes(changes, measured_mib):
+    c = cand(model="tiny-qwen2", device="cpu", **changes)
+    assert predict(c).total / (measured_mib * MiB) == pytest.approx(1.0, abs=0.05)
+
+
+# -- monotonicity -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("base", [
+    cand(), cand(device="cpu", model="tiny-qwen2"), cand(model="meta-llama/Llama-3.1-8B", checkpointing=True),
+    cand(lora=LoraSettings(), quantization="4bit"), cand(algo="reward"),
+    cand(algo="grpo", max_length=256, num_generations=2, prompt_length=64, user_args=(("beta", 0.1),)),
+    cand(model="google/gemma-3-1b-it", optim="adamw_bnb_8bit"),
+])
+def test_bigger_micro_batch_or_longer_length_never_predicts_less(base):
+    for ga in (1, 2):
+        totals = [predict(base.replace(micro_batch=b, grad_accum=ga)).total for b in (1, 2, 3, 4, 8, 16)]
+        assert totals == sorted(totals)
+    lengths = [predict(base.replace(max_length=n)).total for n in (16, 64, 128, 1000, 4096, 8192)]
+    assert lengths == sorted(lengths)
+    # at a fixed effective batch, among the accumulation levels (GA >= 2: gradients resident in every case)
+    fixed = [predict(base.replace(micro_batch=b, grad_accum=16 // b)).total for b in (1, 2, 4, 8)]
+    assert fixed == sorted(fixed)
+
+
+# -- calibration ------------------------------------------------------------------------------------------------------
+def _true_peak(c: Candidate, a: float, b: float) -> float:
+    return max(a * ledger.static + b * ledger.dynamic for ledger in phase_ledgers(c))
+
+
+def test_calibration_recovers_the_two_coefficients_exactly():
+    a, b = 1.37, 0.81
+    points = [(cand(micro_batch=m, max_length=n), _true_peak(cand(micro_batch=m, max_length=n), a, b))
+              for m, n in ((1, 256), (2, 1024), (8, 2048))]
+    cal = calibrate(points)
+    assert cal.method == "two-term" and cal.points == 3
+    assert cal.static_scale == pytest.approx(a, rel=1e-9)
+    assert cal.dynamic_scale == pytest.approx(b, rel=1e-9)
+    assert cal.max_residual == pytest.approx(0, abs=1e-9)
+    for m, n in ((4, 512), (8, 1024)):  # the calibrated peak of one is the step, of the other the train phase
+        other = cand(micro_batch=m, max_length=n)
+        assert cal.predict_calibrated(other).total == pytest.approx(_true_peak(other, a, b), rel=1e-9)
+    # the per-token slope: the calibrated dynamic part is the analytic one times the dynamic scale
+    fitted = cal.predict_calibrated(other)
+    prior = next(ledger for ledger in phase_ledgers(other) if ledger.phase == fitted.phase)
+    assert fitted.phase == "train" and fitted.dynamic > 0
+    assert fitted.dynamic == pytest.approx(b * prior.dynamic, rel=1e-9)
+    assert fitted.static == pytest.approx(a * prior.static, rel=1e-9)
+
+
+def test_calibration_with_two_points_on_a_linear_formula():
+    """static + slope·tokens: two points at different token counts pin both."""
+    a, b = 0.9, 1.6
+    points = [(cand(model="tiny-qwen2", device="cpu", lora=LoraSettings(), max_length=n),
+               _true_peak(cand(model="tiny-qwen2", device="cpu", lora=LoraSettings(), max_length=n), a, b))
+              for n in (128, 512)]
+    cal = calibrate(points)
+    assert (cal.static_scale, cal.dynamic_scale) == (pytest.approx(a, rel=1e-9), pytest.approx(b, rel=1e-9))
+
+
+def test_calibration_with_one_point_is_one_scale():
+    c = cand(micro_batch=2, max_length=512)
+    measured = 1.2 * predict(c).total
+    cal = calibrate([(c, measured)])
+    assert cal.method == "scale" and cal.static_scale == pytest.approx(1.2) == cal.dynamic_scale
+    assert cal.predict_calibrated(c).total == pytest.approx(measured)
+    assert cal.uncertainty == mm.SINGLE_POINT_UNCERTAINTY
+
+
+def test_uncertainty_shrinks_after_calibration():
+    prior = predict(cand())
+    assert prior.uncertainty == mm.PRIOR_UNCERTAINTY == Calibration().uncertainty
+    noisy = [(cand(micro_batch=m, max_length=n), _true_peak(cand(micro_batch=m, max_length=n), 1.1, 0.9) * (1 + e))
+             for (m, n), e in (((1, 256), 0.01), ((2, 1024), -0.01), ((8, 2048), 0.005))]
+    cal = calibrate(noisy)
+    assert mm.CALIBRATED_UNCERTAINTY_FLOOR <= cal.uncertainty < prior.uncertainty
+    assert cal.uncertainty == pytest.approx(max(mm.CALIBRATED_UNCERTAINTY_FLOOR, cal.max_residual))
+    assert cal.max_residual < 0.02
+    assert predict_calibrated(cand(), cal).uncertainty == cal.uncertainty
+
+
+def test_calibration_round_trips_through_json():
+    points = [(cand(micro_batch=m), _true_peak(cand(micro_batch=m), 1.2, 1.1)) for m in (1, 8)]
+    cal = calibrate(points)
+    again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert again == cal
+    c = cand(micro_batch=4)
+    assert again.predict_calibrated(c).total == cal.predict_calibrated(c).total
+    # a calibration of another model is not applied
+    other = cand(model="tiny-qwen2")
+    assert predict_calibrated(other, cal).total == predict(other).total
+
+
+# -- expected rung ----------------------------------------------------------------------------------------------------
+def _spec(**changes) -> SearchSpec:
+    fields = dict(model="Qwen/Qwen2.5-7B", algo="sft", device="cuda", budget_bytes=24 * GiB, max_length=1024,
+                  effective_batch=8)
+    fields.update(changes)
+    return SearchSpec(**fields)
+
+
+def test_expected_rung_walks_the_default_ladder():
+    result = expected_rung(_spec())
+    names = [level.rungs[-1] if level.rungs else "baseline" for level in result.levels]
+    assert names[:5] == ["baseline", "expandable-segments", "micro-batch", "checkpointing", "optimizer-8bit"]
+    first = next(level for level in result.levels if level.ledger.total <= 24 * GiB)
+    assert result.expected is first and result.rung == first.rungs[-1]
+    assert all(not level.fits for level in result.levels[: first.level])
+    # the micro-batch is the largest divisor predicted to fit at that level
+    if "micro-batch" in first.rungs:
+        bigger = [b for b in (1, 2, 4, 8) if b > first.candidate.micro_batch]
+        for b in bigger:
+            assert predict(first.candidate.replace(micro_batch=b, grad_accum=8 // b)).total > 24 * GiB
+
+
+def test_expected_rung_baseline_and_nothing():
+    assert expected_rung(_spec(model="tiny-qwen2", device="cpu", budget_bytes=64 * GiB)).rung == "baseline"
+    nothing = expected_rung(_spec(budget_bytes=1 * GiB))
+    assert nothing.expected is None and nothing.rung is None
+
+
+def test_expected_rung_micro_batch_choice():
+    spec = _spec(model="tiny-qwen2", device="cpu", max_length=512, budget_bytes=10 * GiB, ladder=["micro-batch"])
+    totals = {b: predict(Candidate(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=b, grad_accum=8 // b,
+                                   max_length=512)).total for b in (1, 2, 4, 8)}
+    budget = int((totals[2] + totals[4]) / 2)  # 4 and 8 do not fit, 2 does
+    result = expected_rung(spec, budget)
+    assert result.rung == "micro-batch" and result.expected.candidate.micro_batch == 2
+
+
+# -- autofit estimate -------------------------------------------------------------------------------------------------
+ESTIMATE = """
+import sys, argparse
+from autofit.estimate import add_parser, run
+parser = argparse.ArgumentParser(prog="autofit")
+add_parser(parser.add_subparsers(dest="command"))
+rc = run(parser.parse_args(sys.argv[1:]))
+assert "torch" not in sys.modules and "transformers" not in sys.modules, "estimate imported torch"
+sys.exit(rc)
+"""
+
+
+def _estimate(*argv, cwd=REPO):
+    return subprocess.run([sys.executable, "-c", ESTIMATE, "estimate", *argv], cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_estimate_runs_without_torch(tmp_path):
+    done = _estimate("--model", "Qwen/Qwen2.5-7B", "--gpu-memory", "24GiB")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "expected:" in out and "baseline" in out and "lora" in out and "uncalibrated (±25%)" in out
+    done = _estimate("--model", "Qwen/Qwen2.5-0.5B", "--algo", "grpo", "--gpu-memory", "16GiB", "--num-generations",
+                     "4", "--max-prompt-length", "256", "--max-length", "256", "--beta", "0.04", "--from", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "does not exist" in done.stdout and "gen" in done.stdout
+
+
+def test_estimate_bad_input_is_one_line():
+    for argv in (["--model", "nope/nope", "--gpu-memory", "24GiB"], ["--model", "tiny-qwen2", "--gpu-memory", "lots"],
+                 ["--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--algo", "ppo"],
+                 ["--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--num-generations", "4"]):
+        done = _estimate(*argv)
+        assert done.returncode == 2, (argv, done.stdout)
+        assert done.stderr.startswith("autofit: error: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_estimate_text_with_a_stored_calibration(tmp_path):
+    from autofit.estimate import estimate_text, load_calibration
+
+    spec = _spec(model="tiny-qwen2", device="cpu", max_length=512, budget_bytes=512 * MiB)
+    points = [(Candidate(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=m, grad_accum=1, max_length=512),
+               0) for m in (1, 8)]
+    points = [(c, _true_peak(c, 1.1, 0.95)) for c, _ in points]
+    (tmp_path / "best.json").write_text(json.dumps({"fits": True}))
+    cal, notes = load_calibration(str(tmp_path), spec)
+    assert cal is None and "no calibrated memory model" in notes[0]
+    (tmp_path / "best.json").write_text(json.dumps({"memory_model": calibrate(points).to_dict()}))
+    cal, notes = load_calibration(str(tmp_path), spec)
+    assert cal is not None and "calibrated on 2 probe(s)" in notes[0]
+    text = estimate_text(spec, cal, notes)
+    assert "uncalibrated" not in text and "expected:" in text
+    assert text.count("\n") > 8  # one row per ladder level
+    _, notes = load_calibration(str(tmp_path), _spec(max_length=512, budget_bytes=512 * MiB))
+    assert "calibrated for model tiny-qwen2" in notes[0]
