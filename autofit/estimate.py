@@ -139,9 +139,9 @@ def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optiona
         ("device", calibration.device, spec.device)) if mine is not None and mine != theirs]
     if mismatch:
         return None, [f"{path} was calibrated for {', '.join(mismatch)}: {prior}"]
-    return calibration, [f"calibrated on {calibration.points} probe(s) from {path} "
-                         f"(static x{calibration.static_scale:.3f}, dynamic x{calibration.dynamic_scale:.3f}, "
-                         f"±{calibration.uncertainty:.0%})"]
+    note = (f"calibrated on {calibration.points} probe(s) from {path} (static x{calibration.static_scale:.3f}, "
+            f"dynamic x{calibration.dynamic_scale:.3f}, ±{calibration.uncertainty:.0%})")
+    return calibration, [note]
 
 
 def _unit(budget: float) -> Tuple[str, float]:

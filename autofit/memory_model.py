@@ -3,11 +3,13 @@
 The model is a ledger of named terms in bytes (weights, gradients, optimizer states, activations, the LM-head/loss
 buffer, the RL generation phase, a reference model, the allocator's overhead and the CUDA context). Each term is
 computed from the model's configuration dict and the candidate, following ``notes/memory-facts.md`` (sections 2.1 to
-2.7 and 5.1). The peak is the largest of three phases:
+2.7 and 5.1). The peak is the largest of these phases:
 
-- ``train``: a forward/backward of one micro-batch (weights, optimizer states from the previous step, gradients when
-  ``grad_accum >= 2`` because the 2nd micro-batch runs while they are resident, activations, the LM-head buffers);
-- ``step``: the optimizer step (weights, gradients, optimizer states and the step's temporaries);
+- ``train``: the LM head's backward in a micro-batch (weights, optimizer states from the previous step, gradients
+  when ``grad_accum >= 2`` because the 2nd micro-batch runs while they are resident, every saved activation, the
+  LM-head buffers);
+- ``backward``: a decoder layer's backward (its gradient temporaries, or the recomputed layer with checkpointing);
+- ``step``: the end of the backward and the optimizer step (weights, gradients, optimizer states, temporaries);
 - ``generation`` (grpo, rloo): the completions of the whole generation batch (KV cache, per-step logits).
 
 Probes calibrate the model (``calibrate``): a scale on the static part (what does not depend on the tokens) and a
