@@ -9,7 +9,7 @@ DEMO_OUT ?= autofit-out/demo
 TRL_PPO ?= trl==1.12.0
 PPO_OVERLAY ?= .trl112
 
-.PHONY: venv demo test test-main test-ppo test-fast gpu-test clean
+.PHONY: venv demo test test-main test-ppo test-fast gpu-test clean bench
 
 venv: $(VENV)/.installed
 
@@ -42,6 +42,11 @@ test-fast: venv
 
 gpu-test: venv
 	$(BIN)/python -m pytest -q -m gpu
+
+# autofit against auto_find_batch_size, doubling/bisection, decay and an exhaustive grid (benchmarks/README.md);
+# not part of `make test`. Writes docs/benchmarks.md; probes and results.json go to /tmp/autofit-bench-<time>/.
+bench: venv
+	BENCH_COMMAND="make bench" $(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 clean:
 	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY)
