@@ -327,9 +327,22 @@ class Search:
         return state.cost
 
     def _rank(self, fits: List[Fit]) -> List[Fit]:
+        fits = self._undominated(fits)
         if self.spec.maximize == "length":
             return sorted(fits, key=lambda f: (f.candidate.max_length, f.result.tokens_per_second), reverse=True)
         return sorted(fits, key=lambda f: f.result.tokens_per_second, reverse=True)
+
+    @staticmethod
+    def _undominated(fits: List[Fit]) -> List[Fit]:
+        """Drop a fit whose extra rungs bought nothing: the same micro-batch and length as a fit of an earlier
+        level cannot be faster with more recomputation, whatever one noisy timed step says."""
+        kept = []
+        for fit in fits:
+            size = (fit.candidate.micro_batch, fit.candidate.max_length)
+            if not any(other.level < fit.level and (other.candidate.micro_batch, other.candidate.max_length) == size
+                       for other in fits):
+                kept.append(fit)
+        return kept
 
     def _choose(self, primary: List[Fit], fallback: List[Fit]) -> bool:
         for fit in self._rank(primary) + self._rank(fallback):

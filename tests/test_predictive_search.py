@@ -117,3 +117,16 @@ def test_estimate_bad_input_exits_2(capsys):
     code = cli.main(["estimate", "--model", "no/such-model", "--gpu-memory", "24GiB"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "no/such-model" in err
+
+
+def test_a_speed_rung_that_buys_no_larger_batch_is_not_chosen(tmp_path):
+    from autofit.search import Fit
+
+    base = memory_model.base_candidate(SearchSpec(model="tiny-qwen2", budget_bytes=2**30, out_dir=tmp_path))
+    plain = Fit(1, base.replace(micro_batch=2, grad_accum=4), ProbeResult(Outcome.OK, tokens_per_second=100.0))
+    # the same micro-batch with checkpointing, timed faster by noise
+    ckpt = Fit(2, plain.candidate.replace(checkpointing=True), ProbeResult(Outcome.OK, tokens_per_second=110.0))
+    bigger = Fit(2, base.replace(micro_batch=4, grad_accum=2, checkpointing=True),
+                 ProbeResult(Outcome.OK, tokens_per_second=105.0))
+    ranked = Search._undominated([plain, ckpt, bigger])
+    assert ckpt not in ranked and plain in ranked and bigger in ranked
