@@ -20,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"autofit: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -41,24 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--algo", default="sft", help=f"one of: {', '.join(FACTORIES)} (default sft)")
     search.add_argument("--gpu-memory", help="budget, e.g. 24GiB; default the card's memory; required on CPU")
     search.add_argument("--device", default="auto", help="auto, cuda or cpu (cpu: simulated device meter)")
-    search.add_argument("--max-length", type=_positive_int, help="sequence length, sft (default 1024)")
-    search.add_argument("--min-length", type=_positive_int, help="floor for shorter sequences (default: never cut)")
+    search.add_argument("--max-length", type=positive_int, help="sequence length, sft (default 1024)")
+    search.add_argument("--min-length", type=positive_int, help="floor for shorter sequences (default: never cut)")
     rl = search.add_argument_group("grpo, rloo and ppo")
-    rl.add_argument("--max-completion-length", type=_positive_int, help="completion (ppo: response) length (default 512)")
-    rl.add_argument("--min-completion-length", type=_positive_int, help="floor for shorter completions")
-    rl.add_argument("--max-prompt-length", type=_positive_int, default=128, help="synthetic prompt length (128)")
+    rl.add_argument("--max-completion-length", type=positive_int, help="completion (ppo: response) length (default 512)")
+    rl.add_argument("--min-completion-length", type=positive_int, help="floor for shorter completions")
+    rl.add_argument("--max-prompt-length", type=positive_int, default=128, help="synthetic prompt length (128)")
     rl.add_argument("--num-generations", type=int, help="completions per prompt (default: TRL's)")
     rl.add_argument("--beta", type=float, help="KL coefficient; > 0 loads and measures the reference model")
-    search.add_argument("--effective-batch", type=_positive_int, default=8,
+    search.add_argument("--effective-batch", type=positive_int, default=8,
                         help="micro-batch x accumulation, kept exactly (default 8)")
     search.add_argument("--maximize", default="batch", help="batch (default) or length (longest that fits)")
     search.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
     search.add_argument("--out", default="autofit-out", help="output folder; the study there is resumed")
     search.add_argument("--real-weights", action="store_true", help="load the model's weights instead of random")
-    search.add_argument("--probe-steps", type=_positive_int, default=2, help="optimizer steps per probe (>= 2)")
-    search.add_argument("--verify-steps", type=_positive_int, default=10, help="optimizer steps of the check run")
+    search.add_argument("--probe-steps", type=positive_int, default=2, help="optimizer steps per probe (>= 2)")
+    search.add_argument("--verify-steps", type=positive_int, default=10, help="optimizer steps of the check run")
     search.add_argument("--probe-timeout", type=float, default=900.0, help="seconds before a probe is killed")
-    search.add_argument("--max-probes", type=_positive_int, help="stop probing after N probes and choose")
+    search.add_argument("--max-probes", type=positive_int, help="stop probing after N probes and choose")
     search.add_argument("--headroom", type=float, help="fraction of the budget kept free (default 0.03 on CUDA)")
     search.add_argument("-q", "--quiet", action="store_true", help="only the final table")
     from autofit import estimate

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from autofit.candidate import RL_ALGOS
+from autofit.cli import positive_int
 from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
     Calibration,
@@ -47,16 +48,6 @@ COLUMNS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 )
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not valid: a positive integer is accepted")
-    return value
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``estimate`` on the CLI's subparsers; returns its parser."""
     parser = subparsers.add_parser(
@@ -68,12 +59,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--gpu-memory", required=True, help="budget, e.g. 24GiB, 80GB")
     parser.add_argument("--device", default="cuda",
                         help="cuda (default: a GPU with bf16 autocast and a CUDA context) or cpu (the simulated meter)")
-    parser.add_argument("--max-length", "--max-completion-length", dest="max_length", type=_positive_int,
+    parser.add_argument("--max-length", "--max-completion-length", dest="max_length", type=positive_int,
                         help="sequence length (sft, reward; default 1024) or completion length (grpo, rloo; default 512)")
-    parser.add_argument("--min-length", type=_positive_int, help="floor for the shorter-length rung (default: never cut)")
-    parser.add_argument("--effective-batch", type=_positive_int, default=8, help="micro-batch x accumulation (8)")
+    parser.add_argument("--min-length", type=positive_int, help="floor for the shorter-length rung (default: never cut)")
+    parser.add_argument("--effective-batch", type=positive_int, default=8, help="micro-batch x accumulation (8)")
     parser.add_argument("--num-generations", type=int, help="grpo/rloo: completions per prompt (default: TRL's)")
-    parser.add_argument("--max-prompt-length", type=_positive_int, default=128, help="grpo/rloo: prompt length (128)")
+    parser.add_argument("--max-prompt-length", type=positive_int, default=128, help="grpo/rloo: prompt length (128)")
     parser.add_argument("--beta", type=float, help="grpo/rloo: KL coefficient; > 0 without LoRA adds a reference model")
     parser.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
     parser.add_argument("--from", dest="from_dir", metavar="DIR",

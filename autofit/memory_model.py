@@ -854,7 +854,8 @@ def divisors(n: int) -> List[int]:
 
 
 def length_grid(low: int, high: int) -> List[int]:
-    """The search's grid of sequence lengths from ``low`` to ``high`` (same rule as ``autofit.search``)."""
+    """The search's grid of sequence lengths from ``low`` to ``high``: multiples of a step that keeps about 64
+    points (``autofit.search`` uses it too)."""
     step = max(8, 2 ** int(math.log2(max(high, 8) / 64))) if high > low else 1
     inner = range((low // step + 1) * step, high, step)
     return sorted({low, *inner, high})

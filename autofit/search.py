@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from autofit import memory_model
+from autofit.memory_model import divisors, length_grid  # noqa: F401 - the search's grids, shared with estimate
 from autofit.candidate import LENGTH_FIELD, RL_ALGOS, Candidate
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
@@ -72,17 +72,6 @@ class SearchReport:
             return None
         last = max(r.level for r in ooms)
         return min((r for r in ooms if r.level == last), key=lambda r: r.result.peak_bytes)
-
-
-def divisors(n: int) -> List[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def length_grid(low: int, high: int) -> List[int]:
-    """Candidate sequence lengths from ``low`` to ``high``: multiples of a step that keeps about 64 points."""
-    step = max(8, 2 ** int(math.log2(max(high, 8) / 64))) if high > low else 1
-    inner = range((low // step + 1) * step, high, step)
-    return sorted({low, *inner, high})
 
 
 class ProbeLimitReached(Exception):
@@ -195,7 +184,10 @@ class Search:
 
         The memory model picks the first probe: the largest value predicted to fit. If it fits, the next value is
         probed to confirm it is the largest (and the search climbs on if that fits too); if it does not, the
-        values below it are bisected. The answer is the same as plain bisection's; the model only saves probes."""
+        values below it are bisected. When memory grows with the value the answer is plain bisection's and the
+        model only saves probes. (It does not always: from accumulation 2 on, gradients stay resident, so a
+        micro-batch of E/2 can need more than E; starting at the predicted value then finds E where bisection
+        from the bottom gives up.)"""
         fits: List[Fit] = []
 
         def fits_at(index: int) -> bool:
