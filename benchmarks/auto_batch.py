@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 PRELOAD = ["autofit.preload"]  # the same preload as autofit's ProcessRunner
 
