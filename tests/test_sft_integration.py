@@ -108,7 +108,8 @@ def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
     code, best = search(tmp_path, "260MiB")
     assert code == 0
     stored = [c for c in best["candidates"] if c["stored"]]
-    assert len(stored) >= 2
+    # A probe whose result file was written but not yet recorded when Ctrl-C arrived runs again: at most one.
+    assert len(stored) >= finished - 1 >= 1
     assert best["probes_this_run"] == best["probes"] - len({(c["candidate"], c["kind"]) for c in stored})
     # every probe ran once: one result folder per distinct measured candidate
     assert len(list(tmp_path.glob("probes/*/result.json"))) == best["probes"]
