@@ -20,7 +20,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from autofit import memory_model
 from autofit.memory_model import divisors, length_grid  # noqa: F401 - the search's grids, shared with estimate
-from autofit.candidate import LENGTH_FIELD, RL_ALGOS, Candidate
+from autofit.candidate import LENGTH_FIELD, Candidate
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
 from autofit.runner import Runner
@@ -90,18 +90,7 @@ class Search:
     def __init__(self, spec: SearchSpec, runner: Runner, rungs: Sequence[Rung], store: Optional[ProbeStore] = None):
         self.spec = spec
         self.runner = runner
-        base = Candidate(
-            algo=spec.algo,
-            model=spec.model,
-            device=spec.device,
-            micro_batch=spec.effective_batch,
-            grad_accum=1,
-            max_length=spec.max_length,
-            user_args=tuple(sorted(spec.user_args.items())),
-            real_weights=spec.real_weights,
-            num_generations=spec.num_generations,
-            prompt_length=spec.prompt_length if spec.algo in RL_ALGOS else None,
-        )
+        base = memory_model.base_candidate(spec)
         start = LadderState(base, min_length=spec.min_length, maximize=spec.maximize)
         self.levels = climb(start, rungs)
         self.store = store or ProbeStore(

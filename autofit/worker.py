@@ -211,9 +211,9 @@ def _safe_stats(meter) -> Dict:
         return {}
 
 
-def child_main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[int], result_path: str, log_path: str):
-    """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically."""
-    # Ctrl-C reaches the whole process group; the search process alone decides, and kills this probe.
+def detach_into_log(log_path: str) -> None:
+    """Make this process a quiet child: its output goes to ``log_path``, and Ctrl-C (which reaches the whole
+    process group) is left to the parent, which alone decides and kills it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
@@ -221,6 +221,11 @@ def child_main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[in
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
+
+
+def child_main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[int], result_path: str, log_path: str):
+    """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically."""
+    detach_into_log(log_path)
     from autofit.factory import load_factory
 
     try:

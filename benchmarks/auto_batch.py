@@ -14,10 +14,8 @@ separately from the failed ones (whose peak is, by construction, above the budge
 from __future__ import annotations
 
 import json
-import logging
 import multiprocessing
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -52,13 +50,9 @@ def run_in_fresh_process(job: Dict[str, Any], workdir: Path, timeout_s: float = 
 
 
 def child_main(job: Dict[str, Any], result_path: str, log_path: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
+    from autofit.worker import detach_into_log
+
+    detach_into_log(log_path)
     try:
         result = _run(job)
     except BaseException as exc:  # noqa: BLE001 - report anything
