@@ -80,6 +80,11 @@ def no_fit_message(report: SearchReport) -> str:
     if failure is not None:
         seen = (f"the lightest configuration tried ({'+'.join(failure.candidate.rungs) or 'baseline'}: "
                 f"{failure.candidate.describe()}) needed more than {format_size(failure.result.peak_bytes)}")
+    elif report.skipped and not report.records:
+        lightest = min(report.skipped, key=lambda s: s.predicted_bytes)
+        seen = (f"the memory model puts the lightest configuration ({'+'.join(lightest.candidate.rungs) or 'baseline'}: "
+                f"{lightest.candidate.describe()}) at {format_size(lightest.predicted_bytes)} "
+                f"± {lightest.uncertainty:.0%}, so nothing was probed (--no-predict probes anyway)")
     else:
         errors = sorted({r.result.error for r in report.records if r.result.error})
         seen = "no probe ran to completion" + (f" (first error: {errors[0][:200]})" if errors else "")

@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--probe-timeout", type=float, default=900.0, help="seconds before a probe is killed")
     search.add_argument("--max-probes", type=positive_int, help="stop probing after N probes and choose")
     search.add_argument("--headroom", type=float, help="fraction of the budget kept free (default 0.03 on CUDA)")
+    search.add_argument("--no-predict", dest="predict", action="store_false",
+                        help="probe without the memory model: no predicted start, no skipped candidates")
     search.add_argument("-q", "--quiet", action="store_true", help="only the final table")
     from autofit import estimate
 
@@ -100,6 +102,7 @@ def _spec_from_args(args):
         probe_timeout_s=args.probe_timeout,
         max_probes=args.max_probes,
         headroom=args.headroom,
+        predict=args.predict,
     )
 
 

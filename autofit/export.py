@@ -167,9 +167,20 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
                 "predicted_bytes": round(r.predicted_bytes) if r.predicted_bytes is not None else None,
                 "prior_predicted_bytes": round(r.prior_bytes) if r.prior_bytes is not None else None,
                 "stored": r.cached,
+                "stage": r.stage,
             }
             for r in report.records
         ],
+        "skipped": [
+            {
+                "rungs": list(s.candidate.rungs),
+                "candidate": s.candidate.describe(),
+                "predicted_bytes": round(s.predicted_bytes),
+                "uncertainty": round(s.uncertainty, 4),
+            }
+            for s in report.skipped
+        ],
+        "margin": round(report.margin, 4),
         "versions": versions(),
         "memory_model": report.calibration.to_dict() if report.calibration is not None else None,
         "prediction_error": prediction_error(report),
@@ -218,7 +229,7 @@ def table_text(report: SearchReport) -> str:
     rows: List[Tuple[str, ...]] = [("#", "kind", "rungs", "candidate", "outcome", "peak", "tok/s")]
     for index, r in enumerate(report.records, 1):
         rows.append((
-            str(index), r.kind + ("*" if r.cached else ""), "+".join(r.candidate.rungs) or "baseline",
+            str(index), ("refine" if r.stage == "refine" else r.kind) + ("*" if r.cached else ""), "+".join(r.candidate.rungs) or "baseline",
             r.candidate.describe(), r.result.outcome.value, format_size(r.result.peak_bytes),
             f"{r.result.tokens_per_second:,.0f}" if r.result.fits else "-",
         ))
@@ -227,6 +238,10 @@ def table_text(report: SearchReport) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     if any(r.cached for r in report.records):
         lines.append("* stored: measured by an earlier run of this search (same --out), not repeated")
+    if report.skipped:
+        lines.append("not probed, predicted over the budget even at the low end of the model's error band: "
+                     + "; ".join(f"{s.candidate.describe()} ({format_size(s.predicted_bytes)} ± {s.uncertainty:.0%})"
+                                 for s in report.skipped))
     return "\n".join(lines)
 
 

@@ -7,6 +7,12 @@ Rules (see DESIGN.md, "The ladder"):
 - Within the free and speed classes the remaining levels of that class are tried too, unless a fit already
   reaches the top of the range (the largest micro-batch, or the full length); the fastest measured fit wins.
 - Within the quality class the first level that fits wins: its rungs change the training least.
+- A candidate the memory model puts over the budget even at the low end of its error band is not probed (a
+  whole level is passed over when its lightest candidate is); the skip is reported.
+- Fits are measured against the budget minus a margin: the headroom, or the memory model's measured error on this
+  search's probes when that is larger (up to ``MAX_MARGIN``).
+- With ``--max-probes``, the probes the walk left unused go to an Optuna sampler that looks for a faster fit in
+  the winning cost class (see ``autofit.refine``).
 - The chosen configuration is verified for ``verify_steps`` optimizer steps under the same budget; if that run
   does not fit, the next-best fit is verified instead.
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -23,11 +30,16 @@ from autofit.memory_model import divisors, length_grid  # noqa: F401 - the searc
 from autofit.candidate import LENGTH_FIELD, Candidate
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
+from autofit.refine import refine
 from autofit.runner import Runner
 from autofit.spec import InputError, SearchSpec, format_size
 from autofit.store import ProbeStore
 
 log = logging.getLogger(__name__)
+
+# The margin follows the model's measured error up to this fraction of the budget; a model that misses by more
+# is not describing this run, and the verification is what catches the rest.
+MAX_MARGIN = 0.10
 
 
 @dataclass
@@ -39,6 +51,18 @@ class Record:
     cached: bool
     predicted_bytes: Optional[float] = None  # the memory model's peak before this probe (calibrated when it could)
     prior_bytes: Optional[float] = None  # the uncalibrated prediction
+    stage: str = "walk"  # "walk", "refine" (the sampler's) or "verify"
+    calibrated: bool = False  # predicted_bytes came from a calibration on earlier probes
+
+
+@dataclass
+class Skip:
+    """A candidate not probed: the memory model's low end is over the budget."""
+
+    level: int
+    candidate: Candidate
+    predicted_bytes: float
+    uncertainty: float
 
 
 @dataclass
@@ -53,6 +77,7 @@ class SearchReport:
     spec: SearchSpec
     levels: List[LadderState]
     records: List[Record] = field(default_factory=list)
+    skipped: List[Skip] = field(default_factory=list)
     chosen: Optional[Fit] = None
     verified: Optional[ProbeResult] = None
     notes: List[str] = field(default_factory=list)
@@ -60,6 +85,7 @@ class SearchReport:
     probes_total: int = 0
     calibration: Optional[memory_model.Calibration] = None
     probe_limit_reached: bool = False
+    margin: float = 0.0  # the fraction of the budget kept free when the choice was made
 
     @property
     def fits(self) -> bool:
@@ -97,7 +123,7 @@ class Search:
             spec.out_dir, spec.study_name(), spec.budget_bytes, len(self.levels), spec.effective_batch, spec.max_length
         )
         self.report = SearchReport(spec, self.levels)
-        self.shape = _shape_of(spec.model)
+        self.shape = _shape_of(spec.model) if spec.predict else None
         self.calibration: Optional[memory_model.Calibration] = None
         if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:
             self.report.notes.append(
@@ -106,15 +132,19 @@ class Search:
             )
 
     # -- predicting -------------------------------------------------------------------------------------------
-    def _predict(self, candidate: Candidate, calibrated: bool = True) -> Optional[float]:
+    def _ledger(self, candidate: Candidate, calibrated: bool = True) -> Optional[memory_model.Ledger]:
         if self.shape is None:
             return None
         try:
             calibration = self.calibration if calibrated else None
-            return memory_model.predict_calibrated(candidate, calibration, self.shape).total
+            return memory_model.predict_calibrated(candidate, calibration, self.shape)
         except (KeyError, ValueError, ZeroDivisionError) as exc:  # a configuration the ledger cannot describe
             log.debug("no prediction for %s: %s", candidate.describe(), exc)
             return None
+
+    def _predict(self, candidate: Candidate, calibrated: bool = True) -> Optional[float]:
+        ledger = self._ledger(candidate, calibrated)
+        return ledger.total if ledger is not None else None
 
     def _learn(self, candidate: Candidate, result: ProbeResult) -> None:
         """Calibrate the memory model on every probe that ran to the end."""
@@ -127,20 +157,45 @@ class Search:
         except (KeyError, ValueError, ZeroDivisionError) as exc:
             log.debug("calibration failed: %s", exc)
 
-    def _fits(self, result: ProbeResult) -> bool:
-        """Measured within the budget minus the headroom kept for what a short probe cannot see."""
-        if not result.fits:
-            return False
+    def _margin(self) -> float:
+        """The fraction of the budget kept free: the headroom, or the memory model's measured error when that is
+        larger. The error is how far probes that ran to the end went over the prediction made for them with a
+        calibration (fitted on earlier probes): memory the ledger does not explain is memory a longer run may show
+        too. A prediction above the measured peak hides nothing, so it adds no margin."""
+        errors = [(r.result.peak_bytes - r.predicted_bytes) / r.result.peak_bytes for r in self.report.records
+                  if r.kind == "probe" and r.calibrated and r.result.fits and r.result.peak_bytes]
+        return max(self.spec.headroom, min(max(errors, default=0.0), MAX_MARGIN))
+
+    def _limit(self) -> float:
         budget = self.spec.budget_bytes
-        return budget is None or result.peak_bytes <= budget * (1 - self.spec.headroom)
+        return math.inf if budget is None else budget * (1 - self._margin())
+
+    def _fits(self, result: ProbeResult) -> bool:
+        """Measured within the budget minus the margin kept for what a short probe cannot see."""
+        return result.fits and result.peak_bytes <= self._limit()
+
+    def _skip(self, level: int, candidate: Candidate) -> bool:
+        """True (and reported) when even the low end of the model's error band is over the budget: not probed."""
+        if self.spec.factory is not None and self.calibration is None:
+            return False  # the ledger describes the built-in trainers; a custom one is trusted once measured
+        ledger = self._ledger(candidate)
+        if ledger is None or ledger.low <= self._limit():
+            return False
+        if not any(s.candidate.key() == candidate.key() for s in self.report.skipped):
+            self.report.skipped.append(Skip(level, candidate, ledger.total, ledger.uncertainty))
+            log.info("skip  [%s] %s: predicted %s ± %.0f%%, over %s even at the low end",
+                     "+".join(candidate.rungs) or "baseline", candidate.describe(), format_size(ledger.total),
+                     100 * ledger.uncertainty, format_size(self._limit()))
+        return True
 
     # -- measuring --------------------------------------------------------------------------------------------
-    def _measure(self, level: int, candidate: Candidate, kind: str = "probe") -> ProbeResult:
+    def _measure(self, level: int, candidate: Candidate, kind: str = "probe", stage: str = "walk") -> ProbeResult:
         steps = self.spec.verify_steps if kind == "verify" else self.spec.probe_steps
         if (kind == "probe" and self.spec.max_probes is not None and self.store.lookup(candidate, kind, steps) is None
                 and self.store.probes_run >= self.spec.max_probes):
             raise ProbeLimitReached()
         predicted, prior = self._predict(candidate), self._predict(candidate, calibrated=False)
+        calibrated = self.calibration is not None and self.calibration.points > 0
         result, cached = self.store.measure(candidate, kind, steps, level, lambda: self.runner.run(candidate, steps))
         if result.error_phase == "import":  # the same in every probe: stop instead of walking the ladder
             raise InputError(result.error)
@@ -149,7 +204,8 @@ class Search:
             raise InputError(f"the trainer rejects this configuration: {result.error}")
         if any(r.candidate.key() == candidate.key() and r.kind == kind for r in self.report.records):
             return result  # already measured and listed in this run (the same point reached from another level)
-        self.report.records.append(Record(level, candidate, kind, result, cached, predicted, prior))
+        self.report.records.append(Record(level, candidate, kind, result, cached, predicted, prior,
+                                          "verify" if kind == "verify" else stage, calibrated))
         if kind == "probe":
             self._learn(candidate, result)
         rungs = "+".join(candidate.rungs) or "baseline"
@@ -181,6 +237,8 @@ class Search:
 
         def fits_at(index: int) -> bool:
             candidate = make(values[index])
+            if self._skip(level, candidate):
+                return False
             result = self._measure(level, candidate)
             if self._fits(result):
                 fits.append(Fit(level, candidate, result))
@@ -221,7 +279,7 @@ class Search:
             predicted = self._predict(make(value))
             if predicted is None:
                 return 0
-            if predicted <= budget * (1 - self.spec.headroom):
+            if predicted <= self._limit():
                 start = index
         return start
 
@@ -261,11 +319,14 @@ class Search:
     def run(self) -> SearchReport:
         start = 0
         while start < len(self.levels):
-            primary, fallback, start = self._walk(start)
+            primary, fallback, stop = self._walk(start)
+            primary += self._refine(primary, stop)
             if self._choose(primary, fallback) or self.report.probe_limit_reached:
                 break
             # every fit failed its verification: they do not really fit, so climb on from where the walk stopped
+            start = stop
         self.report.calibration = self.calibration
+        self.report.margin = self._margin()
         self.report.probes_run = self.store.probes_run
         self.report.probes_total = self.store.probes_total
         return self.report
@@ -294,6 +355,53 @@ class Search:
                 primary.append(fits[0])
                 fallback.extend(fits[1:])
         return primary, fallback, len(self.levels)
+
+    # -- refining ---------------------------------------------------------------------------------------------
+    def _refine(self, primary: List[Fit], stop: int) -> List[Fit]:
+        """With --max-probes, the probes the walk left go to a sampler looking for a faster fit in the winning
+        cost class, at the chosen length (``autofit.refine``). Returns the fits it found."""
+        spec = self.spec
+        if spec.max_probes is None or not primary or self.report.probe_limit_reached:
+            return []
+        best = self._rank(primary)[0]
+        cost = self._class(self.levels[best.level])
+        levels = [best.level] if cost == QUALITY else [i for i in range(stop) if self._class(self.levels[i]) == cost]
+        space = {}
+        for level in levels:
+            state = self.levels[level]
+            for batch in divisors(spec.effective_batch) if state.vary_batch else [spec.effective_batch]:
+                space[(level, batch)] = state.candidate.replace(
+                    micro_batch=batch, grad_accum=spec.effective_batch // batch, max_length=best.candidate.max_length
+                )
+        known = {(r.level, r.candidate.micro_batch): self._score(r.result) for r in self.report.records
+                 if r.kind == "probe" and space.get((r.level, r.candidate.micro_batch), r.candidate).key()
+                 == r.candidate.key() and (r.level, r.candidate.micro_batch) in space}
+
+        def evaluate(level: int, candidate: Candidate) -> Tuple[float, float]:
+            if self._skip(level, candidate):
+                return 0.0, self._ledger(candidate).low - self._limit()
+            return self._score(self._measure(level, candidate, stage="refine"))
+
+        before = self.store.probes_run
+        try:
+            answers = refine(space, known, evaluate)
+        except ProbeLimitReached:
+            answers = None
+        self.report.notes.append(
+            f"refinement: {self.store.probes_run - before} probe(s) left under --max-probes {spec.max_probes} went to "
+            f"Optuna's TPE sampler over {len(space)} configurations of the {cost} class at length "
+            f"{best.candidate.max_length}" + ("" if answers is not None else " (it stopped at the limit)")
+        )
+        return [Fit(r.level, r.candidate, r.result) for r in self.report.records
+                if r.stage == "refine" and self._fits(r.result)]
+
+    def _score(self, result: ProbeResult) -> Tuple[float, float]:
+        """(tokens per second, peak minus the budget's limit) as the sampler reads them."""
+        limit = self._limit()
+        over = result.peak_bytes - limit if math.isfinite(limit) else -1.0
+        if self._fits(result):
+            return result.tokens_per_second, min(over, 0.0)
+        return 0.0, max(over, 1.0)
 
     def _fits_so_far(self, level: int) -> List[Fit]:
         fits = [Fit(level, r.candidate, r.result) for r in self.report.records
@@ -327,6 +435,8 @@ class Search:
 
     def _choose(self, primary: List[Fit], fallback: List[Fit]) -> bool:
         for fit in self._rank(primary) + self._rank(fallback):
+            if not self._fits(fit.result):  # the margin grew with the model's measured error since it was found
+                continue
             verified = self._measure(fit.level, fit.candidate, kind="verify")
             if verified.fits:
                 self.report.chosen, self.report.verified = fit, verified

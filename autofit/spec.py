@@ -103,6 +103,7 @@ class SearchSpec:
     probe_timeout_s: float = 900.0
     max_probes: Optional[int] = None  # probes (verifications aside) before the search stops and chooses
     headroom: Optional[float] = None  # fraction of the budget kept free; None: 3% on CUDA, 0 on the simulated meter
+    predict: bool = True  # use the memory model: its predicted start and its skips (False: plain bisection)
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)

@@ -186,26 +186,34 @@ def levels_of(workload: Workload, budget_bytes: int, scratch: Path, log: Log):
 
 
 # -- (a) autofit ------------------------------------------------------------------------------------------------------
-def run_autofit(workload: Workload, budget: int, workdir: Path, verifier: Verifier, log: Log) -> MethodResult:
+def run_autofit(workload: Workload, budget: int, workdir: Path, verifier: Verifier, log: Log,
+                max_probes: Optional[int] = None) -> MethodResult:
+    """autofit as built; with ``max_probes``, the same search whose unused probes go to the Optuna refinement."""
     spec = workload.spec(budget, workdir)
+    spec.max_probes = max_probes
+    name = "autofit" if max_probes is None else "autofit-refine"
     workdir.mkdir(parents=True, exist_ok=True)
-    runner = CountingRunner(ProcessRunner(workload.factory, budget, workdir, PROBE_TIMEOUT_S), "autofit", log)
+    runner = CountingRunner(ProcessRunner(workload.factory, budget, workdir, PROBE_TIMEOUT_S), name, log)
     started = time.perf_counter()
     report = Search(spec, runner, resolve_ladder(None)).run()
     wall = time.perf_counter() - started
     for call in runner.calls:
         if call.steps == VERIFY_STEPS:
-            verifier.record(call.candidate, call.result, call.seconds, "autofit")
-    out = MethodResult("autofit", "found" if report.chosen is not None else "not found", probes=runner.count,
+            verifier.record(call.candidate, call.result, call.seconds, name)
+    out = MethodResult(name, "found" if report.chosen is not None else "not found", probes=runner.count,
                        wall_s=wall)
     out.detail = {
         "probes_run": report.probes_run,
         "records": [
             {"kind": r.kind, "level": r.level, "candidate": describe(r.candidate), "outcome": r.result.outcome.value,
              "peak_bytes": r.result.peak_bytes, "tokens_per_second": r.result.tokens_per_second, "cached": r.cached,
-             "predicted_bytes": getattr(r, "predicted_bytes", None)}
+             "predicted_bytes": r.predicted_bytes, "prior_bytes": r.prior_bytes, "calibrated": r.calibrated,
+             "stage": r.stage}
             for r in report.records
         ],
+        "skipped": [{"level": s.level, "candidate": describe(s.candidate), "predicted_bytes": s.predicted_bytes,
+                     "uncertainty": s.uncertainty} for s in report.skipped],
+        "margin": report.margin,
         "notes": list(report.notes),
     }
     if report.probes_run != runner.count:
@@ -218,7 +226,7 @@ def run_autofit(workload: Workload, budget: int, workdir: Path, verifier: Verifi
     out.rungs = list(out.candidate.rungs)
     out.effective_batch = out.candidate.effective_batch
     verified = report.verified
-    own = Verification(verified, 0.0, "autofit")
+    own = Verification(verified, 0.0, name)
     out.set_verification(own, own=True)
     return out
 

@@ -130,3 +130,128 @@ def test_a_speed_rung_that_buys_no_larger_batch_is_not_chosen(tmp_path):
                  ProbeResult(Outcome.OK, tokens_per_second=105.0))
     ranked = Search._undominated([plain, ckpt, bigger])
     assert ckpt not in ranked and plain in ranked and bigger in ranked
+
+
+# -- skipping what the model rules out --------------------------------------------------------------------------
+@pytest.mark.parametrize("budget_mib", [100, 150, 250, 400, 700])
+def test_skipped_candidates_are_never_ones_that_fit(tmp_path, budget_mib):
+    report, runner = search(tmp_path, budget_mib)
+    probed = {c.key() for c in runner.calls}
+    assert report.skipped, "a budget below the baseline's peak has candidates predicted far over it"
+    for skip in report.skipped:
+        assert skip.candidate.key() not in probed
+        assert runner.peak(skip.candidate) > budget_mib * MiB  # the device agrees: it would not have fitted
+        assert skip.predicted_bytes * (1 - skip.uncertainty) > budget_mib * MiB
+
+
+def test_a_level_whose_lightest_candidate_is_ruled_out_costs_no_probe(tmp_path):
+    # 120 MiB: only LoRA fits (the full-parameter levels' micro-batch 1 needs 160 MiB and more)
+    report, runner = search(tmp_path, 120)
+    assert report.fits and "lora" in report.chosen.candidate.rungs
+    full_parameter = {level for level, state in enumerate(report.levels) if state.candidate.lora is None}
+    assert not [r for r in report.records if r.level in full_parameter]
+    skipped_levels = {s.level for s in report.skipped}
+    assert full_parameter <= skipped_levels
+    assert len(runner.calls) == 2  # the LoRA level's micro-batch 1, then its verification
+
+
+def test_nothing_probed_when_the_model_rules_everything_out(tmp_path):
+    from autofit.api import no_fit_message
+
+    report, runner = search(tmp_path, 60)
+    assert not report.fits and runner.calls == []
+    assert len(report.skipped) == len(report.levels)
+    message = no_fit_message(report)
+    assert "nothing was probed" in message and "--no-predict" in message
+
+
+def test_a_custom_trainer_is_probed_before_the_model_is_trusted(tmp_path):
+    report, runner = search(tmp_path, 250, factory="tests.probe_factories:sft_factory")
+    first = runner.calls[0]
+    assert first.micro_batch == 16  # the baseline: the prior alone does not skip a trainer it does not describe
+    assert report.fits
+    assert not any(s.candidate.key() == first.key() for s in report.skipped)
+
+
+# -- the margin follows the model's measured error --------------------------------------------------------------
+class NoisyLedgerRunner(LedgerRunner):
+    """The ledger's world plus memory the model cannot explain: +6% whenever checkpointing is on."""
+
+    def peak(self, candidate):
+        return super().peak(candidate) * (1.06 if candidate.checkpointing else 1.0)
+
+
+@pytest.mark.parametrize("budget_mib", [300, 460, 500])
+def test_margin_grows_with_the_models_measured_error(tmp_path, budget_mib):
+    spec = SearchSpec(model="tiny-qwen2", budget_bytes=budget_mib * MiB, out_dir=tmp_path, effective_batch=16,
+                      max_length=256)
+    runner = NoisyLedgerRunner(spec.budget_bytes)
+    report = Search(spec, runner, resolve_ladder(None)).run()
+    calibrated = [r for r in report.records if r.kind == "probe" and r.calibrated and r.result.fits]
+    assert calibrated
+    worst = max((r.result.peak_bytes - r.predicted_bytes) / r.result.peak_bytes for r in calibrated)
+    assert report.margin == pytest.approx(worst) and report.margin > 0.04
+    assert report.chosen.result.peak_bytes <= spec.budget_bytes * (1 - report.margin)
+
+
+def test_a_model_that_overestimates_adds_no_margin(tmp_path):
+    class GenerousLedgerRunner(LedgerRunner):  # the device needs 6% less than the model says with checkpointing
+        def peak(self, candidate):
+            return super().peak(candidate) * (0.94 if candidate.checkpointing else 1.0)
+
+    spec = SearchSpec(model="tiny-qwen2", budget_bytes=460 * MiB, out_dir=tmp_path, effective_batch=16,
+                      max_length=256)
+    report = Search(spec, GenerousLedgerRunner(spec.budget_bytes), resolve_ladder(None)).run()
+    assert any(r.calibrated and r.candidate.checkpointing for r in report.records)
+    assert report.margin == pytest.approx(0.0, abs=1e-9)
+
+
+# -- refinement within --max-probes -----------------------------------------------------------------------------
+class SmallBatchFastRunner(LedgerRunner):
+    """Throughput that peaks at micro-batch 2 (think padding): the walk's largest fit is not the fastest."""
+
+    def run(self, candidate, steps):
+        result = super().run(candidate, steps)
+        if result.outcome is Outcome.OK:
+            result.tokens_per_second = {2: 2000.0}.get(candidate.micro_batch, 1000.0)
+        return result
+
+
+def refined(tmp_path, max_probes, runner_class=SmallBatchFastRunner):
+    spec = SearchSpec(model="tiny-qwen2", budget_bytes=700 * MiB, out_dir=tmp_path, effective_batch=16,
+                      max_length=256, max_probes=max_probes)
+    runner = runner_class(spec.budget_bytes)
+    return Search(spec, runner, resolve_ladder(None)).run(), runner
+
+
+def test_refinement_spends_the_probes_left_and_finds_the_faster_fit(tmp_path):
+    walk_only, _ = search(tmp_path / "walk", 700)
+    assert walk_only.chosen.candidate.micro_batch == 4  # the largest fit
+    report, runner = refined(tmp_path / "refine", max_probes=10)
+    refine_records = [r for r in report.records if r.stage == "refine"]
+    assert refine_records
+    assert len([r for r in report.records if r.kind == "probe"]) <= 10
+    assert report.chosen.candidate.micro_batch == 2 and report.chosen.candidate.rungs == ("micro-batch",)
+    assert any("refinement" in note for note in report.notes)
+    # every refinement probe is in the winning (speed) class, at the full length, and was not known before
+    for r in refine_records:
+        assert report.levels[r.level].cost == "speed" and r.candidate.max_length == 256
+
+
+def test_refinement_respects_a_tight_probe_budget(tmp_path):
+    report, runner = refined(tmp_path, max_probes=4)
+    probes = [r for r in report.records if r.kind == "probe"]
+    assert len(probes) <= 4
+    assert report.verified is not None and report.verified.fits
+
+
+def test_refinement_resumes_without_new_probes(tmp_path):
+    first, first_runner = refined(tmp_path, max_probes=8)
+    again, again_runner = refined(tmp_path, max_probes=8)
+    assert again_runner.calls == []  # the seeded sampler asks the same questions; every answer is stored
+    assert again.chosen.candidate.key() == first.chosen.candidate.key()
+
+
+def test_no_refinement_without_max_probes(tmp_path):
+    report, _ = search(tmp_path, 700)
+    assert not [r for r in report.records if r.stage == "refine"]

@@ -78,7 +78,8 @@ def test_every_rl_candidate_keeps_groups_and_effective_batch(groups, num_generat
     with tempfile.TemporaryDirectory() as out:
         spec = SearchSpec(model="tiny-qwen2", algo=algo, budget_bytes=budget_mib * MiB, max_length=max_length,
                           min_length=max(1, int(max_length * min_fraction)), effective_batch=effective,
-                          num_generations=num_generations, prompt_length=32, out_dir=out)
+                          num_generations=num_generations, prompt_length=32, out_dir=out,
+                          predict=False)  # the fake's formula is not the memory model's: probe everything
         runner = FormulaRunner(spec.budget_bytes, weight_bytes=20 * MiB, act_bytes_per_token=16 * 1024)
         report = Search(spec, runner, resolve_ladder(None)).run()
     assert runner.calls

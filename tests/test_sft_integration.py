@@ -87,8 +87,18 @@ def test_absurd_budget_exits_3_with_a_clear_message(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 3
     assert best["fits"] is False and not (tmp_path / "best.yaml").exists()
+    # the memory model puts every level's lightest candidate far over 8 MiB: nothing is probed, and it says so
+    assert "nothing fits in 8.00 MiB" in err and "nothing was probed" in err and "--gpu-memory" in err
+    assert best["probes"] == 0 and len(best["skipped"]) >= len(best["search"]["ladder"]) + 1
+    assert min(s["predicted_bytes"] for s in best["skipped"]) > 8 * 2**20
+
+
+def test_absurd_budget_without_the_model_probes_and_reports_the_lightest_oom(tmp_path, capsys):
+    code, best = search(tmp_path, "8MiB", "--no-predict")
+    err = capsys.readouterr().err
+    assert code == 3
     assert "nothing fits in 8.00 MiB" in err and "needed more than" in err and "--gpu-memory" in err
-    assert best["smallest_oom_peak_bytes"] > 8 * 2**20
+    assert best["smallest_oom_peak_bytes"] > 8 * 2**20 and best["skipped"] == []
 
 
 def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
