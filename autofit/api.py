@@ -111,6 +111,9 @@ def fit(
     probe_steps: int = 2,
     verify_steps: int = 10,
     probe_timeout_s: float = 900.0,
+    max_probes: Optional[int] = None,
+    headroom: Optional[float] = None,
+    predict: bool = True,
 ) -> FitResult:
     """Find the best configuration of your own trainer that fits the memory budget.
 
@@ -118,7 +121,8 @@ def fit(
     ``YourConfig(**candidate.training_args())``, ``peft_config=candidate.peft_config()``,
     ``quantization_config=candidate.quantization_config()``. It runs in fresh probe processes, so it must be
     importable: a module-level function (in a script, call ``fit`` under ``if __name__ == "__main__":``).
-    Raises ``InputError`` on bad input and ``NoFitError`` when nothing fits.
+    ``max_probes``, ``headroom`` and ``predict`` are the CLI's ``--max-probes``, ``--headroom`` and
+    ``--no-predict`` (False). Raises ``InputError`` on bad input and ``NoFitError`` when nothing fits.
     """
     resolved = resolve_device(device)
     if device not in ("auto", "cuda", "cpu"):
@@ -140,6 +144,9 @@ def fit(
         probe_steps=probe_steps,
         verify_steps=verify_steps,
         probe_timeout_s=probe_timeout_s,
+        max_probes=max_probes,
+        headroom=headroom,
+        predict=predict,
     )
     rungs = None
     if custom:

@@ -52,7 +52,11 @@ class Record:
     predicted_bytes: Optional[float] = None  # the memory model's peak before this probe (calibrated when it could)
     prior_bytes: Optional[float] = None  # the uncalibrated prediction
     stage: str = "walk"  # "walk", "refine" (the sampler's) or "verify"
-    calibrated: bool = False  # predicted_bytes came from a calibration on earlier probes
+    calibration: str = "prior"  # how predicted_bytes was calibrated: "prior" (not), "scale" or "two-term"
+
+    @property
+    def calibrated(self) -> bool:
+        return self.calibration != "prior"
 
 
 @dataclass
@@ -159,11 +163,12 @@ class Search:
 
     def _margin(self) -> float:
         """The fraction of the budget kept free: the headroom, or the memory model's measured error when that is
-        larger. The error is how far probes that ran to the end went over the prediction made for them with a
-        calibration (fitted on earlier probes): memory the ledger does not explain is memory a longer run may show
-        too. A prediction above the measured peak hides nothing, so it adds no margin."""
+        larger. The error is how far probes that ran to the end went over the prediction made for them by the
+        model calibrated on earlier probes at two or more token counts: memory the ledger does not explain is memory
+        a longer run may show too. A prediction above the measured peak hides nothing, so it adds no margin; a
+        one-scale extrapolation (a single point) is rough by construction, and its band already says so."""
         errors = [(r.result.peak_bytes - r.predicted_bytes) / r.result.peak_bytes for r in self.report.records
-                  if r.kind == "probe" and r.calibrated and r.result.fits and r.result.peak_bytes]
+                  if r.kind == "probe" and r.calibration == "two-term" and r.result.fits and r.result.peak_bytes]
         return max(self.spec.headroom, min(max(errors, default=0.0), MAX_MARGIN))
 
     def _limit(self) -> float:
@@ -195,7 +200,7 @@ class Search:
                 and self.store.probes_run >= self.spec.max_probes):
             raise ProbeLimitReached()
         predicted, prior = self._predict(candidate), self._predict(candidate, calibrated=False)
-        calibrated = self.calibration is not None and self.calibration.points > 0
+        calibration = self.calibration.method if self.calibration is not None else "prior"
         result, cached = self.store.measure(candidate, kind, steps, level, lambda: self.runner.run(candidate, steps))
         if result.error_phase == "import":  # the same in every probe: stop instead of walking the ladder
             raise InputError(result.error)
@@ -205,7 +210,7 @@ class Search:
         if any(r.candidate.key() == candidate.key() and r.kind == kind for r in self.report.records):
             return result  # already measured and listed in this run (the same point reached from another level)
         self.report.records.append(Record(level, candidate, kind, result, cached, predicted, prior,
-                                          "verify" if kind == "verify" else stage, calibrated))
+                                          "verify" if kind == "verify" else stage, calibration))
         if kind == "probe":
             self._learn(candidate, result)
         rungs = "+".join(candidate.rungs) or "baseline"
@@ -433,10 +438,22 @@ class Search:
                 kept.append(fit)
         return kept
 
+    def _within_margin(self, primary: List[Fit], fallback: List[Fit]) -> Tuple[List[Fit], List[Fit]]:
+        """Drop fits the final margin rejects (it grows with the model's measured error during the search); a
+        level whose best fit is dropped is represented by its largest remaining one."""
+        kept = [f for f in primary if self._fits(f.result)]
+        spare = [f for f in fallback if self._fits(f.result)]
+        for dropped in (f for f in primary if f not in kept):
+            same_level = [f for f in spare if f.level == dropped.level]
+            if same_level:
+                promoted = max(same_level, key=lambda f: self._size(f.candidate))
+                kept.append(promoted)
+                spare.remove(promoted)
+        return kept, spare
+
     def _choose(self, primary: List[Fit], fallback: List[Fit]) -> bool:
+        primary, fallback = self._within_margin(primary, fallback)
         for fit in self._rank(primary) + self._rank(fallback):
-            if not self._fits(fit.result):  # the margin grew with the model's measured error since it was found
-                continue
             verified = self._measure(fit.level, fit.candidate, kind="verify")
             if verified.fits:
                 self.report.chosen, self.report.verified = fit, verified

@@ -207,7 +207,7 @@ def run_autofit(workload: Workload, budget: int, workdir: Path, verifier: Verifi
         "records": [
             {"kind": r.kind, "level": r.level, "candidate": describe(r.candidate), "outcome": r.result.outcome.value,
              "peak_bytes": r.result.peak_bytes, "tokens_per_second": r.result.tokens_per_second, "cached": r.cached,
-             "predicted_bytes": r.predicted_bytes, "prior_bytes": r.prior_bytes, "calibrated": r.calibrated,
+             "predicted_bytes": r.predicted_bytes, "prior_bytes": r.prior_bytes, "calibrated": r.calibrated, "calibration": r.calibration,
              "stage": r.stage}
             for r in report.records
         ],

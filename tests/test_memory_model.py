@@ -301,6 +301,16 @@ def test_calibration_with_two_points_on_a_linear_formula():
     assert (cal.static_scale, cal.dynamic_scale) == (pytest.approx(a, rel=1e-9), pytest.approx(b, rel=1e-9))
 
 
+def test_two_points_at_one_token_count_fit_one_scale():
+    """Checkpointing on and off at the same micro-batch and length differ only through the ledger's recomputation
+    model: not enough to separate the static and dynamic parts, so one scale is fitted."""
+    c = cand(micro_batch=4, max_length=128)
+    points = [(c, 1.2 * predict(c).total), (c.replace(checkpointing=True), 1.1 * predict(c.replace(checkpointing=True)).total)]
+    cal = calibrate(points)
+    assert cal.method == "scale" and cal.static_scale == cal.dynamic_scale
+    assert 1.1 < cal.static_scale < 1.2
+
+
 def test_calibration_with_one_point_is_one_scale():
     c = cand(micro_batch=2, max_length=512)
     measured = 1.2 * predict(c).total
