@@ -158,7 +158,8 @@ ALLOC_ENV = "PYTORCH_ALLOC_CONF"
 PRIOR_UNCERTAINTY = 0.25
 # With calibration: the largest relative residual of the fitted points, at least this floor [A] ...
 CALIBRATED_UNCERTAINTY_FLOOR = 0.03
-# ... and with a single point (fitted exactly, so its residual says nothing about other sizes) [A].
+# ... and with one scale (a single point, fitted exactly, or points at one token count: their residual says nothing
+# about other sizes) [A].
 SINGLE_POINT_UNCERTAINTY = 0.10
 
 REQUIRED_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -746,7 +747,7 @@ class Calibration:
     def uncertainty(self) -> float:
         if self.points == 0:
             return PRIOR_UNCERTAINTY
-        if self.points == 1:
+        if self.method != "two-term":  # one scale: a single point, or points at one token count
             return max(SINGLE_POINT_UNCERTAINTY, self.max_residual)
         return max(CALIBRATED_UNCERTAINTY_FLOOR, self.max_residual)
 

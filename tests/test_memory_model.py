@@ -309,6 +309,7 @@ def test_two_points_at_one_token_count_fit_one_scale():
     cal = calibrate(points)
     assert cal.method == "scale" and cal.static_scale == cal.dynamic_scale
     assert 1.1 < cal.static_scale < 1.2
+    assert cal.uncertainty >= mm.SINGLE_POINT_UNCERTAINTY  # it knows no more about other sizes than one point
 
 
 def test_calibration_with_one_point_is_one_scale():
