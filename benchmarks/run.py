@@ -463,8 +463,8 @@ def render(run: Dict) -> str:
         f"{met['oom_ok']}/{n['oom_ok']} (no OOM) of the workloads; in {met['same_rungs']}/{n['same_rungs']} autofit "
         "took no quality rung beyond the oracle's (a later quality rung changes the training more, whatever its "
         "throughput). *Not probed (model)* = candidates the search skipped because the memory model's prediction was "
-        "over the budget even at the low end of its error band (25% before any probe, 10% after one, the fitted "
-        "residual but at least 3% after two); *probed, predicted >5% over* = probes run although the model put them "
+        "over the budget even at the low end of its error band (25% before any probe, 10% while it is calibrated "
+        "with one scale, the fitted residual but at least 3% once its probes span two token counts); *probed, predicted >5% over* = probes run although the model put them "
         "more than 5% above the budget (inside its error band, so the search could not rule them out). "
         f"*(a')* = the same search with `--max-probes {REFINE_PROBES}`: the probes the walk leaves go to Optuna's TPE "
         "sampler over the winning cost class (probes to a verified config, and its throughput against the oracle's).",
