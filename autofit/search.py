@@ -181,6 +181,8 @@ class Search:
 
     def _skip(self, level: int, candidate: Candidate) -> bool:
         """True (and reported) when even the low end of the model's error band is over the budget: not probed."""
+        if self.store.lookup(candidate, "probe", self.spec.probe_steps) is not None:
+            return False  # measured already (in this run or a stored one): its answer costs nothing
         if self.spec.factory is not None and self.calibration is None:
             return False  # the ledger describes the built-in trainers; a custom one is trusted once measured
         ledger = self._ledger(candidate)
@@ -228,19 +230,25 @@ class Search:
         )
         return result
 
-    def _largest(self, level: int, values: Sequence[int], make: Callable[[int], Candidate]) -> List[Fit]:
+    def _largest(self, level: int, values: Sequence[int], make: Callable[[int], Candidate],
+                 top_apart: bool = False) -> List[Fit]:
         """The largest value that fits, memory assumed to grow with the value. Returns every fit found, the
         largest first.
 
         The memory model picks the first probe: the largest value predicted to fit. If it fits, the next value is
         probed to confirm it is the largest (and the search climbs on if that fits too); if it does not, the
         values below it are bisected. When memory grows with the value the answer is plain bisection's and the
-        model only saves probes. (It does not always: from accumulation 2 on, gradients stay resident, so a
-        micro-batch of E/2 can need more than E; starting at the predicted value then finds E where bisection
-        from the bottom gives up.)"""
+        model only saves probes.
+
+        ``top_apart``: the top value is the micro-batch without accumulation, which memory does not order with the
+        others (from accumulation 2 on, gradients stay resident between micro-batches, so at short sequences
+        micro-batch 1 can need more than the full batch). With the model, the top is then tried whenever the
+        search did not reach it, unless the model rules it out."""
         fits: List[Fit] = []
+        tried = set()
 
         def fits_at(index: int) -> bool:
+            tried.add(index)
             candidate = make(values[index])
             if self._skip(level, candidate):
                 return False
@@ -263,15 +271,17 @@ class Search:
                 else:
                     high = top
         else:
-            if start == 0 or not fits_at(0):
-                return []
             low, high = 0, start
+            if start == 0 or not fits_at(0):
+                high = None
         while high is not None and high - low > 1:
             mid = (low + high) // 2
             if fits_at(mid):
                 low = mid
             else:
                 high = mid
+        if top_apart and self.shape is not None and top not in tried:
+            fits_at(top)
         return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
 
     def _predicted_start(self, values: Sequence[int], make: Callable[[int], Candidate]) -> int:
@@ -306,13 +316,13 @@ class Search:
         if spec.maximize == "length":
             grid = length_grid(spec.min_length, spec.max_length)
             return self._largest(level, grid, lambda length: at(batches[0], length))
-        fits = self._largest(level, batches, lambda batch: at(batch, spec.max_length))
+        fits = self._largest(level, batches, lambda batch: at(batch, spec.max_length), top_apart=True)
         if not fits and state.vary_length:
             shorter = length_grid(spec.min_length, spec.max_length)[:-1]
             by_length = self._largest(level, shorter, lambda length: at(batches[0], length))
             if by_length:
                 length = by_length[0].candidate.max_length
-                fits = self._largest(level, batches, lambda batch: at(batch, length)) + by_length[1:]
+                fits = self._largest(level, batches, lambda batch: at(batch, length), top_apart=True) + by_length[1:]
         return fits
 
     def _at_top(self, fit: Fit) -> bool:

@@ -161,7 +161,7 @@ def test_nothing_probed_when_the_model_rules_everything_out(tmp_path):
 
     report, runner = search(tmp_path, 60)
     assert not report.fits and runner.calls == []
-    assert len(report.skipped) == len(report.levels)
+    assert {s.level for s in report.skipped} == set(range(len(report.levels)))  # every level ruled out
     message = no_fit_message(report)
     assert "nothing was probed" in message and "--no-predict" in message
 
@@ -284,3 +284,25 @@ def test_refine_answers_every_point_once_and_never_a_known_one():
     assert len(asked) == len(set(asked)) == len(space) - len(known)
     assert not set(asked) & set(known)
     assert refine(space, answers, evaluate) == answers and len(asked) == len(space) - len(known)
+
+
+class FullBatchLightRunner(LedgerRunner):
+    """A device that runs the full batch (no accumulation) 15% under the model's prediction."""
+
+    def peak(self, candidate):
+        return super().peak(candidate) * (0.85 if candidate.grad_accum == 1 else 1.0)
+
+
+def test_the_full_batch_is_tried_when_accumulation_makes_the_small_ones_heavier(tmp_path):
+    # Short sequences: micro-batch 1 with accumulation needs more than the full batch (its gradients stay resident
+    # while the next micro-batch runs). At the checkpointing level micro-batch 1 does not fit, the model puts the
+    # full batch over the budget too, yet it fits: a search that gives the level up climbs to a quality rung.
+    spec = SearchSpec(model="tiny-qwen2", budget_bytes=89 * MiB, out_dir=tmp_path, effective_batch=4, max_length=16)
+    runner = FullBatchLightRunner(spec.budget_bytes)
+    report = Search(spec, runner, resolve_ladder(None)).run()
+    smallest = report.chosen.candidate.replace(micro_batch=1, grad_accum=4)
+    assert runner.peak(smallest) > spec.budget_bytes
+    assert memory_model.predict(report.chosen.candidate).total > spec.budget_bytes
+    chosen = report.chosen.candidate
+    assert (chosen.micro_batch, chosen.checkpointing, chosen.optim, chosen.lora) == (4, True, None, None)
+    assert report.levels[report.chosen.level].cost == "speed"
