@@ -179,21 +179,22 @@ class Search:
         """Measured within the budget minus the margin kept for what a short probe cannot see."""
         return result.fits and result.peak_bytes <= self._limit()
 
-    def _skip(self, level: int, candidate: Candidate) -> bool:
-        """True (and reported) when even the low end of the model's error band is over the budget: not probed."""
+    def _ruled_out(self, level: int, candidate: Candidate) -> Optional[memory_model.Ledger]:
+        """The prediction (reported as a skip) when even the low end of its error band is over the budget: the
+        candidate is not probed. None when it may fit, or when the model is not to be trusted with it."""
         if self.store.lookup(candidate, "probe", self.spec.probe_steps) is not None:
-            return False  # measured already (in this run or a stored one): its answer costs nothing
+            return None  # measured already (in this run or a stored one): its answer costs nothing
         if self.spec.factory is not None and self.calibration is None:
-            return False  # the ledger describes the built-in trainers; a custom one is trusted once measured
+            return None  # the ledger describes the built-in trainers; a custom one is trusted once measured
         ledger = self._ledger(candidate)
         if ledger is None or ledger.low <= self._limit():
-            return False
+            return None
         if not any(s.candidate.key() == candidate.key() for s in self.report.skipped):
             self.report.skipped.append(Skip(level, candidate, ledger.total, ledger.uncertainty))
             log.info("skip  [%s] %s: predicted %s ± %.0f%%, over %s even at the low end",
                      "+".join(candidate.rungs) or "baseline", candidate.describe(), format_size(ledger.total),
                      100 * ledger.uncertainty, format_size(self._limit()))
-        return True
+        return ledger
 
     # -- measuring --------------------------------------------------------------------------------------------
     def _measure(self, level: int, candidate: Candidate, kind: str = "probe", stage: str = "walk") -> ProbeResult:
@@ -250,7 +251,7 @@ class Search:
         def fits_at(index: int) -> bool:
             tried.add(index)
             candidate = make(values[index])
-            if self._skip(level, candidate):
+            if self._ruled_out(level, candidate) is not None:
                 return False
             result = self._measure(level, candidate)
             if self._fits(result):
@@ -388,13 +389,16 @@ class Search:
                 space[(level, batch)] = state.candidate.replace(
                     micro_batch=batch, grad_accum=spec.effective_batch // batch, max_length=best.candidate.max_length
                 )
-        known = {(r.level, r.candidate.micro_batch): self._score(r.result) for r in self.report.records
-                 if r.kind == "probe" and space.get((r.level, r.candidate.micro_batch), r.candidate).key()
-                 == r.candidate.key() and (r.level, r.candidate.micro_batch) in space}
+        known = {}
+        for r in self.report.records:
+            point = (r.level, r.candidate.micro_batch)
+            if r.kind == "probe" and point in space and space[point].key() == r.candidate.key():
+                known[point] = self._score(r.result)
 
         def evaluate(level: int, candidate: Candidate) -> Tuple[float, float]:
-            if self._skip(level, candidate):
-                return 0.0, self._ledger(candidate).low - self._limit()
+            ledger = self._ruled_out(level, candidate)
+            if ledger is not None:
+                return 0.0, ledger.low - self._limit()
             return self._score(self._measure(level, candidate, stage="refine"))
 
         before = self.store.probes_run

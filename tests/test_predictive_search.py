@@ -107,6 +107,12 @@ def test_best_json_carries_the_model_and_estimate_reads_it(tmp_path, capsys):
     assert best["memory_model"]["method"] == "two-term"
     assert best["prediction_error"]["calibrated"]["points"] >= 2
     assert all("predicted_bytes" in c for c in best["candidates"])
+    refined = [c for c in best["candidates"] if c["stage"] == "refine"]
+    assert refined and len(refined) == len([r for r in report.records if r.stage == "refine"])
+    assert best["margin"] == round(report.margin, 4)
+    assert [s["candidate"] for s in best["skipped"]] == [s.candidate.describe() for s in report.skipped]
+    table = export.table_text(report).splitlines()
+    assert sum(line.split()[1] == "refine" for line in table[2:] if line[:1].isdigit()) == len(refined)
     code = cli.main(["estimate", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "200MiB",
                      "--max-length", "256", "--effective-batch", "16", "--from", str(tmp_path)])
     out = capsys.readouterr().out
@@ -306,3 +312,21 @@ def test_the_full_batch_is_tried_when_accumulation_makes_the_small_ones_heavier(
     chosen = report.chosen.candidate
     assert (chosen.micro_batch, chosen.checkpointing, chosen.optim, chosen.lora) == (4, True, None, None)
     assert report.levels[report.chosen.level].cost == "speed"
+
+
+def test_fit_passes_the_search_options_through(tmp_path, monkeypatch):
+    import autofit
+    from autofit import api
+
+    seen = {}
+
+    def capture(spec, rungs=None):
+        seen["spec"] = spec
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(api, "run_search", capture)
+    with pytest.raises(RuntimeError, match="captured"):
+        autofit.fit("sft", model="tiny-qwen2", device="cpu", gpu_memory="1GiB", out_dir=tmp_path,
+                    max_probes=7, headroom=0.05, predict=False)
+    spec = seen["spec"]
+    assert (spec.max_probes, spec.headroom, spec.predict) == (7, 0.05, False)
