@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["fit", "Candidate", "FitResult", "NoFitError", "__version__"]
+__all__ = ["fit", "Candidate", "FitResult", "NoFitError", "InfrastructureError", "FactoryError", "__version__"]
 
 
 def __getattr__(name):
@@ -11,6 +11,14 @@ def __getattr__(name):
         from autofit import api
 
         return getattr(api, name)
+    if name == "InfrastructureError":
+        from autofit.faults import InfrastructureError
+
+        return InfrastructureError
+    if name == "FactoryError":
+        from autofit.factory import FactoryError
+
+        return FactoryError
     if name == "Candidate":
         from autofit.candidate import Candidate
 

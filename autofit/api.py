@@ -9,8 +9,9 @@ from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 from autofit import export
 from autofit.candidate import Candidate
-from autofit.device import first_gpu, resolve_device
+from autofit.device import NoCudaDeviceError, first_gpu, resolve_device
 from autofit.factory import FactoryError, factory_ref
+from autofit.faults import InfrastructureError
 from autofit.ladder import Rung, resolve_ladder
 from autofit.registry import UnknownModelError, resolve_model
 from autofit.runner import ProcessRunner
@@ -68,9 +69,14 @@ def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None) -> Sear
         spec.algo, spec.model, spec.device, format_size(spec.budget_bytes), spec.effective_batch, spec.max_length,
         spec.maximize,
     )
-    report = Search(spec, runner, rungs).run()
-    export.write(report, spec.out_dir)
-    return report
+    search = Search(spec, runner, rungs)
+    try:
+        search.run()
+    except (FactoryError, InfrastructureError):
+        export.write(search.report, spec.out_dir)  # best.json says what was measured and why it stopped
+        raise
+    export.write(search.report, spec.out_dir)
+    return search.report
 
 
 def no_fit_message(report: SearchReport) -> str:
@@ -109,7 +115,7 @@ def fit(
     training_args: Optional[Dict[str, Any]] = None,
     out_dir: Union[str, Path] = "autofit-out",
     probe_steps: int = 2,
-    verify_steps: int = 10,
+    verify_steps: Union[int, str] = "auto",
     probe_timeout_s: float = 900.0,
     max_probes: Optional[int] = None,
     headroom: Optional[float] = None,
@@ -122,11 +128,16 @@ def fit(
     ``quantization_config=candidate.quantization_config()``. It runs in fresh probe processes, so it must be
     importable: a module-level function (in a script, call ``fit`` under ``if __name__ == "__main__":``).
     ``max_probes``, ``headroom`` and ``predict`` are the CLI's ``--max-probes``, ``--headroom`` and
-    ``--no-predict`` (False). Raises ``InputError`` on bad input and ``NoFitError`` when nothing fits.
+    ``--no-predict`` (False). Raises ``InputError`` on bad input, ``FactoryError`` (an ``InputError``) when your
+    factory fails, ``InfrastructureError`` when probes cannot run on this machine (the same non-memory error on
+    two candidates), and ``NoFitError`` when nothing fits.
     """
-    resolved = resolve_device(device)
     if device not in ("auto", "cuda", "cpu"):
         raise InputError(f"device '{device}' is not valid: accepted are auto, cuda, cpu")
+    try:
+        resolved = resolve_device(device)
+    except NoCudaDeviceError as exc:
+        raise InputError(str(exc)) from None
     custom = [r for r in ladder or () if not isinstance(r, str)]
     spec = SearchSpec(
         model=model,

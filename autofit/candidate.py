@@ -32,10 +32,13 @@ class LoraSettings:
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """Probe-only training arguments: never exported."""
+    """Probe-only training arguments: never exported. ``time_cap_s``: the run stops once this many seconds of
+    training have passed and at least ``min_steps`` optimizer steps have run (``steps`` stays the most it runs)."""
 
     steps: int
     output_dir: str
+    min_steps: int = 0
+    time_cap_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -81,12 +84,11 @@ class Candidate:
     # -- what factories read ----------------------------------------------------------------------------------
     def training_args(self) -> Dict[str, Any]:
         """Keyword arguments for the algorithm's TRL config class (SFTConfig, ...)."""
+        from autofit.compat import checkpointing_field
+
         args: Dict[str, Any] = dict(self.user_args)
-        args.update(
-            per_device_train_batch_size=self.micro_batch,
-            gradient_accumulation_steps=self.grad_accum,
-            activation_checkpointing=self.checkpointing,
-        )
+        args.update(per_device_train_batch_size=self.micro_batch, gradient_accumulation_steps=self.grad_accum)
+        args[checkpointing_field()] = self.checkpointing
         args[LENGTH_FIELD.get(self.algo, "max_length")] = self.max_length
         if self.optim is not None:
             args["optim"] = self.optim

@@ -1,4 +1,5 @@
-"""``autofit search``: the command line. Exit codes: 0 a fitting config was written, 2 bad input, 3 nothing fits."""
+"""``autofit search``: the command line. Exit codes: 0 a fitting config was written, 2 bad input (the user's trainer
+factory failing included), 3 nothing fits, 4 probes cannot run here (not a memory answer), 130 interrupted."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from typing import List, Optional
 
 from autofit import __version__
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_FIT = 0, 2, 3
+EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_PROBES_CANNOT_RUN = 0, 2, 3, 4
+EXIT_CODES = """exit codes:
+  0  a configuration that fits was written (best.yaml, best.json)
+  2  bad input, or your trainer factory failed (one line names the value, or your code's frames)
+  3  nothing fits, even at the last rung: a probe ran out of memory or the memory model ruled it out
+  4  probes cannot run here: the same non-memory error on two candidates (bad fork, full disk, CUDA driver,
+     missing package, probe killed by the host); the message names the cause and the probe log
+  130 interrupted: run the same command again to resume"""
 
 log = logging.getLogger("autofit")
 
@@ -18,6 +26,15 @@ log = logging.getLogger("autofit")
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, not the usage block
         self.exit(EXIT_BAD_INPUT, f"autofit: error: {message} (see {self.prog} --help)\n")
+
+
+def verify_steps(text: str):
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not valid: a positive integer or 'auto' is accepted") from None
 
 
 def positive_int(text: str) -> int:
@@ -36,9 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autofit", description="Find the best TRL training configuration that fits your GPU.")
     parser.add_argument("--version", action="version", version=f"autofit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    search = commands.add_parser("search", help="probe real training runs and write the best config that fits")
+    search = commands.add_parser("search", help="probe real training runs and write the best config that fits",
+                                 epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     search.add_argument("--model", required=True, help="hub id (bundled configs work offline) or local folder")
     search.add_argument("--algo", default="sft", help=f"one of: {', '.join(FACTORIES)} (default sft)")
+    search.add_argument("--factory", metavar="MODULE:FUNCTION",
+                        help="probe your own trainer: a function that builds it from a candidate (see autofit.fit)")
     search.add_argument("--gpu-memory", help="budget, e.g. 24GiB; default the card's memory; required on CPU")
     search.add_argument("--device", default="auto", help="auto, cuda or cpu (cpu: simulated device meter)")
     search.add_argument("--max-length", type=positive_int, help="sequence length, sft (default 1024)")
@@ -56,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--out", default="autofit-out", help="output folder; the study there is resumed")
     search.add_argument("--real-weights", action="store_true", help="load the model's weights instead of random")
     search.add_argument("--probe-steps", type=positive_int, default=2, help="optimizer steps per probe (>= 2)")
-    search.add_argument("--verify-steps", type=positive_int, default=10, help="optimizer steps of the check run")
+    search.add_argument("--verify-steps", type=verify_steps, default="auto",
+                        help="optimizer steps of the check run, or auto (default): at least 3, at most 10, "
+                             "stopping after 60 s of training")
     search.add_argument("--probe-timeout", type=float, default=900.0, help="seconds before a probe is killed")
     search.add_argument("--max-probes", type=positive_int, help="stop probing after N probes and choose")
     search.add_argument("--headroom", type=float, help="fraction of the budget kept free (default 0.03 on CUDA)")
@@ -71,12 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _spec_from_args(args):
     from autofit.api import budget_for
-    from autofit.device import resolve_device
+    from autofit.device import NoCudaDeviceError, resolve_device
     from autofit.spec import DEVICES, InputError, SearchSpec
 
     if args.device not in DEVICES:
         raise InputError(f"--device '{args.device}' is not valid: accepted are {', '.join(DEVICES)}")
-    device = resolve_device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except NoCudaDeviceError as exc:
+        raise InputError(str(exc)) from None
     ladder = [name.strip() for name in args.ladder.split(",") if name.strip()] if args.ladder else None
     max_length, min_length = _lengths(args)
     user_args = {"beta": args.beta} if args.beta is not None else {}
@@ -96,6 +121,7 @@ def _spec_from_args(args):
         maximize=args.maximize,
         ladder=ladder,
         real_weights=args.real_weights,
+        factory=args.factory,
         out_dir=Path(args.out),
         probe_steps=args.probe_steps,
         verify_steps=args.verify_steps,
@@ -137,6 +163,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from autofit.api import no_fit_message, run_search
     from autofit.export import table_text
+    from autofit.faults import InfrastructureError
     from autofit.registry import UnknownModelError, resolve_model
     from autofit.spec import InputError, format_size
 
@@ -147,6 +174,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (InputError, UnknownModelError) as exc:
         print(f"autofit: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except InfrastructureError as exc:
+        print(f"autofit: error: {exc}", file=sys.stderr)
+        return EXIT_PROBES_CANNOT_RUN
     except KeyboardInterrupt:
         print(f"autofit: interrupted; run the same command again to resume from {args.out}", file=sys.stderr)
         return 130
@@ -161,7 +191,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(
         f"best: {chosen.describe()} [{', '.join(chosen.rungs) or 'no rung needed'}], "
         f"verified peak {format_size(verified.peak_bytes)} of {format_size(spec.budget_bytes)} over "
-        f"{verified.steps} steps, {verified.tokens_per_second:,.0f} tok/s; "
+        f"{verified.steps} steps, {verified.tokens_per_second:,.0f} tok/s"
+        + (f" ({verified.generation_tokens_per_second:,.0f} tok/s generating)"
+           if verified.generation_tokens_per_second else "") + "; "
         f"{report.probes_run} new probes, {sum(r.cached for r in report.records)} reused from {spec.out_dir}"
     )
     print(f"wrote {spec.out_dir / 'best.yaml'} and {spec.out_dir / 'best.json'}")

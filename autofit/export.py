@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from autofit.candidate import Candidate
+from autofit.candidate import RL_ALGOS, Candidate
 from autofit.device import first_gpu
 from autofit.probe_kit import checkpoint_folder
 from autofit.registry import resolve_model
@@ -64,7 +64,7 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
     rungs = candidate.rungs
     if key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         return "micro-batch (effective batch kept)" if "micro-batch" in rungs else "effective batch"
-    if key == "activation_checkpointing":
+    if key in ("activation_checkpointing", "gradient_checkpointing"):
         return "checkpointing" if candidate.checkpointing else "baseline: off is fastest and fits"
     if key == "optim":
         return "optimizer-8bit"
@@ -152,6 +152,7 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
             "ladder": [rung for state in report.levels for rung in state.rungs[-1:]],
             "probe_steps": spec.probe_steps,
             "verify_steps": spec.verify_steps,
+            "prompt_length": spec.prompt_length if spec.algo in RL_ALGOS else None,
         },
         "notes": report.notes,
         "candidates": [
@@ -164,6 +165,9 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
                 "tokens_per_second": round(r.result.tokens_per_second, 1),
                 "error": r.result.error or None,
                 "error_phase": r.result.error_phase or None,
+                "fault": r.result.fault or None,
+                "log": r.result.log_path or None,
+                "generation_tokens_per_second": round(r.result.generation_tokens_per_second, 1) or None,
                 "predicted_bytes": round(r.predicted_bytes) if r.predicted_bytes is not None else None,
                 "prior_predicted_bytes": round(r.prior_bytes) if r.prior_bytes is not None else None,
                 "stored": r.cached,
@@ -181,6 +185,7 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
             for s in report.skipped
         ],
         "margin": round(report.margin, 4),
+        "stopped": report.stopped,
         "versions": versions(),
         "memory_model": report.calibration.to_dict() if report.calibration is not None else None,
         "prediction_error": prediction_error(report),
@@ -191,6 +196,7 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
         data.update(
             peak_bytes=max(verified.peak_bytes, fit.result.peak_bytes),
             tokens_per_second=round(verified.tokens_per_second, 1),
+            generation_tokens_per_second=round(verified.generation_tokens_per_second, 1) or None,
             rungs=list(candidate.rungs),
             cost_class=report.levels[fit.level].cost,
             config=candidate.training_args(),
@@ -226,13 +232,21 @@ def prediction_error(report: SearchReport) -> Dict[str, Optional[float]]:
 
 
 def table_text(report: SearchReport) -> str:
-    rows: List[Tuple[str, ...]] = [("#", "kind", "rungs", "candidate", "outcome", "peak", "tok/s")]
+    """One row per probe. tok/s is training throughput (prompt and completion tokens per second of whole steps);
+    for RL, gen tok/s is the generation phase alone (completion tokens per second of generation)."""
+    generation = any(r.result.generation_tokens_per_second for r in report.records)
+    header = ("#", "kind", "rungs", "candidate", "outcome", "peak", "tok/s") + (("gen tok/s",) if generation else ())
+    rows: List[Tuple[str, ...]] = [header]
     for index, r in enumerate(report.records, 1):
-        rows.append((
-            str(index), ("refine" if r.stage == "refine" else r.kind) + ("*" if r.cached else ""), "+".join(r.candidate.rungs) or "baseline",
-            r.candidate.describe(), r.result.outcome.value, format_size(r.result.peak_bytes),
-            f"{r.result.tokens_per_second:,.0f}" if r.result.fits else "-",
-        ))
+        row = (
+            str(index), ("refine" if r.stage == "refine" else r.kind) + ("*" if r.cached else ""),
+            "+".join(r.candidate.rungs) or "baseline", r.candidate.describe(), r.result.outcome.value,
+            format_size(r.result.peak_bytes), f"{r.result.tokens_per_second:,.0f}" if r.result.fits else "-",
+        )
+        if generation:
+            rate = r.result.generation_tokens_per_second
+            row += (f"{rate:,.0f}" if r.result.fits and rate else "-",)
+        rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

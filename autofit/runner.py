@@ -1,8 +1,10 @@
 """Runs each probe in a fresh process and turns whatever happens to it into a ``ProbeResult``.
 
-Probe processes are forked from a multiprocessing *forkserver* that has imported torch, transformers, trl and
-peft once but never touched CUDA: each probe is still a new process (its own CUDA context, allocator and peak
-statistics, nothing left over from an earlier OOM), without paying several seconds of imports every time.
+Probe processes are forked from a multiprocessing *forkserver* that has imported torch, transformers and trl once
+but never touched CUDA (``autofit.preload``): each probe is still a new process (its own CUDA context, allocator and
+peak statistics, nothing left over from an earlier OOM), without paying several seconds of imports every time.
+If a probe reports that it was forked from a server where CUDA had been initialized after all (a "bad fork"), the
+runner switches to the *spawn* start method for the rest of the search, says so once, and runs that probe again.
 A probe that hangs is killed at its timeout; one that dies is reported as a crash; the search goes on.
 """
 
@@ -11,46 +13,71 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
-import os
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Sequence
 
+from autofit.algos import FACTORIES
 from autofit.candidate import Candidate, ProbeSettings
-from autofit.outcome import ProbeResult, classify_exit
+from autofit.outcome import BAD_FORK, ProbeResult, classify_exit
 
 log = logging.getLogger(__name__)
 
-PRELOAD = ["autofit.preload"]
+PRELOAD = ("autofit.preload",)
 
 
 class Runner(Protocol):
-    """Anything that measures one candidate. The search only ever talks to this."""
+    """Anything that measures one candidate. The search only ever talks to this.
 
-    def run(self, candidate: Candidate, steps: int) -> ProbeResult: ...
+    ``time_cap_s``: stop once this many seconds of training have passed and ``min_steps`` optimizer steps have
+    run (a verification bounded by time as well as by ``steps``)."""
+
+    def run(self, candidate: Candidate, steps: int, *, min_steps: int = 0, time_cap_s: Optional[float] = None
+            ) -> ProbeResult: ...
 
 
 class ProcessRunner:
-    def __init__(self, factory_ref: str, budget_bytes: Optional[int], workdir: Path, timeout_s: float = 900.0):
+    def __init__(self, factory_ref: str, budget_bytes: Optional[int], workdir: Path, timeout_s: float = 900.0,
+                 *, preload: Sequence[str] = PRELOAD, start_method: str = "forkserver"):
         self.factory_ref = factory_ref
+        self.user_factory = factory_ref not in FACTORIES.values()
         self.budget_bytes = budget_bytes
         self.workdir = Path(workdir)
         self.timeout_s = timeout_s
-        self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload(PRELOAD)
+        self._context = multiprocessing.get_context(start_method)
+        if start_method == "forkserver":
+            self._context.set_forkserver_preload(list(preload))
         self._count = 0
 
-    def run(self, candidate: Candidate, steps: int) -> ProbeResult:
+    @property
+    def start_method(self) -> str:
+        return self._context.get_start_method()
+
+    def run(self, candidate: Candidate, steps: int, *, min_steps: int = 0, time_cap_s: Optional[float] = None
+            ) -> ProbeResult:
+        plan = dict(steps=steps, min_steps=min_steps, time_cap_s=time_cap_s)
+        result = self._run_once(candidate, plan)
+        if result.cause == BAD_FORK and self.start_method != "spawn":
+            log.warning("probe processes cannot be forked on this machine (%s): using the spawn start method for "
+                        "the rest of the search (each probe imports torch and transformers again)", result.error)
+            self._context = multiprocessing.get_context("spawn")
+            result = self._run_once(candidate, plan)
+        return result
+
+    def _run_once(self, candidate: Candidate, plan: dict) -> ProbeResult:
         from autofit.worker import child_main
 
         self._count += 1
-        probe_dir = self.workdir / "probes" / f"{candidate.key()}-{steps}"
+        steps = plan["steps"]
+        suffix = f"{steps}" + (f"-cap{plan['time_cap_s']:g}" if plan["time_cap_s"] is not None else "")
+        probe_dir = self.workdir / "probes" / f"{candidate.key()}-{suffix}"
         probe_dir.mkdir(parents=True, exist_ok=True)
         result_path = probe_dir / "result.json"
         result_path.unlink(missing_ok=True)
-        candidate = candidate.replace(probe=ProbeSettings(steps=steps, output_dir=str(probe_dir / "trainer")))
+        candidate = candidate.replace(probe=ProbeSettings(output_dir=str(probe_dir / "trainer"), **plan))
         process = self._context.Process(
             target=child_main,
-            args=(self.factory_ref, candidate, self.budget_bytes, str(result_path), str(probe_dir / "probe.log")),
+            args=(self.factory_ref, candidate, self.budget_bytes, str(result_path), str(probe_dir / "probe.log"),
+                  self.user_factory),
             name=f"autofit-probe-{self._count}",
         )
         process.start()
@@ -67,17 +94,5 @@ class ProcessRunner:
         if result_path.exists():
             return ProbeResult.from_dict(json.loads(result_path.read_text()))
         result = classify_exit(process.exitcode, timed_out)
-        result.error += f" (log: {probe_dir / 'probe.log'})"
+        result.log_path = str(probe_dir / "probe.log")
         return result
-
-
-def preload_modules() -> None:
-    """Imported by the forkserver: the heavy libraries, without initializing CUDA."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import importlib
-
-    for name in ("torch", "transformers", "trl", "peft", "datasets", "autofit.worker"):
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:  # the probe will report it properly
-            log.debug("preload of %s failed: %s", name, exc)

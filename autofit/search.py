@@ -28,6 +28,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from autofit import memory_model
 from autofit.memory_model import divisors, length_grid  # noqa: F401 - the search's grids, shared with estimate
 from autofit.candidate import LENGTH_FIELD, Candidate
+from autofit.faults import FaultWatch, check_no_fit_is_an_answer
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
 from autofit.refine import refine
@@ -90,6 +91,7 @@ class SearchReport:
     calibration: Optional[memory_model.Calibration] = None
     probe_limit_reached: bool = False
     margin: float = 0.0  # the fraction of the budget kept free when the choice was made
+    stopped: Optional[str] = None  # why the search stopped without an answer about memory (autofit.faults)
 
     @property
     def fits(self) -> bool:
@@ -129,6 +131,7 @@ class Search:
         self.report = SearchReport(spec, self.levels)
         self.shape = _shape_of(spec.model) if spec.predict else None
         self.calibration: Optional[memory_model.Calibration] = None
+        self.faults = FaultWatch(user_factory=spec.factory is not None)
         if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:
             self.report.notes.append(
                 "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
@@ -198,15 +201,19 @@ class Search:
 
     # -- measuring --------------------------------------------------------------------------------------------
     def _measure(self, level: int, candidate: Candidate, kind: str = "probe", stage: str = "walk") -> ProbeResult:
-        steps = self.spec.verify_steps if kind == "verify" else self.spec.probe_steps
-        if (kind == "probe" and self.spec.max_probes is not None and self.store.lookup(candidate, kind, steps) is None
+        if kind == "verify":
+            key, (steps, min_steps, cap) = self.spec.verify_steps, self.spec.verify_plan()
+        else:
+            key, steps, min_steps, cap = self.spec.probe_steps, self.spec.probe_steps, 0, None
+        if (kind == "probe" and self.spec.max_probes is not None and self.store.lookup(candidate, kind, key) is None
                 and self.store.probes_run >= self.spec.max_probes):
             raise ProbeLimitReached()
         predicted, prior = self._predict(candidate), self._predict(candidate, calibrated=False)
         calibration = self.calibration.method if self.calibration is not None else "prior"
-        result, cached = self.store.measure(candidate, kind, steps, level, lambda: self.runner.run(candidate, steps))
-        if result.error_phase == "import":  # the same in every probe: stop instead of walking the ladder
-            raise InputError(result.error)
+        result, cached = self.store.measure(
+            candidate, kind, key, level, lambda: self.runner.run(candidate, steps, min_steps=min_steps, time_cap_s=cap))
+        if not cached:
+            self.faults.observe(candidate, result)
         if not self.report.records and result.outcome is Outcome.INVALID and result.error_phase == "load":
             # The trainer rejected the very first configuration (TRL validates its own invariants): bad input.
             raise InputError(f"the trainer rejects this configuration: {result.error}")
@@ -333,18 +340,27 @@ class Search:
 
     # -- the walk ---------------------------------------------------------------------------------------------
     def run(self) -> SearchReport:
-        start = 0
-        while start < len(self.levels):
-            primary, fallback, stop = self._walk(start)
-            primary += self._refine(primary, stop)
-            if self._choose(primary, fallback) or self.report.probe_limit_reached:
-                break
-            # every fit failed its verification: they do not really fit, so climb on from where the walk stopped
-            start = stop
-        self.report.calibration = self.calibration
-        self.report.margin = self._margin()
-        self.report.probes_run = self.store.probes_run
-        self.report.probes_total = self.store.probes_total
+        """Walk, choose and verify. Raises ``FactoryError`` or ``InfrastructureError`` (``autofit.faults``) when
+        probes fail for a reason that is not memory; ``self.report`` then holds what was measured until then."""
+        try:
+            start = 0
+            while start < len(self.levels):
+                primary, fallback, stop = self._walk(start)
+                primary += self._refine(primary, stop)
+                if self._choose(primary, fallback) or self.report.probe_limit_reached:
+                    break
+                # every fit failed its verification: they do not really fit, so climb on from where the walk stopped
+                start = stop
+            if not self.report.fits:
+                check_no_fit_is_an_answer(self.report.records, bool(self.report.skipped))
+        except Exception as exc:
+            self.report.stopped = str(exc)
+            raise
+        finally:
+            self.report.calibration = self.calibration
+            self.report.margin = self._margin()
+            self.report.probes_run = self.store.probes_run
+            self.report.probes_total = self.store.probes_total
         return self.report
 
     def _walk(self, start: int) -> Tuple[List[Fit], List[Fit], int]:
@@ -475,7 +491,7 @@ class Search:
                 return True
             self.report.notes.append(
                 f"{fit.candidate.describe()} fitted in {self.spec.probe_steps} steps but not in "
-                f"{self.spec.verify_steps} ({verified.outcome.value}: {verified.error[:120]}); next candidate"
+                f"{self.spec.verify_plan()[0]} steps of verification ({verified.outcome.value}: {verified.error[:120]}); next candidate"
             )
         return False
 

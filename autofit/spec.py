@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from autofit.algos import FACTORIES
 from autofit.candidate import RL_ALGOS
@@ -44,6 +44,12 @@ def format_size(nbytes: Optional[float]) -> str:
 
 
 MAXIMIZE = ("batch", "length")
+# --verify-steps auto: at least this many optimizer steps (every phase is seen in each), at most
+# AUTO_VERIFY_MAX_STEPS, and no more once AUTO_VERIFY_TIME_CAP_S seconds of training have passed.
+AUTO_VERIFY = "auto"
+AUTO_VERIFY_MIN_STEPS = 3
+AUTO_VERIFY_MAX_STEPS = 10
+AUTO_VERIFY_TIME_CAP_S = 60.0
 # Kept free on CUDA: a few optimizer steps do not show all the fragmentation a long run builds up.
 CUDA_HEADROOM = 0.03
 DEVICES = ("auto", "cuda", "cpu")
@@ -99,7 +105,7 @@ class SearchSpec:
     prompt_length: int = 128
     out_dir: Path = Path("autofit-out")
     probe_steps: int = 2
-    verify_steps: int = 10
+    verify_steps: Union[int, str] = AUTO_VERIFY  # optimizer steps of the verification, or "auto"
     probe_timeout_s: float = 900.0
     max_probes: Optional[int] = None  # probes (verifications aside) before the search stops and chooses
     headroom: Optional[float] = None  # fraction of the budget kept free; None: 3% on CUDA, 0 on the simulated meter
@@ -115,7 +121,9 @@ class SearchSpec:
             raise InputError(f"device '{self.device}' is not valid: accepted are {', '.join(DEVICES)}")
         if self.maximize not in MAXIMIZE:
             raise InputError(f"--maximize '{self.maximize}' is not valid: accepted are {', '.join(MAXIMIZE)}")
-        for name in ("max_length", "effective_batch", "probe_steps", "verify_steps"):
+        if self.verify_steps != AUTO_VERIFY and (not isinstance(self.verify_steps, int) or self.verify_steps < 1):
+            raise InputError(f"--verify-steps {self.verify_steps!r} is not valid: use a positive integer or 'auto'")
+        for name in ("max_length", "effective_batch", "probe_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InputError(f"{name.replace('_', '-')} {value!r} is not valid: it must be a positive integer")
@@ -163,6 +171,12 @@ class SearchSpec:
                 resolve_ladder(self.ladder)
             except ValueError as exc:
                 raise InputError(str(exc)) from None
+
+    def verify_plan(self) -> Tuple[int, int, Optional[float]]:
+        """(at most this many optimizer steps, at least this many, time cap in seconds) of the verification."""
+        if self.verify_steps == AUTO_VERIFY:
+            return AUTO_VERIFY_MAX_STEPS, AUTO_VERIFY_MIN_STEPS, AUTO_VERIFY_TIME_CAP_S
+        return int(self.verify_steps), int(self.verify_steps), None
 
     def study_name(self) -> str:
         """Same question, same study: running the same command again resumes it."""

@@ -15,13 +15,17 @@ import signal
 import sys
 import time
 import traceback
-from typing import Callable, Dict, List, Optional
+from pathlib import Path
+from typing import Callable, Dict, Optional
 
 from autofit import probe_kit
 from autofit.candidate import Candidate
-from autofit.outcome import Outcome, ProbeResult, classify_exception
+from autofit.instrument import ProbeClock, instrument_rl_phases, models_of, phase_callback
+from autofit.outcome import BAD_FORK, INFRASTRUCTURE, USER, FactoryMisuse, Outcome, ProbeResult, classify_exception
 
 log = logging.getLogger(__name__)
+
+_AUTOFIT_DIR = str(Path(__file__).resolve().parent)
 
 
 def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
@@ -34,135 +38,108 @@ def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
     return CudaMeter(budget_bytes)
 
 
-def _phase_callback(meter, step_times: List[float]):
-    from transformers import TrainerCallback
+def inherited_cuda() -> Optional[str]:
+    """Why this probe cannot use CUDA because of the process it was forked from; None when it can.
 
-    class PhaseCallback(TrainerCallback):
-        """Names the phases of each optimizer step for the meter and times the steps. PPO's own loop calls only
-        on_train_begin and on_step_end, so a step is timed from the previous mark."""
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self._mark = time.perf_counter()
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            meter.set_phase("forward_backward")
-            self._mark = time.perf_counter()
-
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            meter.set_phase("optimizer_step")
-
-        def on_step_end(self, args, state, control, **kwargs):
-            _synchronize(args)
-            now = time.perf_counter()
-            step_times.append(now - self._mark)
-            self._mark = now
-            meter.set_phase("between_steps")
-
-    return PhaseCallback()
+    A process forked after CUDA was initialized cannot initialize it again ("bad fork"). The probe server records
+    whether its preload initialized CUDA (``autofit.preload``); torch itself marks a forked child of a process that
+    had (``torch.cuda._is_in_bad_fork``). A spawned probe has neither."""
+    preload = sys.modules.get("autofit.preload")
+    if preload is not None and getattr(preload, "cuda_initialized", False):
+        return ("CUDA was initialized in the probe server before this probe was forked "
+                f"(after importing {', '.join(getattr(preload, 'PRELOADED', ()))})")
+    torch = sys.modules.get("torch")
+    in_bad_fork = getattr(getattr(torch, "cuda", None), "_is_in_bad_fork", None)
+    if callable(in_bad_fork) and in_bad_fork():
+        return "this probe was forked from a process that had initialized CUDA"
+    return None
 
 
-def _wrap(owner, name: str, before: Optional[str], after: Optional[str], meter) -> None:
-    """Replace ``owner.name`` with a call that switches the meter's phase before and after it."""
-    original = getattr(owner, name)
-
-    def wrapped(*args, **kwargs):
-        if before:
-            meter.set_phase(before)
-        out = original(*args, **kwargs)
-        if after:
-            meter.set_phase(after)
-        return out
-
-    setattr(owner, name, wrapped)
-
-
-def _models_of(trainer) -> List:
-    """Every model the trainer holds: the policy, and the reference, reward or value models of RL trainers."""
-    import torch
-
-    found = []
-    for value in vars(trainer).values():
-        items = value if isinstance(value, (list, tuple)) else [value]
-        found.extend(item for item in items if isinstance(item, torch.nn.Module))
-    return found
-
-
-def _instrument_rl_phases(trainer, meter) -> None:
-    """Online RL trainers generate inside the training step: name those phases for the meter.
-    generation: the completions (KV cache); scoring: rewards plus the old/reference/value passes."""
-    if hasattr(trainer, "_generate") and hasattr(trainer, "_generate_and_score_completions"):  # GRPO, RLOO
-        _wrap(trainer, "_generate", "generation", "scoring", meter)
-        _wrap(trainer, "_generate_and_score_completions", None, "forward_backward", meter)
-    elif hasattr(trainer, "policy_model") and hasattr(trainer, "value_model"):  # PPO's own loop
-        _wrap(trainer.policy_model, "generate", "generation", "scoring", meter)
-        _wrap(trainer.model, "forward", "forward_backward", None, meter)
-        _wrap(trainer.optimizer, "step", "optimizer_step", "forward_backward", meter)
-
-
-def _synchronize(args) -> None:
-    import torch
-
-    if not getattr(args, "use_cpu", False) and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[int]) -> ProbeResult:
+def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[int], *, user_factory: bool = False
+              ) -> ProbeResult:
     """Build and train; return the measured result. Runs in the probe process."""
     for key, value in candidate.env:
         os.environ[key] = value
     started = time.perf_counter()
     meter = None
-    step_times: List[float] = []
+    stage = "setup"
+    clock = ProbeClock()
     try:
         if not candidate.real_weights:
             probe_kit.model_path(candidate)  # write the random-weight checkpoint (once) outside the meter
         meter = make_meter(candidate, budget_bytes)
         context = meter if candidate.device == "cpu" else contextlib.nullcontext()
         with context:
+            stage = "load"
             meter.set_phase("load")
             trainer = factory(candidate)
             _check_trainer(trainer, candidate)
             if hasattr(meter, "track"):  # weights loaded from disk bypass the dispatch mode
-                meter.track(*_models_of(trainer))
-            trainer.add_callback(_phase_callback(meter, step_times))
-            _instrument_rl_phases(trainer, meter)
+                meter.track(*models_of(trainer))
+            stage = "train"
+            trainer.add_callback(phase_callback(meter, clock, candidate.probe))
+            instrument_rl_phases(trainer, meter, clock, candidate)
             meter.set_phase("train_setup")
             trainer.train()
         peaks = meter.peaks()
-        steps = len(step_times)
-        timed = step_times[1:] or step_times  # the first step includes warm-up (lazy optimizer state, kernels)
-        seconds_per_step = sum(timed) / len(timed) if timed else 0.0
         return ProbeResult(
             Outcome.OK,
             peak_bytes=max(peaks.values(), default=0),
             phase_peaks=peaks,
-            tokens_per_second=candidate.tokens_per_step / seconds_per_step if seconds_per_step else 0.0,
-            steps=steps,
+            tokens_per_second=clock.tokens_per_second(candidate.tokens_per_step),
+            steps=len(clock.step_times),
             seconds=time.perf_counter() - started,
             stats=meter.stats(),
             config_class=f"{type(trainer.args).__module__}.{type(trainer.args).__qualname__}",
             config_defaults=config_defaults(type(trainer.args), candidate.training_args()),
+            generation_tokens_per_second=clock.generation_tokens_per_second(),
         )
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a classified result
-        outcome = classify_exception(exc)
-        message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
+        outcome, fault, cause = classify_exception(exc, stage=stage, user_factory=user_factory)
         log.error("probe ended with %s\n%s", outcome.value, "".join(traceback.format_exception(exc)))
         peaks = _safe_peaks(meter)
-        phase = meter.phase if meter is not None else "setup"
+        phase = meter.phase if meter is not None and stage != "setup" else stage
         return ProbeResult(
             outcome,
             peak_bytes=max(peaks.values(), default=0),
             phase_peaks=peaks,
-            steps=len(step_times),
+            steps=len(clock.step_times),
             seconds=time.perf_counter() - started,
-            error=message,
+            error=_one_line(exc),
             error_phase=phase,
             stats=_safe_stats(meter),
+            fault=fault,
+            cause=cause,
+            detail=user_frames(exc) if fault == USER else "",
         )
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+
+
+def user_frames(exc: BaseException) -> str:
+    """The traceback frames of the user's own code (not of the libraries it called), innermost last."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if not _library_file(frame.filename)]
+    return "".join(traceback.format_list(frames[-6:])).rstrip()
+
+
+def _library_file(filename: str) -> bool:
+    parts = filename.replace("\\", "/").split("/")
+    return ("site-packages" in parts or "dist-packages" in parts or filename.startswith(_AUTOFIT_DIR)
+            or filename.startswith((sys.prefix, sys.base_prefix)) or filename.startswith("<"))
+
+
 def _check_trainer(trainer, candidate: Candidate) -> None:
-    """A factory must use the candidate's settings, or the probe measures something else."""
+    """A factory must return a Trainer built with the candidate's settings, or the probe measures something else."""
+    from transformers import Trainer
+
+    if not isinstance(trainer, Trainer):
+        raise FactoryMisuse(
+            f"the trainer factory returned {type(trainer).__module__}.{type(trainer).__qualname__}, not a "
+            "transformers/TRL Trainer: return the trainer it builds (e.g. SFTTrainer(...))"
+        )
     args = trainer.args
     expected = candidate.training_args()
     wrong = {
@@ -172,7 +149,7 @@ def _check_trainer(trainer, candidate: Candidate) -> None:
         and getattr(args, key, None) != value
     }
     if wrong:
-        raise ValueError(
+        raise FactoryMisuse(
             "the trainer factory ignored the candidate's settings "
             + ", ".join(f"{k}={got!r} (expected {want!r})" for k, (got, want) in wrong.items())
             + ": build the config with candidate.training_args()"
@@ -223,16 +200,12 @@ def detach_into_log(log_path: str) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
 
 
-def child_main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[int], result_path: str, log_path: str):
+def child_main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[int], result_path: str, log_path: str,
+               user_factory: bool = False):
     """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically."""
     detach_into_log(log_path)
-    from autofit.factory import load_factory
-
-    try:
-        factory = load_factory(factory_ref)
-        result = run_probe(factory, candidate, budget_bytes)
-    except BaseException as exc:  # noqa: BLE001 - the factory could not even be imported
-        result = ProbeResult(classify_exception(exc), error=f"{type(exc).__name__}: {exc}"[:500], error_phase="import")
+    result = _main(factory_ref, candidate, budget_bytes, user_factory)
+    result.log_path = log_path
     tmp = result_path + ".tmp"
     with open(tmp, "w") as handle:
         json.dump(result.to_dict(), handle)
@@ -243,3 +216,20 @@ def child_main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[in
 
     util._run_finalizers()  # release semaphores that libraries created, or the resource tracker warns about leaks
     os._exit(0)  # skip interpreter teardown: a broken CUDA context can hang it
+
+
+def _main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[int], user_factory: bool) -> ProbeResult:
+    inherited = inherited_cuda()
+    if inherited is not None:
+        log.error("probe not run, bad fork: %s", inherited)
+        return ProbeResult(Outcome.CRASH, error=f"bad fork: {inherited}", error_phase="setup", fault=INFRASTRUCTURE,
+                           cause=BAD_FORK)
+    from autofit.factory import load_factory
+
+    try:
+        factory = load_factory(factory_ref)
+    except BaseException as exc:  # noqa: BLE001 - the factory could not even be imported
+        log.error("the trainer factory %s cannot be imported\n%s", factory_ref, "".join(traceback.format_exception(exc)))
+        outcome, fault, cause = classify_exception(exc, stage="import", user_factory=user_factory)
+        return ProbeResult(outcome, error=_one_line(exc), error_phase="import", fault=fault, cause=cause)
+    return run_probe(factory, candidate, budget_bytes, user_factory=user_factory)

@@ -86,7 +86,7 @@ class CountingRunner:
         self.log = log
         self.calls: List[Call] = []
 
-    def run(self, candidate: Candidate, steps: int) -> ProbeResult:
+    def run(self, candidate: Candidate, steps: int, **plan) -> ProbeResult:
         started = time.perf_counter()
         result = self.inner.run(candidate, steps)
         seconds = time.perf_counter() - started

@@ -6,8 +6,9 @@ from autofit.ladder import SPEED, LadderState
 class GradientCheckpointing:
     name = "checkpointing"
     cost = SPEED
-    # transformers 5 renamed the field; setting only gradient_checkpointing can silently keep it on.
-    help = "activation_checkpointing=True"
+    # transformers 5.23 renamed the field; setting only gradient_checkpointing there can silently keep it on, so the
+    # candidate writes whichever name the installed transformers has (autofit.compat).
+    help = "activation_checkpointing=True (gradient_checkpointing before transformers 5.23)"
 
     def apply(self, state: LadderState):
         if state.candidate.checkpointing:

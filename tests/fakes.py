@@ -23,14 +23,14 @@ Otherwise ``Outcome.OK`` with
 so a bigger micro-batch is faster and checkpointing is slower.
 
 Failure injection: ``fail_if(candidate, steps)`` may return an ``Outcome`` (CRASH, TIMEOUT, INVALID) for that
-run; ``interrupt_on_call=N`` raises ``KeyboardInterrupt`` on the N-th call (1-based), which is not recorded in
+run, or a whole ``ProbeResult`` (a fault, a cause); ``interrupt_on_call=N`` raises ``KeyboardInterrupt`` on the N-th call (1-based), which is not recorded in
 ``calls`` because it did not finish.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Union
 
 from autofit.candidate import Candidate
 from autofit.outcome import Outcome, ProbeResult
@@ -63,7 +63,7 @@ class FormulaRunner:
         fragmentation_bytes: int = 0,
         verify_extra_bytes: int = 0,
         verify_from_steps: int = 10,
-        fail_if: Optional[Callable[[Candidate, int], Optional[Outcome]]] = None,
+        fail_if: Optional[Callable[[Candidate, int], Union[None, Outcome, ProbeResult]]] = None,
         interrupt_on_call: Optional[int] = None,
     ):
         self.budget_bytes = budget_bytes
@@ -109,7 +109,7 @@ class FormulaRunner:
         return self.peak_bytes(candidate, steps) <= self.budget_bytes
 
     # -- the Runner protocol ----------------------------------------------------------------------------------
-    def run(self, candidate: Candidate, steps: int) -> ProbeResult:
+    def run(self, candidate: Candidate, steps: int, **plan) -> ProbeResult:
         self.attempts += 1
         if self.interrupt_on_call is not None and self.attempts == self.interrupt_on_call:
             raise KeyboardInterrupt
@@ -119,6 +119,8 @@ class FormulaRunner:
 
     def _result(self, candidate: Candidate, steps: int) -> ProbeResult:
         failure = self.fail_if(candidate, steps) if self.fail_if is not None else None
+        if isinstance(failure, ProbeResult):
+            return failure
         if failure is not None:
             return ProbeResult(failure, steps=steps, error=f"fake {failure.value}", error_phase="train")
         peak = self.peak_bytes(candidate, steps)

@@ -25,3 +25,13 @@ def ignores_candidate(candidate):
     from autofit.algos.sft import build_trainer
 
     return build_trainer(candidate.replace(micro_batch=candidate.micro_batch + 1))
+
+
+def disk_full(candidate):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device", "/tmp/autofit-cache/model.safetensors")
+
+
+def returns_none(candidate):
+    return None

@@ -28,7 +28,7 @@ class LedgerRunner:
         ledgers = memory_model.phase_ledgers(candidate)
         return max(STATIC * ledger.static + DYNAMIC * ledger.dynamic for ledger in ledgers)
 
-    def run(self, candidate, steps):
+    def run(self, candidate, steps, **plan):
         self.calls.append(candidate)
         peak = int(self.peak(candidate))
         if peak > self.budget:
@@ -224,7 +224,7 @@ def test_a_model_that_overestimates_adds_no_margin(tmp_path):
 class SmallBatchFastRunner(LedgerRunner):
     """Throughput that peaks at micro-batch 2 (think padding): the walk's largest fit is not the fastest."""
 
-    def run(self, candidate, steps):
+    def run(self, candidate, steps, **plan):
         result = super().run(candidate, steps)
         if result.outcome is Outcome.OK:
             result.tokens_per_second = {2: 2000.0}.get(candidate.micro_batch, 1000.0)

@@ -45,6 +45,9 @@ def test_grpo_search_end_to_end(tmp_path):
     assert config["num_generations"] == 4 and config["max_completion_length"] == 32
     assert config["per_device_train_batch_size"] * config["gradient_accumulation_steps"] == 8
     assert "generation_kwargs" not in config  # the forced full-length completions are probe-only
+    # generation throughput apart from training throughput: completions of 32 tokens, 8 per generation
+    assert best["generation_tokens_per_second"] > 0
+    assert best["generation_tokens_per_second"] != best["tokens_per_second"]
     if importlib.util.find_spec("vllm") is None:
         assert any("vLLM is not installed" in note for note in best["notes"])
     parsed, _ = TrlParser((GRPOConfig, ModelConfig)).parse_args_and_config(

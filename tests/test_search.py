@@ -17,7 +17,8 @@ from optuna.trial import TrialState
 
 from autofit.candidate import Candidate, LoraSettings
 from autofit.ladder import resolve_ladder
-from autofit.outcome import Outcome
+from autofit.faults import InfrastructureError
+from autofit.outcome import Outcome, ProbeResult
 from autofit.search import Search, length_grid
 from autofit.spec import SearchSpec
 from autofit.store import STUDY_FILE
@@ -44,6 +45,7 @@ def make_spec(out_dir, budget: int, **kw) -> SearchSpec:
     kw.setdefault("max_length", 512)
     kw.setdefault("effective_batch", 8)
     kw.setdefault("device", "cpu")
+    kw.setdefault("verify_steps", 10)  # a fixed count: the fake runner's verification extra depends on it
     kw.setdefault("headroom", 0.0)  # the rules are tested on exact fits; the headroom has tests of its own
     # The fake runner's formula is not the memory model's: the rules are tested without it (its use has tests of
     # its own in test_predictive_search.py, against a runner that follows the ledger).
@@ -318,14 +320,27 @@ def test_crashing_candidate_does_not_stop_the_search(tmp_path, outcome):
     assert sum(1 for c in runner.candidates if c.key() == baseline.key()) == 1  # failed once, not retried
 
 
-def test_every_probe_crashing_means_no_fit_and_no_oom(tmp_path):
+def test_every_probe_crashing_the_same_way_stops_after_two(tmp_path):
+    # The same error on two different candidates is not about memory: the search stops instead of walking the
+    # whole ladder to a false "nothing fits".
     spec = make_spec(tmp_path, 10 * 2**30)
-    report, runner = run(spec, fail_if=lambda c, s: Outcome.CRASH)
-    assert not report.fits
-    assert report.lightest_failure() is None
-    # every level was tried and the walk went on: the predicted largest fit, then the smallest value, both failed
-    assert {call.candidate.rungs for call in runner.calls} == {level.rungs for level in report.levels}
-    assert len(runner.calls) <= 2 * len(report.levels)
+    runner = FormulaRunner(spec.budget_bytes, fail_if=lambda c, s: Outcome.CRASH)
+    search = Search(spec, runner, resolve_ladder(spec.ladder))
+    with pytest.raises(InfrastructureError, match="the same error on 2 different candidates.*fake CRASH"):
+        search.run()
+    assert len(runner.calls) == 2 and runner.calls[0].candidate.key() != runner.calls[1].candidate.key()
+    assert "fake CRASH" in search.report.stopped
+
+
+def test_different_crashes_without_an_oom_are_not_a_no_fit(tmp_path):
+    # Every probe fails, each differently: no probe ran out of memory, so "nothing fits" would be a guess.
+    spec = make_spec(tmp_path, 10 * 2**30)
+    runner = FormulaRunner(spec.budget_bytes, fail_if=lambda c, s: ProbeResult(
+        Outcome.CRASH, error=f"segfault in kernel {c.key()}", error_phase="train"))
+    search = Search(spec, runner, resolve_ladder(spec.ladder))
+    with pytest.raises(InfrastructureError, match="no probe ran out of memory"):
+        search.run()
+    assert {call.candidate.rungs for call in runner.calls} == {level.rungs for level in search.levels}
 
 
 def test_verification_failure_falls_back_to_next_fit(tmp_path):

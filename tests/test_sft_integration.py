@@ -138,20 +138,36 @@ def test_quantized_lora_probe_runs_and_uses_less_memory(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "factory, outcome, message",
+    "factory, outcome, fault, message",
     [
-        ("probe_factories:raises_runtime_error", Outcome.CRASH, "boom"),
-        ("probe_factories:killed_by_host", Outcome.CRASH, "SIGKILL"),
-        ("probe_factories:hangs", Outcome.TIMEOUT, "time limit"),
-        ("probe_factories:rejects_config", Outcome.INVALID, "divisible"),
-        ("probe_factories:ignores_candidate", Outcome.INVALID, "ignored the candidate"),
+        # raised by the user's own code: the user's fault, whatever the exception type
+        ("probe_factories:raises_runtime_error", Outcome.CRASH, "user", "boom"),
+        ("probe_factories:rejects_config", Outcome.CRASH, "user", "divisible"),
+        ("probe_factories:ignores_candidate", Outcome.CRASH, "user", "ignored the candidate"),
+        ("probe_factories:returns_none", Outcome.CRASH, "user", "not a transformers/TRL Trainer"),
+        ("probe_factories:killed_by_host", Outcome.CRASH, "infrastructure", "SIGKILL"),
+        ("probe_factories:hangs", Outcome.TIMEOUT, "", "time limit"),
     ],
 )
-def test_misbehaving_probes_are_classified(tmp_path, factory, outcome, message):
+def test_misbehaving_probes_are_classified(tmp_path, factory, outcome, fault, message):
     runner = ProcessRunner(factory, 2**30, tmp_path, timeout_s=20)
     result = runner.run(Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=1, max_length=16), 2)
     assert result.outcome is outcome
+    assert result.fault == fault
     assert message in result.error
+    if factory in ("probe_factories:raises_runtime_error", "probe_factories:rejects_config"):
+        assert "probe_factories.py" in result.detail  # the user's own frames, for the error message
+
+
+def test_verification_time_cap_stops_after_the_minimum_steps(tmp_path):
+    # --verify-steps auto: at most 10 steps, at least 3, and no more once the time cap has passed (0 s here)
+    runner = ProcessRunner("autofit.algos.sft:build_trainer", 2**30, tmp_path)
+    candidate = Candidate("sft", "tiny-qwen2", "cpu", micro_batch=2, grad_accum=2, max_length=16)
+    capped = runner.run(candidate, 10, min_steps=3, time_cap_s=0.0)
+    assert capped.outcome is Outcome.OK, capped.error
+    assert capped.steps == 3
+    uncapped = runner.run(candidate, 4)
+    assert uncapped.steps == 4
 
 
 def test_fit_api_with_the_example_factory(tmp_path):
