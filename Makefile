@@ -9,7 +9,12 @@ DEMO_OUT ?= autofit-out/demo
 TRL_PPO ?= trl==1.12.0
 PPO_OVERLAY ?= .trl112
 
-.PHONY: venv demo test test-main test-ppo test-fast gpu-test clean bench
+# The lowest declared transformers, trl and optuna (pyproject.toml), installed in a second environment.
+FLOOR_VENV ?= .venv-floor
+FLOOR_PINS = $(shell $(PYTHON) -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print(' '.join(re.sub('>=', '==', d) for d in deps if re.match(r'(transformers|trl|optuna)>=', d)))")
+GPU_CHECK_OUT ?= /tmp/autofit-gpu-check
+
+.PHONY: venv demo test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench
 
 venv: $(VENV)/.installed
 
@@ -25,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/autofit search --model tiny-qwen2 --device cpu --gpu-memory 300MiB --max-length 128 --out $(DEMO_OUT)
 
-test: test-main test-ppo
+test: test-main test-ppo test-floor
 
 test-main: venv
 	$(BIN)/python -m pytest -q
@@ -37,11 +42,28 @@ $(PPO_OVERLAY)/.installed: $(VENV)/.installed
 test-ppo: venv $(PPO_OVERLAY)/.installed
 	PYTHONPATH=$(PPO_OVERLAY) $(BIN)/python -m pytest -q -m ppo
 
+$(FLOOR_VENV)/.installed: pyproject.toml
+	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install -q --upgrade pip
+	if nvidia-smi -L >/dev/null 2>&1; then :; else $(FLOOR_VENV)/bin/python -m pip install -q $(TORCH_CPU); fi
+	$(FLOOR_VENV)/bin/python -m pip install -q -e '.[test]' $(FLOOR_PINS)
+	touch $@
+
+# The fast tests and real probes of every built-in algorithm (marker floor) with the declared floors.
+test-floor: $(FLOOR_VENV)/.installed
+	$(FLOOR_VENV)/bin/python -c "import importlib.metadata as m; print('floor:', *(p + ' ' + m.version(p) for p in ('transformers', 'trl', 'optuna')))"
+	$(FLOOR_VENV)/bin/python -m pytest -q -m "not slow or floor"
+
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"
 
 gpu-test: venv
 	$(BIN)/python -m pytest -q -m gpu
+
+# On a CUDA machine: autofit's GPU scenarios, each with a plain-TRL replay, written to docs/gpu/<date>-<gpu>.md.
+# SCENARIOS=a,b runs a subset; the searches resume from $(GPU_CHECK_OUT), so the check can be split over calls.
+gpu-check: venv
+	$(BIN)/python -m benchmarks.gpu_check --out $(GPU_CHECK_OUT) $(if $(SCENARIOS),--scenarios $(SCENARIOS))
 
 # autofit against auto_find_batch_size, doubling/bisection, decay and an exhaustive grid (benchmarks/README.md);
 # not part of `make test`. Writes docs/benchmarks.md; probes and results.json go to /tmp/autofit-bench-<time>/.
@@ -49,4 +71,4 @@ bench: venv
 	BENCH_COMMAND="make bench" $(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 clean:
-	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY)
+	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY) $(FLOOR_VENV)

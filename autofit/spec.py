@@ -80,8 +80,7 @@ def ppo_available() -> bool:
 def ppo_message() -> str:
     return (
         f"algo 'ppo' needs TRL 0.29-1.12 (installed trl {installed_trl()}; TRL 1.13 removed PPOTrainer): "
-        "pip install 'trl-autofit[ppo]' in a separate environment, or overlay it with "
-        "pip install --no-deps --target ./trl112 trl==1.12.0 and PYTHONPATH=./trl112"
+        "overlay it with pip install --no-deps --target ./trl112 trl==1.12.0 and run with PYTHONPATH=./trl112"
     )
 
 

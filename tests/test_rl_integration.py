@@ -96,3 +96,34 @@ def test_trl_rejecting_the_configuration_is_bad_input(tmp_path, capsys):
     assert code == 2
     assert "divisible by num_generations" in err and len(err.strip().splitlines()) == 1
     assert len(list(Path(tmp_path).glob("probes/*/result.json"))) == 1
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_probe_generation_uses_the_kv_cache(tmp_path, checkpointing):
+    # Generation speed on a GPU depends on it: with the KV cache each new token is one position through the model;
+    # without it (checkpointing left on during generate, say) every step re-runs the whole sequence.
+    from autofit.algos.rl import build_grpo_trainer
+    from autofit.candidate import ProbeSettings
+
+    candidate = Candidate("grpo", "tiny-qwen2", "cpu", micro_batch=4, grad_accum=1, max_length=12, num_generations=2,
+                          prompt_length=8, checkpointing=checkpointing,
+                          probe=ProbeSettings(steps=1, output_dir=str(tmp_path / "trainer")))
+    trainer = build_grpo_trainer(candidate)
+    widths, generating = [], []
+    model = trainer.model
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]) if generating else None,
+        with_kwargs=True)
+    original = trainer._generate
+
+    def generate(*args, **kwargs):
+        generating.append(True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            generating.clear()
+
+    trainer._generate = generate
+    trainer.train()
+    assert widths[0] >= 8  # the prefill: the whole prompt
+    assert len(widths) >= 12 and set(widths[1:]) == {1}  # then one new position per token: the cache is used

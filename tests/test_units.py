@@ -211,11 +211,14 @@ def test_shorter_length_rung():
 
 
 # -- candidates -------------------------------------------------------------------------------------------------
-def test_training_args_sets_activation_checkpointing_both_ways():
+def test_training_args_sets_checkpointing_both_ways():
+    from autofit.compat import checkpointing_field
+
+    field, other = checkpointing_field(), {"activation_checkpointing", "gradient_checkpointing"}
     for ckpt in (False, True):
         args = candidate(checkpointing=ckpt, micro_batch=2, grad_accum=4).training_args()
-        assert args["activation_checkpointing"] is ckpt
-        assert "gradient_checkpointing" not in args
+        assert args[field] is ckpt
+        assert not (other - {field}) & set(args)  # one name only
         assert args["per_device_train_batch_size"] == 2 and args["gradient_accumulation_steps"] == 4
         assert args["max_length"] == 512
         assert "optim" not in args
