@@ -12,10 +12,12 @@ from autofit.candidate import Candidate
 from autofit.device import NoCudaDeviceError, first_gpu, resolve_device
 from autofit.factory import FactoryError, factory_ref
 from autofit.faults import InfrastructureError
-from autofit.ladder import Rung, resolve_ladder
+from autofit.ladder import Rung
+from strategies import resolve_ladder
 from autofit.registry import UnknownModelError, resolve_model
 from autofit.runner import ProcessRunner
-from autofit.search import Search, SearchReport
+from autofit.report import SearchReport
+from autofit.search import Search
 from autofit.spec import InputError, SearchSpec, format_size, parse_size
 
 log = logging.getLogger(__name__)

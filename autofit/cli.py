@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from autofit import __version__
+from autofit.argtypes import positive_int, verify_steps
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_PROBES_CANNOT_RUN = 0, 2, 3, 4
 EXIT_CODES = """exit codes:
@@ -26,25 +27,6 @@ log = logging.getLogger("autofit")
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, not the usage block
         self.exit(EXIT_BAD_INPUT, f"autofit: error: {message} (see {self.prog} --help)\n")
-
-
-def verify_steps(text: str):
-    if text == "auto":
-        return text
-    try:
-        return positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not valid: a positive integer or 'auto' is accepted") from None
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not valid: a positive integer is accepted")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

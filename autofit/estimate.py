@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from autofit.candidate import RL_ALGOS
-from autofit.cli import positive_int
+from autofit.argtypes import positive_int
 from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
     Calibration,

@@ -14,7 +14,7 @@ from autofit.candidate import RL_ALGOS, Candidate
 from autofit.device import first_gpu
 from autofit.probe_kit import checkpoint_folder
 from autofit.registry import resolve_model
-from autofit.search import SearchReport
+from autofit.report import SearchReport
 from autofit.spec import format_size
 
 log = logging.getLogger(__name__)

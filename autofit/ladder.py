@@ -2,14 +2,15 @@
 
 A rung is a small object with a ``name``, a ``cost`` class and ``apply(state) -> state | None`` (None when it
 does not apply). Rungs are cumulative: each level of the ladder is the previous level with one more rung applied.
-The rungs themselves live in the top-level ``strategies`` package, one module per optimization.
+The rungs themselves live in the top-level ``strategies`` package, one module per optimization, which also has the
+default order and ``resolve_ladder`` (rungs by name): this module never imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Protocol, Sequence
+from typing import List, Optional, Protocol, Sequence
 
 from autofit.candidate import Candidate
 
@@ -61,17 +62,3 @@ def climb(base: LadderState, rungs: Sequence[Rung]) -> List[LadderState]:
         if nxt is not None:
             levels.append(nxt)
     return levels
-
-
-def resolve_ladder(names: Optional[Iterable[str]]) -> List[Rung]:
-    """Rungs by name, in the given order; the default ladder when ``names`` is None."""
-    from strategies import DEFAULT_LADDER, RUNGS
-
-    if names is None:
-        return list(DEFAULT_LADDER)
-    rungs = []
-    for name in names:
-        if name not in RUNGS:
-            raise ValueError(f"unknown ladder rung '{name}': accepted are {', '.join(RUNGS)}")
-        rungs.append(RUNGS[name])
-    return rungs

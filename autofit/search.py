@@ -22,16 +22,16 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
-from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from autofit import memory_model
 from autofit.memory_model import divisors, length_grid  # noqa: F401 - the search's grids, shared with estimate
-from autofit.candidate import LENGTH_FIELD, Candidate
+from autofit.candidate import Candidate
 from autofit.faults import FaultWatch, check_no_fit_is_an_answer
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
 from autofit.refine import refine
+from autofit.report import Fit, Record, SearchReport, Skip, truncation_note, undominated
 from autofit.runner import Runner
 from autofit.spec import InputError, SearchSpec, format_size
 from autofit.store import ProbeStore
@@ -43,79 +43,8 @@ log = logging.getLogger(__name__)
 MAX_MARGIN = 0.10
 
 
-@dataclass
-class Record:
-    level: int
-    candidate: Candidate
-    kind: str  # "probe" or "verify"
-    result: ProbeResult
-    cached: bool
-    predicted_bytes: Optional[float] = None  # the memory model's peak before this probe (calibrated when it could)
-    prior_bytes: Optional[float] = None  # the uncalibrated prediction
-    stage: str = "walk"  # "walk", "refine" (the sampler's) or "verify"
-    calibration: str = "prior"  # how predicted_bytes was calibrated: "prior" (not), "scale" or "two-term"
-
-    @property
-    def calibrated(self) -> bool:
-        return self.calibration != "prior"
-
-
-@dataclass
-class Skip:
-    """A candidate not probed: the memory model's low end is over the budget."""
-
-    level: int
-    candidate: Candidate
-    predicted_bytes: float
-    uncertainty: float
-
-
-@dataclass
-class Fit:
-    level: int
-    candidate: Candidate
-    result: ProbeResult
-
-
-@dataclass
-class SearchReport:
-    spec: SearchSpec
-    levels: List[LadderState]
-    records: List[Record] = field(default_factory=list)
-    skipped: List[Skip] = field(default_factory=list)
-    chosen: Optional[Fit] = None
-    verified: Optional[ProbeResult] = None
-    notes: List[str] = field(default_factory=list)
-    probes_run: int = 0
-    probes_total: int = 0
-    calibration: Optional[memory_model.Calibration] = None
-    probe_limit_reached: bool = False
-    margin: float = 0.0  # the fraction of the budget kept free when the choice was made
-    stopped: Optional[str] = None  # why the search stopped without an answer about memory (autofit.faults)
-
-    @property
-    def fits(self) -> bool:
-        return self.chosen is not None
-
-    def lightest_failure(self) -> Optional[Record]:
-        """The OOM with the smallest peak at the most optimized level: how far from fitting we are."""
-        ooms = [r for r in self.records if r.result.outcome is Outcome.OOM]
-        if not ooms:
-            return None
-        last = max(r.level for r in ooms)
-        return min((r for r in ooms if r.level == last), key=lambda r: r.result.peak_bytes)
-
-
 class ProbeLimitReached(Exception):
     """--max-probes probes have run: choose among the fits found so far."""
-
-
-def _shape_of(model: str) -> Optional[memory_model.ModelShape]:
-    try:
-        return memory_model.ModelShape.from_model(model)
-    except (KeyError, ValueError, TypeError) as exc:  # an architecture the ledger does not describe
-        log.info("no memory model for %s (%s): plain bisection", model, exc)
-        return None
 
 
 class Search:
@@ -129,7 +58,7 @@ class Search:
             spec.out_dir, spec.study_name(), spec.budget_bytes, len(self.levels), spec.effective_batch, spec.max_length
         )
         self.report = SearchReport(spec, self.levels)
-        self.shape = _shape_of(spec.model) if spec.predict else None
+        self.shape = memory_model.shape_or_none(spec.model) if spec.predict else None
         self.calibration: Optional[memory_model.Calibration] = None
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:
@@ -451,22 +380,10 @@ class Search:
         return state.cost
 
     def _rank(self, fits: List[Fit]) -> List[Fit]:
-        fits = self._undominated(fits)
+        fits = undominated(fits)
         if self.spec.maximize == "length":
             return sorted(fits, key=lambda f: (f.candidate.max_length, f.result.tokens_per_second), reverse=True)
         return sorted(fits, key=lambda f: f.result.tokens_per_second, reverse=True)
-
-    @staticmethod
-    def _undominated(fits: List[Fit]) -> List[Fit]:
-        """Drop a fit whose extra rungs bought nothing: the same micro-batch and length as a fit of an earlier
-        level cannot be faster with more recomputation, whatever one noisy timed step says."""
-        kept = []
-        for fit in fits:
-            size = (fit.candidate.micro_batch, fit.candidate.max_length)
-            if not any(other.level < fit.level and (other.candidate.micro_batch, other.candidate.max_length) == size
-                       for other in fits):
-                kept.append(fit)
-        return kept
 
     def _within_margin(self, primary: List[Fit], fallback: List[Fit]) -> Tuple[List[Fit], List[Fit]]:
         """Drop fits the final margin rejects (it grows with the model's measured error during the search); a
@@ -487,23 +404,12 @@ class Search:
             verified = self._measure(fit.level, fit.candidate, kind="verify")
             if verified.fits:
                 self.report.chosen, self.report.verified = fit, verified
-                self._note_truncation(fit.candidate)
+                note = truncation_note(self.spec, fit.candidate)
+                if note:
+                    self.report.notes.append(note)
                 return True
             self.report.notes.append(
                 f"{fit.candidate.describe()} fitted in {self.spec.probe_steps} steps but not in "
                 f"{self.spec.verify_plan()[0]} steps of verification ({verified.outcome.value}: {verified.error[:120]}); next candidate"
             )
         return False
-
-    def _note_truncation(self, candidate: Candidate) -> None:
-        spec = self.spec
-        field = LENGTH_FIELD.get(spec.algo, "max_length")
-        if spec.maximize == "length":
-            self.report.notes.append(
-                f"longest {field} that fits: {candidate.max_length} (searched {spec.min_length}..{spec.max_length})"
-            )
-        elif candidate.max_length < spec.max_length:
-            what = "completions are cut at" if candidate.is_rl else "training examples longer than that are truncated to"
-            self.report.notes.append(
-                f"{field} cut from {spec.max_length} to {candidate.max_length}: {what} {candidate.max_length} tokens"
-            )

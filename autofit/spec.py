@@ -164,7 +164,7 @@ class SearchSpec:
         if self.device == "cpu" and self.budget_bytes is None:
             raise InputError("--gpu-memory is required on the CPU: it is the budget of the simulated device")
         if self.ladder is not None:
-            from autofit.ladder import resolve_ladder
+            from strategies import resolve_ladder
 
             try:
                 resolve_ladder(self.ladder)

@@ -26,7 +26,8 @@ from typing import Callable, Dict, List, Optional
 
 from autofit.algos import FACTORIES
 from autofit.candidate import Candidate
-from autofit.ladder import FREE, QUALITY, SPEED, resolve_ladder
+from autofit.ladder import FREE, QUALITY, SPEED
+from strategies import resolve_ladder
 from autofit.outcome import Outcome, ProbeResult
 from autofit.runner import ProcessRunner
 from autofit.search import Search, divisors

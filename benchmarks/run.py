@@ -219,7 +219,8 @@ def result_cell(m: Dict, workload: Dict, oracle: Optional[Dict]) -> str:
 
 
 def quality_rungs() -> set:
-    from autofit.ladder import QUALITY, resolve_ladder
+    from autofit.ladder import QUALITY
+    from strategies import resolve_ladder
 
     return {rung.name for rung in resolve_ladder(None) if rung.cost == QUALITY}
 

@@ -4,6 +4,9 @@ Reorder or subset with ``autofit search --ladder NAME,NAME`` or ``autofit.fit(..
 is any object with ``name``, ``cost``, ``help`` and ``apply(state) -> state | None`` (see ``autofit.ladder``).
 """
 
+from typing import Iterable, List, Optional
+
+from autofit.ladder import Rung
 from strategies.allocator import ExpandableSegments
 from strategies.checkpointing import GradientCheckpointing
 from strategies.lora import Lora
@@ -24,3 +27,15 @@ DEFAULT_LADDER = (
 )
 
 RUNGS = {rung.name: rung for rung in DEFAULT_LADDER}
+
+
+def resolve_ladder(names: Optional[Iterable[str]]) -> List[Rung]:
+    """Rungs by name, in the given order; the default ladder when ``names`` is None."""
+    if names is None:
+        return list(DEFAULT_LADDER)
+    rungs = []
+    for name in names:
+        if name not in RUNGS:
+            raise ValueError(f"unknown ladder rung '{name}': accepted are {', '.join(RUNGS)}")
+        rungs.append(RUNGS[name])
+    return rungs

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from autofit import cli, memory_model
-from autofit.ladder import resolve_ladder
+from strategies import resolve_ladder
 from autofit.outcome import Outcome, ProbeResult
+from autofit.report import undominated
 from autofit.search import Search
 from autofit.spec import SearchSpec
 
@@ -135,7 +136,7 @@ def test_a_speed_rung_that_buys_no_larger_batch_is_not_chosen(tmp_path):
     ckpt = Fit(2, plain.candidate.replace(checkpointing=True), ProbeResult(Outcome.OK, tokens_per_second=110.0))
     bigger = Fit(2, base.replace(micro_batch=4, grad_accum=2, checkpointing=True),
                  ProbeResult(Outcome.OK, tokens_per_second=105.0))
-    ranked = Search._undominated([plain, ckpt, bigger])
+    ranked = undominated([plain, ckpt, bigger])
     assert ckpt not in ranked and plain in ranked and bigger in ranked
 
 

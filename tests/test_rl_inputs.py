@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autofit import cli
-from autofit.ladder import resolve_ladder
+from strategies import resolve_ladder
 from autofit.search import Search
 from autofit.spec import InputError, SearchSpec
 from fakes import MiB, FormulaRunner

@@ -16,7 +16,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from autofit.candidate import Candidate, LoraSettings
-from autofit.ladder import resolve_ladder
+from strategies import resolve_ladder
 from autofit.faults import InfrastructureError
 from autofit.outcome import Outcome, ProbeResult
 from autofit.search import Search, length_grid

@@ -11,11 +11,11 @@ import torch
 
 from autofit.candidate import Candidate, LoraSettings, ProbeSettings
 from autofit.factory import FactoryError, factory_ref
-from autofit.ladder import FREE, QUALITY, SPEED, LadderState, climb, resolve_ladder
+from autofit.ladder import FREE, QUALITY, SPEED, LadderState, climb
 from autofit.outcome import Outcome, ProbeResult, classify_exception, classify_exit
 from autofit.registry import UnknownModelError, resolve_model
 from autofit.spec import InputError, SearchSpec, format_size, parse_size
-from strategies import DEFAULT_LADDER, RUNGS
+from strategies import DEFAULT_LADDER, RUNGS, resolve_ladder
 from strategies.allocator import ALLOC_ENV, ExpandableSegments
 from strategies.checkpointing import GradientCheckpointing
 from strategies.lora import Lora

@@ -1,0 +1,69 @@
+"""An analytic memory model: predict a candidate's peak device memory before probing it.
+
+The model is a ledger of named terms in bytes (weights, gradients, optimizer states, activations, the LM-head/loss
+buffer, the RL generation phase, a reference model, the allocator's overhead and the CUDA context), each computed
+from the model's configuration dict and the candidate, following ``notes/memory-facts.md`` (sections 2.1 to 2.7
+and 5.1). One module per family of terms:
+
+- ``shape``: the model's sizes from its configuration;
+- ``parameters``: weights, gradients, optimizer states, a reference model (2.1-2.3, 2.6);
+- ``activations``: what the backward pass keeps, per token and layer (2.4);
+- ``logits``: TRL's fused LM head and the RL generation phase (2.5, 2.6);
+- ``allocator``: the CUDA context and the caching allocator's overhead (2.7, 5.1);
+- ``ledger``: the terms at each phase of a step and the predicted peak;
+- ``calibration``: a scale on the static part (what does not depend on the tokens) and one on the dynamic part
+  (activations, LM-head buffers, generation), fitted by least squares on measured peaks;
+- ``levels``: the ladder walked over predicted peaks (``autofit estimate``) and the search's grids.
+
+Pure Python: this package imports neither torch nor transformers (the search process never imports torch). Every
+coefficient is a named constant with its source; "[V]", "[D]", "[M]" are memory-facts' tags (verified, derived,
+from memory), "[A]" marks an assumption that only calibration checks.
+"""
+
+from autofit.memory_model.activations import (
+    ACT_OUTSIDE_LAYERS_BYTES_PER_H,
+    activation_bytes_per_token_layer,
+    sequence_length,
+    train_tokens,
+)
+from autofit.memory_model.calibration import (
+    CALIBRATED_UNCERTAINTY_FLOOR,
+    SINGLE_POINT_UNCERTAINTY,
+    Calibration,
+    calibrate,
+    predict_calibrated,
+)
+from autofit.memory_model.ledger import PRIOR_UNCERTAINTY, TERM_HELP, TERMS, Ledger, phase_ledgers, predict
+from autofit.memory_model.levels import (
+    LevelEstimate,
+    RungEstimate,
+    base_candidate,
+    divisors,
+    expected_rung,
+    length_grid,
+)
+from autofit.memory_model.logits import (
+    GEN_LOGITS_COPIES,
+    GEN_PREFILL_HIDDEN_COPIES,
+    GEN_PREFILL_MLP_COPIES,
+    fused_head_buffer_bytes,
+    kv_cache_bytes,
+)
+from autofit.memory_model.parameters import (
+    ParamCounts,
+    Tensors,
+    lora_params,
+    optimizer_state_bytes,
+    param_counts,
+    trainable_tensors,
+)
+from autofit.memory_model.shape import ModelShape, dtype_bytes, shape_or_none
+
+__all__ = [
+    "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CALIBRATED_UNCERTAINTY_FLOOR", "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES",
+    "GEN_PREFILL_MLP_COPIES", "PRIOR_UNCERTAINTY", "SINGLE_POINT_UNCERTAINTY", "TERMS", "TERM_HELP", "Calibration",
+    "LevelEstimate", "Ledger", "ModelShape", "ParamCounts", "RungEstimate", "Tensors", "activation_bytes_per_token_layer",
+    "base_candidate", "calibrate", "divisors", "dtype_bytes", "expected_rung", "fused_head_buffer_bytes",
+    "kv_cache_bytes", "length_grid", "lora_params", "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict",
+    "predict_calibrated", "sequence_length", "shape_or_none", "train_tokens", "trainable_tensors",
+]

@@ -1,0 +1,126 @@
+"""The model's shape from its configuration dict: sizes, dtype, attention layout, norms. Pure Python."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+log = logging.getLogger(__name__)
+
+
+# Bytes per element of a dtype name (the configuration's ``torch_dtype``/``dtype``, ``model_init_kwargs["dtype"]``).
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "bf16": 2, "fp16": 2, "half": 2, "float32": 4, "fp32": 4, "float": 4}
+DEFAULT_DTYPE_BYTES = 4  # no dtype in the config: transformers builds float32
+
+REQUIRED_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+# Attention and MLP modules of a decoder layer (the names PEFT's "all-linear" resolves to on llama/qwen2/gemma3).
+LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Models whose config class ties the input and output embeddings by default (transformers 5 config classes).
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
+# q/k RMSNorms over head_dim (gemma3, qwen3) and the number of hidden-size norms per decoder layer.
+QK_NORM_TYPES = ("gemma3", "gemma3_text", "qwen3", "qwen3_moe", "olmo2")
+NORMS_PER_LAYER = {"gemma2": 4, "gemma3": 4, "gemma3_text": 4}
+# Qwen2's q/k/v projections always have a bias (modeling_qwen2: bias=True); others follow ``attention_bias``.
+QKV_BIAS_TYPES = ("qwen2",)
+
+
+def dtype_bytes(name: Any) -> int:
+    text = str(name or "").replace("torch.", "").lower()
+    return DTYPE_BYTES.get(text, DEFAULT_DTYPE_BYTES)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    model_type: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    dtype_bytes: int
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    eager_attention: bool = False
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "ModelShape":
+        """The shape of a decoder-only model from its HF configuration dict (a nested ``text_config`` is used)."""
+        if isinstance(config.get("text_config"), Mapping):  # multimodal wrappers (gemma3): the language model
+            config = {**config["text_config"], "torch_dtype": config.get("torch_dtype", config.get("dtype"))}
+        missing = [k for k in REQUIRED_CONFIG_KEYS if not config.get(k)]
+        if missing:
+            raise ValueError(
+                f"model config has no {', '.join(missing)}: the memory model supports decoder-only "
+                f"llama/qwen2/gemma3-style configurations"
+            )
+        model_type = str(config.get("model_type", "llama"))
+        hidden = int(config["hidden_size"])
+        heads = int(config["num_attention_heads"])
+        head_dim = config.get("head_dim") or hidden // heads
+        attention_bias = bool(config.get("attention_bias", False))
+        attn = config.get("attn_implementation") or config.get("_attn_implementation") or "sdpa"
+        return cls(
+            model_type=model_type,
+            hidden=hidden,
+            layers=int(config["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            intermediate=int(config["intermediate_size"]),
+            vocab=int(config["vocab_size"]),
+            tied_embeddings=bool(config.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)),
+            dtype_bytes=dtype_bytes(config.get("torch_dtype") or config.get("dtype")),
+            qkv_bias=model_type in QKV_BIAS_TYPES or attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            qk_norm=model_type in QK_NORM_TYPES,
+            norms_per_layer=NORMS_PER_LAYER.get(model_type, 2),
+            eager_attention=attn == "eager",
+        )
+
+    @classmethod
+    def from_model(cls, name: str) -> "ModelShape":
+        """The shape of a bundled model, a local folder or a cached hub config (see ``autofit.registry``)."""
+        from autofit.registry import resolve_model
+
+        return cls.from_config(resolve_model(name).config)
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def linear_shapes(self) -> Dict[str, Tuple[int, int]]:
+        """(d_in, d_out) of each linear layer of one decoder layer."""
+        h, q, kv, inter = self.hidden, self.q_dim, self.kv_dim, self.intermediate
+        return {
+            "q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h),
+        }
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ModelShape":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def shape_or_none(model: str) -> Optional[ModelShape]:
+    """The model's shape, or None (logged) for an architecture the ledger does not describe."""
+    try:
+        return ModelShape.from_model(model)
+    except (KeyError, ValueError, TypeError) as exc:
+        log.info("no memory model for %s (%s): plain bisection", model, exc)
+        return None
