@@ -122,6 +122,7 @@ def fit(
     max_probes: Optional[int] = None,
     headroom: Optional[float] = None,
     predict: bool = True,
+    dtype: Optional[str] = None,
 ) -> FitResult:
     """Find the best configuration of your own trainer that fits the memory budget.
 
@@ -160,6 +161,7 @@ def fit(
         max_probes=max_probes,
         headroom=headroom,
         predict=predict,
+        dtype=dtype,
     )
     rungs = None
     if custom:

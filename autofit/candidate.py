@@ -53,6 +53,8 @@ class Candidate:
     optim: Optional[str] = None  # None: the TRL config's default
     lora: Optional[LoraSettings] = None
     quantization: Optional[str] = None  # None, "8bit" or "4bit"
+    # The dtype the weights are loaded in (``model_init_kwargs["dtype"]``): None is TRL's default, float32.
+    dtype: Optional[str] = None
     env: Tuple[Tuple[str, str], ...] = ()
     rungs: Tuple[str, ...] = ()
     # Training arguments the user fixed (learning rate, ...): passed through untouched.
@@ -92,6 +94,9 @@ class Candidate:
         args[LENGTH_FIELD.get(self.algo, "max_length")] = self.max_length
         if self.optim is not None:
             args["optim"] = self.optim
+        if self.dtype is not None:
+            user_init = args.get("model_init_kwargs")
+            args["model_init_kwargs"] = {**(user_init if isinstance(user_init, dict) else {}), "dtype": self.dtype}
         if self.num_generations is not None:
             args["num_generations"] = self.num_generations
         if self.device == "cpu":
@@ -166,6 +171,8 @@ class Candidate:
         """Stable identity of what is measured (the rung names that led here do not change the measurement)."""
         data = self.to_dict()
         data.pop("rungs")
+        if data.get("dtype") is None:  # added after studies were stored: keep their keys
+            data.pop("dtype")
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
@@ -174,6 +181,8 @@ class Candidate:
             parts.append(f"gen={self.num_generations}")
         if self.checkpointing:
             parts.append("ckpt")
+        if self.dtype:
+            parts.append(self.dtype)
         if self.optim:
             parts.append(self.optim)
         if self.quantization:

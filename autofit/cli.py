@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
     search.add_argument("--out", default="autofit-out", help="output folder; the study there is resumed")
     search.add_argument("--real-weights", action="store_true", help="load the model's weights instead of random")
+    search.add_argument("--dtype", help="load the weights in this dtype (auto, bfloat16, float16, float32), as "
+                                        "TRL's --dtype; default: float32 (TRL's), bfloat16 only as a rung")
     search.add_argument("--probe-steps", type=positive_int, default=2, help="optimizer steps per probe (>= 2)")
     search.add_argument("--verify-steps", type=verify_steps, default="auto",
                         help="optimizer steps of the check run, or auto (default): at least 3, at most 10, "
@@ -103,6 +105,7 @@ def _spec_from_args(args):
         maximize=args.maximize,
         ladder=ladder,
         real_weights=args.real_weights,
+        dtype=args.dtype,
         factory=args.factory,
         out_dir=Path(args.out),
         probe_steps=args.probe_steps,

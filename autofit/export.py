@@ -52,6 +52,8 @@ def model_args(candidate: Candidate) -> Dict[str, Any]:
             lora_dropout=candidate.lora.dropout,
             lora_target_modules=candidate.lora.target_modules,
         )
+    if candidate.dtype is not None:
+        args["dtype"] = candidate.dtype  # TRL's ModelConfig --dtype (the scripts pass it as model_init_kwargs)
     if candidate.quantization == "8bit":
         args["load_in_8bit"] = True
     elif candidate.quantization == "4bit":
@@ -81,6 +83,11 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
         return "lora" if "lora" in rungs else next((r for r in rungs if r.startswith("quant")), "lora")
     if key.startswith(("load_in", "bnb_", "use_bnb")):
         return next((r for r in rungs if r.startswith("quant")), "quantization")
+    if key in ("dtype", "model_init_kwargs") and candidate.dtype is not None:
+        if "bf16-weights" in rungs:
+            return ("bf16-weights: pure bf16 training, weights, gradients and optimizer states in bfloat16 "
+                    "(no float32 master weights)")
+        return "--dtype"
     if key == "model_name_or_path":
         return "random weights were probed; memory does not depend on their values"
     return "yours"
@@ -149,7 +156,7 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
             "effective_batch": spec.effective_batch,
             "max_length": spec.max_length,
             "min_length": spec.min_length,
-            "ladder": [rung for state in report.levels for rung in state.rungs[-1:]],
+            "ladder": [rung for state in report.levels[:report.ladder_len] for rung in state.rungs[-1:]],
             "probe_steps": spec.probe_steps,
             "verify_steps": spec.verify_steps,
             "prompt_length": spec.prompt_length if spec.algo in RL_ALGOS else None,
@@ -231,6 +238,13 @@ def prediction_error(report: SearchReport) -> Dict[str, Optional[float]]:
     return {"prior": errors("prior_bytes"), "calibrated": errors("predicted_bytes")}
 
 
+def _outcome_cell(result) -> str:
+    """OOM with the phase that ran out (the optimizer step, generation, ...): where the memory went."""
+    if result.outcome.value == "OOM" and result.error_phase:
+        return f"OOM in {result.error_phase}"
+    return result.outcome.value
+
+
 def table_text(report: SearchReport) -> str:
     """One row per probe. tok/s is training throughput (prompt and completion tokens per second of whole steps);
     for RL, gen tok/s is the generation phase alone (completion tokens per second of generation)."""
@@ -240,7 +254,7 @@ def table_text(report: SearchReport) -> str:
     for index, r in enumerate(report.records, 1):
         row = (
             str(index), ("refine" if r.stage == "refine" else r.kind) + ("*" if r.cached else ""),
-            "+".join(r.candidate.rungs) or "baseline", r.candidate.describe(), r.result.outcome.value,
+            "+".join(r.candidate.rungs) or "baseline", r.candidate.describe(), _outcome_cell(r.result),
             format_size(r.result.peak_bytes), f"{r.result.tokens_per_second:,.0f}" if r.result.fits else "-",
         )
         if generation:

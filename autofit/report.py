@@ -62,6 +62,7 @@ class SearchReport:
     probe_limit_reached: bool = False
     margin: float = 0.0  # the fraction of the budget kept free when the choice was made
     stopped: Optional[str] = None  # why the search stopped without an answer about memory (autofit.faults)
+    ladder_len: Optional[int] = None  # levels of the ladder itself; those after are rebuilt without a rung
 
     @property
     def fits(self) -> bool:
@@ -77,13 +78,14 @@ class SearchReport:
 
 
 def undominated(fits: List[Fit]) -> List[Fit]:
-    """Drop a fit whose extra rungs bought nothing: the same micro-batch and length as a fit of an earlier level
-    cannot be faster with more recomputation, whatever one noisy timed step says."""
+    """Drop a fit whose extra rungs bought nothing: a fit with the same micro-batch and length and a subset of its
+    rungs (an earlier level, or a level rebuilt without a rung) cannot be faster with more recomputation or be a
+    smaller change to the training, whatever one noisy timed step says."""
     kept = []
     for fit in fits:
-        size = (fit.candidate.micro_batch, fit.candidate.max_length)
-        if not any(other.level < fit.level and (other.candidate.micro_batch, other.candidate.max_length) == size
-                   for other in fits):
+        size, rungs = (fit.candidate.micro_batch, fit.candidate.max_length), set(fit.candidate.rungs)
+        if not any(set(other.candidate.rungs) < rungs and (other.candidate.micro_batch, other.candidate.max_length)
+                   == size for other in fits):
             kept.append(fit)
     return kept
 

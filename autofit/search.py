@@ -28,8 +28,10 @@ from autofit import memory_model
 from autofit.memory_model import divisors, length_grid  # noqa: F401 - the search's grids, shared with estimate
 from autofit.candidate import Candidate
 from autofit.faults import FaultWatch, check_no_fit_is_an_answer
+from autofit.guide import MemoryGuide
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
+from autofit.pruning import drop_unneeded
 from autofit.refine import refine
 from autofit.report import Fit, Record, SearchReport, Skip, truncation_note, undominated
 from autofit.runner import Runner
@@ -38,9 +40,7 @@ from autofit.store import ProbeStore
 
 log = logging.getLogger(__name__)
 
-# The margin follows the model's measured error up to this fraction of the budget; a model that misses by more
-# is not describing this run, and the verification is what catches the rest.
-MAX_MARGIN = 0.10
+REBUILT_LEVELS = 32  # room in the study's level index for levels rebuilt without a rung
 
 
 class ProbeLimitReached(Exception):
@@ -52,14 +52,14 @@ class Search:
         self.spec = spec
         self.runner = runner
         base = memory_model.base_candidate(spec)
-        start = LadderState(base, min_length=spec.min_length, maximize=spec.maximize)
-        self.levels = climb(start, rungs)
-        self.store = store or ProbeStore(
-            spec.out_dir, spec.study_name(), spec.budget_bytes, len(self.levels), spec.effective_batch, spec.max_length
-        )
-        self.report = SearchReport(spec, self.levels)
-        self.shape = memory_model.shape_or_none(spec.model) if spec.predict else None
-        self.calibration: Optional[memory_model.Calibration] = None
+        self.start = LadderState(base, min_length=spec.min_length, maximize=spec.maximize)
+        self.rungs = list(rungs)
+        self.levels = climb(self.start, self.rungs)
+        self.ladder_len = len(self.levels)  # levels past it are rebuilt without a rung (autofit.pruning)
+        self.store = store or ProbeStore(spec.out_dir, spec.study_name(), spec.budget_bytes,
+                                         self.ladder_len + REBUILT_LEVELS, spec.effective_batch, spec.max_length)
+        self.report = SearchReport(spec, self.levels, ladder_len=self.ladder_len)
+        self.guide = MemoryGuide(spec, self.report, memory_model.shape_or_none(spec.model) if spec.predict else None)
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:
             self.report.notes.append(
@@ -67,65 +67,30 @@ class Search:
                 "(gpu_memory_utilization, max_num_seqs, sleep mode) were not searched"
             )
 
+    @property
+    def shape(self) -> Optional[memory_model.ModelShape]:
+        return self.guide.shape
+
+    @shape.setter
+    def shape(self, value: Optional[memory_model.ModelShape]) -> None:  # None turns the memory model off
+        self.guide.shape = value
+
     # -- predicting -------------------------------------------------------------------------------------------
-    def _ledger(self, candidate: Candidate, calibrated: bool = True) -> Optional[memory_model.Ledger]:
-        if self.shape is None:
-            return None
-        try:
-            calibration = self.calibration if calibrated else None
-            return memory_model.predict_calibrated(candidate, calibration, self.shape)
-        except (KeyError, ValueError, ZeroDivisionError) as exc:  # a configuration the ledger cannot describe
-            log.debug("no prediction for %s: %s", candidate.describe(), exc)
-            return None
-
-    def _predict(self, candidate: Candidate, calibrated: bool = True) -> Optional[float]:
-        ledger = self._ledger(candidate, calibrated)
-        return ledger.total if ledger is not None else None
-
-    def _learn(self, candidate: Candidate, result: ProbeResult) -> None:
-        """Calibrate the memory model on every probe that ran to the end."""
-        if self.shape is None or not result.fits or not result.peak_bytes:
-            return
-        points = [(r.candidate, r.result.peak_bytes) for r in self.report.records
-                  if r.kind == "probe" and r.result.fits and r.result.peak_bytes]
-        try:
-            self.calibration = memory_model.calibrate(points, self.shape, device=self.spec.device)
-        except (KeyError, ValueError, ZeroDivisionError) as exc:
-            log.debug("calibration failed: %s", exc)
-
-    def _margin(self) -> float:
-        """The fraction of the budget kept free: the headroom, or the memory model's measured error when that is
-        larger. The error is how far probes that ran to the end went over the prediction made for them by the
-        model calibrated on earlier probes at two or more token counts: memory the ledger does not explain is memory
-        a longer run may show too. A prediction above the measured peak hides nothing, so it adds no margin; a
-        one-scale extrapolation (a single point) is rough by construction, and its band already says so."""
-        errors = [(r.result.peak_bytes - r.predicted_bytes) / r.result.peak_bytes for r in self.report.records
-                  if r.kind == "probe" and r.calibration == "two-term" and r.result.fits and r.result.peak_bytes]
-        return max(self.spec.headroom, min(max(errors, default=0.0), MAX_MARGIN))
-
-    def _limit(self) -> float:
-        budget = self.spec.budget_bytes
-        return math.inf if budget is None else budget * (1 - self._margin())
-
-    def _fits(self, result: ProbeResult) -> bool:
-        """Measured within the budget minus the margin kept for what a short probe cannot see."""
-        return result.fits and result.peak_bytes <= self._limit()
-
     def _ruled_out(self, level: int, candidate: Candidate) -> Optional[memory_model.Ledger]:
         """The prediction (reported as a skip) when even the low end of its error band is over the budget: the
         candidate is not probed. None when it may fit, or when the model is not to be trusted with it."""
         if self.store.lookup(candidate, "probe", self.spec.probe_steps) is not None:
             return None  # measured already (in this run or a stored one): its answer costs nothing
-        if self.spec.factory is not None and self.calibration is None:
+        if self.spec.factory is not None and self.guide.calibration is None:
             return None  # the ledger describes the built-in trainers; a custom one is trusted once measured
-        ledger = self._ledger(candidate)
-        if ledger is None or ledger.low <= self._limit():
+        ledger = self.guide.ledger(candidate)
+        if ledger is None or ledger.low <= self.guide.limit():
             return None
         if not any(s.candidate.key() == candidate.key() for s in self.report.skipped):
             self.report.skipped.append(Skip(level, candidate, ledger.total, ledger.uncertainty))
             log.info("skip  [%s] %s: predicted %s ± %.0f%%, over %s even at the low end",
                      "+".join(candidate.rungs) or "baseline", candidate.describe(), format_size(ledger.total),
-                     100 * ledger.uncertainty, format_size(self._limit()))
+                     100 * ledger.uncertainty, format_size(self.guide.limit()))
         return ledger
 
     # -- measuring --------------------------------------------------------------------------------------------
@@ -137,8 +102,8 @@ class Search:
         if (kind == "probe" and self.spec.max_probes is not None and self.store.lookup(candidate, kind, key) is None
                 and self.store.probes_run >= self.spec.max_probes):
             raise ProbeLimitReached()
-        predicted, prior = self._predict(candidate), self._predict(candidate, calibrated=False)
-        calibration = self.calibration.method if self.calibration is not None else "prior"
+        predicted, prior = self.guide.predict(candidate), self.guide.predict(candidate, calibrated=False)
+        calibration = self.guide.calibration.method if self.guide.calibration is not None else "prior"
         result, cached = self.store.measure(
             candidate, kind, key, level, lambda: self.runner.run(candidate, steps, min_steps=min_steps, time_cap_s=cap))
         if not cached:
@@ -151,7 +116,7 @@ class Search:
         self.report.records.append(Record(level, candidate, kind, result, cached, predicted, prior,
                                           "verify" if kind == "verify" else stage, calibration))
         if kind == "probe":
-            self._learn(candidate, result)
+            self.guide.learn(result)
         rungs = "+".join(candidate.rungs) or "baseline"
         detail = f"peak {format_size(result.peak_bytes)}"
         if predicted is not None:
@@ -190,7 +155,7 @@ class Search:
             if self._ruled_out(level, candidate) is not None:
                 return False
             result = self._measure(level, candidate)
-            if self._fits(result):
+            if self.guide.fits(result):
                 fits.append(Fit(level, candidate, result))
                 return True
             return False
@@ -217,7 +182,7 @@ class Search:
                 low = mid
             else:
                 high = mid
-        if top_apart and self.shape is not None and top not in tried:
+        if top_apart and self.guide.shape is not None and top not in tried:
             fits_at(top)
         return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
 
@@ -228,10 +193,10 @@ class Search:
             return len(values) - 1
         start = 0
         for index, value in enumerate(values):
-            predicted = self._predict(make(value))
+            predicted = self.guide.predict(make(value))
             if predicted is None:
                 return 0
-            if predicted <= self._limit():
+            if predicted <= self.guide.limit():
                 start = index
         return start
 
@@ -273,9 +238,10 @@ class Search:
         probes fail for a reason that is not memory; ``self.report`` then holds what was measured until then."""
         try:
             start = 0
-            while start < len(self.levels):
+            while start < self.ladder_len:
                 primary, fallback, stop = self._walk(start)
                 primary += self._refine(primary, stop)
+                primary, fallback = self._prune(primary, fallback)
                 if self._choose(primary, fallback) or self.report.probe_limit_reached:
                     break
                 # every fit failed its verification: they do not really fit, so climb on from where the walk stopped
@@ -286,8 +252,8 @@ class Search:
             self.report.stopped = str(exc)
             raise
         finally:
-            self.report.calibration = self.calibration
-            self.report.margin = self._margin()
+            self.report.calibration = self.guide.calibration
+            self.report.margin = self.guide.margin()
             self.report.probes_run = self.store.probes_run
             self.report.probes_total = self.store.probes_total
         return self.report
@@ -297,7 +263,7 @@ class Search:
         primary: List[Fit] = []  # the best fit of each level
         fallback: List[Fit] = []  # smaller fits, in case a verification fails
         cost = None
-        for level in range(start, len(self.levels)):
+        for level in range(start, self.ladder_len):
             state = self.levels[level]
             if cost is not None and (self._class(state) != cost or cost == QUALITY or any(map(self._at_top, primary))):
                 return primary, fallback, level
@@ -310,12 +276,29 @@ class Search:
                 if fits:
                     primary.append(fits[0])
                     fallback.extend(fits[1:])
-                return primary, fallback, len(self.levels)
+                return primary, fallback, self.ladder_len
             if fits:
                 cost = cost or self._class(state)
                 primary.append(fits[0])
                 fallback.extend(fits[1:])
-        return primary, fallback, len(self.levels)
+        return primary, fallback, self.ladder_len
+
+    def _prune(self, primary: List[Fit], fallback: List[Fit]) -> Tuple[List[Fit], List[Fit]]:
+        """A quality-class fit without the earlier rungs it does not need (``autofit.pruning``); the fit with them
+        stays as the fallback."""
+        if not primary or self.report.probe_limit_reached or self._class(self.levels[primary[0].level]) != QUALITY:
+            return primary, fallback
+        try:
+            best, dropped, others = drop_unneeded(primary[0], self.levels, self.rungs, self.start, self._search_level)
+        except ProbeLimitReached:
+            self.report.probe_limit_reached = True
+            return primary, fallback
+        if not dropped:
+            return primary, others + fallback
+        self.report.notes.append(
+            f"{', '.join(dropped)} dropped: {best.candidate.describe()} fits without "
+            + ("it" if len(dropped) == 1 else "them") + f" (the level that first fitted: {primary[0].candidate.describe()})")
+        return [best], others + primary + fallback
 
     # -- refining ---------------------------------------------------------------------------------------------
     def _refine(self, primary: List[Fit], stop: int) -> List[Fit]:
@@ -343,7 +326,7 @@ class Search:
         def evaluate(level: int, candidate: Candidate) -> Tuple[float, float]:
             ledger = self._ruled_out(level, candidate)
             if ledger is not None:
-                return 0.0, ledger.low - self._limit()
+                return 0.0, ledger.low - self.guide.limit()
             return self._score(self._measure(level, candidate, stage="refine"))
 
         before = self.store.probes_run
@@ -357,19 +340,19 @@ class Search:
             f"{best.candidate.max_length}" + ("" if answers is not None else " (it stopped at the limit)")
         )
         return [Fit(r.level, r.candidate, r.result) for r in self.report.records
-                if r.stage == "refine" and self._fits(r.result)]
+                if r.stage == "refine" and self.guide.fits(r.result)]
 
     def _score(self, result: ProbeResult) -> Tuple[float, float]:
         """(tokens per second, peak minus the budget's limit) as the sampler reads them."""
-        limit = self._limit()
+        limit = self.guide.limit()
         over = result.peak_bytes - limit if math.isfinite(limit) else -1.0
-        if self._fits(result):
+        if self.guide.fits(result):
             return result.tokens_per_second, min(over, 0.0)
         return 0.0, max(over, 1.0)
 
     def _fits_so_far(self, level: int) -> List[Fit]:
         fits = [Fit(level, r.candidate, r.result) for r in self.report.records
-                if r.level == level and r.kind == "probe" and self._fits(r.result)]
+                if r.level == level and r.kind == "probe" and self.guide.fits(r.result)]
         return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
 
     def _class(self, state: LadderState) -> str:
@@ -388,8 +371,8 @@ class Search:
     def _within_margin(self, primary: List[Fit], fallback: List[Fit]) -> Tuple[List[Fit], List[Fit]]:
         """Drop fits the final margin rejects (it grows with the model's measured error during the search); a
         level whose best fit is dropped is represented by its largest remaining one."""
-        kept = [f for f in primary if self._fits(f.result)]
-        spare = [f for f in fallback if self._fits(f.result)]
+        kept = [f for f in primary if self.guide.fits(f.result)]
+        spare = [f for f in fallback if self.guide.fits(f.result)]
         for dropped in (f for f in primary if f not in kept):
             same_level = [f for f in spare if f.level == dropped.level]
             if same_level:

@@ -53,6 +53,7 @@ AUTO_VERIFY_TIME_CAP_S = 60.0
 # Kept free on CUDA: a few optimizer steps do not show all the fragmentation a long run builds up.
 CUDA_HEADROOM = 0.03
 DEVICES = ("auto", "cuda", "cpu")
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # TRL's ModelConfig.dtype choices
 
 
 GROUP_ALGOS = ("grpo", "rloo")  # algorithms that sample num_generations completions per prompt
@@ -97,6 +98,7 @@ class SearchSpec:
     ladder: Optional[List[str]] = None  # rung names; None: the default ladder
     user_args: Dict[str, Any] = field(default_factory=dict)
     real_weights: bool = False
+    dtype: Optional[str] = None  # the weights' load dtype, decided by the user; None: the ladder may choose bf16
     factory: Optional[str] = None  # "module:function"; None: the built-in factory of ``algo``
     # RL (grpo, rloo): completions per prompt (None: TRL's default) and the synthetic prompts' length.
     # For these algorithms max_length/min_length bound the completion length.
@@ -118,6 +120,11 @@ class SearchSpec:
             raise InputError(f"unknown algo '{self.algo}': accepted are {', '.join(FACTORIES)}")
         if self.device not in ("cuda", "cpu"):
             raise InputError(f"device '{self.device}' is not valid: accepted are {', '.join(DEVICES)}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise InputError(f"--dtype '{self.dtype}' is not valid: accepted are {', '.join(DTYPES)}")
+        if self.dtype is not None and self.algo == "ppo":
+            raise InputError("--dtype does not apply to ppo: PPOConfig has no model_init_kwargs; load the models "
+                             "in the dtype you want in your PPO script")
         if self.maximize not in MAXIMIZE:
             raise InputError(f"--maximize '{self.maximize}' is not valid: accepted are {', '.join(MAXIMIZE)}")
         if self.verify_steps != AUTO_VERIFY and (not isinstance(self.verify_steps, int) or self.verify_steps < 1):
@@ -184,6 +191,8 @@ class SearchSpec:
             str(self.effective_batch), self.maximize, ",".join(self.ladder or ["default"]),
             str(sorted(self.user_args.items())), str(self.real_weights), self.factory or "", str(self.probe_steps),
         ]
+        if self.dtype is not None:  # added later: studies stored without it keep their names
+            parts.append(f"dtype={self.dtype}")
         if self.algo in RL_ALGOS:
             parts += [str(self.num_generations), str(self.prompt_length)]
         return "|".join(parts)

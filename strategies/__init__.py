@@ -12,6 +12,7 @@ from strategies.checkpointing import GradientCheckpointing
 from strategies.lora import Lora
 from strategies.microbatch import MicroBatch
 from strategies.optimizer import EightBitOptimizer
+from strategies.precision import Bf16Weights
 from strategies.quantization import QuantizedBase
 from strategies.sequence_length import ShorterSequences
 
@@ -19,7 +20,8 @@ DEFAULT_LADDER = (
     ExpandableSegments(),  # free
     MicroBatch(),  # speed
     GradientCheckpointing(),  # speed
-    EightBitOptimizer(),  # quality, from here on
+    Bf16Weights(),  # quality, from here on
+    EightBitOptimizer(),
     Lora(),
     QuantizedBase(bits=8),
     QuantizedBase(bits=4),

@@ -10,6 +10,7 @@ Memory model (all integers, in bytes), with ``W = weight_bytes`` the 16-bit weig
     trainable   = W without LoRA, W // lora_divisor with LoRA (only the adapters train)
     grads       = trainable
     optimizer   = 4 * trainable (AdamW: two fp32 states), 1 * trainable with optim "adamw_bnb_8bit"
+    (dtype "bfloat16": weights, trainable and AdamW's states halved; 8-bit states stay 1 * the fp32-sized trainable)
     activations = micro_batch * max_length * act_bytes_per_token, divided by ckpt_divisor with checkpointing
     peak        = weights + grads + optimizer + activations
                   (+ fragmentation_bytes unless the candidate's env sets expandable segments)
@@ -89,6 +90,9 @@ class FormulaRunner:
         ]
         trainable = self.weight_bytes if candidate.lora is None else self.weight_bytes // self.lora_divisor
         optimizer = trainable * (1 if candidate.optim == EIGHT_BIT_OPTIM else 4)
+        if candidate.dtype == "bfloat16":
+            weights, trainable = weights // 2, trainable // 2
+            optimizer = optimizer if candidate.optim == EIGHT_BIT_OPTIM else optimizer // 2
         return weights + trainable + optimizer
 
     def activation_bytes(self, candidate: Candidate) -> int:

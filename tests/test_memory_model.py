@@ -356,7 +356,8 @@ def _spec(**changes) -> SearchSpec:
 def test_expected_rung_walks_the_default_ladder():
     result = expected_rung(_spec())
     names = [level.rungs[-1] if level.rungs else "baseline" for level in result.levels]
-    assert names[:5] == ["baseline", "expandable-segments", "micro-batch", "checkpointing", "optimizer-8bit"]
+    assert names[:6] == ["baseline", "expandable-segments", "micro-batch", "checkpointing", "bf16-weights",
+                         "optimizer-8bit"]
     first = next(level for level in result.levels if level.ledger.total <= 24 * GiB)
     assert result.expected is first and result.rung == first.rungs[-1]
     assert all(not level.fits for level in result.levels[: first.level])

@@ -31,13 +31,14 @@ except ImportError:  # tests/ became a package
 EIGHT_BIT = "adamw_bnb_8bit"
 # The quality rungs of the default ladder, each with what it adds to the candidate (cumulatively).
 QUALITY_STEPS = [
+    ("bf16-weights", dict(dtype="bfloat16")),
     ("optimizer-8bit", dict(optim=EIGHT_BIT)),
     ("lora", dict(lora=LoraSettings())),
     ("quant-8bit", dict(quantization="8bit")),
     ("quant-4bit", dict(quantization="4bit")),
 ]
 SPEED_RUNGS = ("micro-batch", "checkpointing")
-ALL_QUALITY = dict(checkpointing=True, optim=EIGHT_BIT, lora=LoraSettings(), quantization="4bit")
+ALL_QUALITY = dict(checkpointing=True, dtype="bfloat16", optim=EIGHT_BIT, lora=LoraSettings(), quantization="4bit")
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
@@ -167,10 +168,13 @@ def test_smaller_micro_batch_default_ladder_no_quality_rung(tmp_path, target):
     assert all(c.optim is None and c.lora is None and c.quantization is None for c in runner.candidates)
 
 
-@pytest.mark.parametrize("budget_mib, expected_rung", [
-    (350, "optimizer-8bit"), (150, "lora"), (80, "quant-8bit"), (45, "quant-4bit"),
+@pytest.mark.parametrize("budget_mib, expected_rung, dropped", [
+    # from the formula: bf16 weights alone fit at 350 MiB; at 250 the 8-bit optimizer is needed too (without bf16
+    # it is 308 MiB); from LoRA on, the 8-bit optimizer buys nothing (the adapters' states are tiny) and is dropped
+    (350, "bf16-weights", ()), (250, "optimizer-8bit", ()), (100, "lora", ("optimizer-8bit",)),
+    (50, "quant-8bit", ("optimizer-8bit",)), (30, "quant-4bit", ("optimizer-8bit",)),
 ])
-def test_quality_class_stops_at_first_fitting_rung(tmp_path, budget_mib, expected_rung):
+def test_quality_class_stops_at_first_fitting_rung(tmp_path, budget_mib, expected_rung, dropped):
     spec = make_spec(tmp_path, budget_mib * MiB)
     formula = FormulaRunner(spec.budget_bytes)
     # From the formula: nothing fits in the speed class, and the first quality level that fits.
@@ -188,13 +192,22 @@ def test_quality_class_stops_at_first_fitting_rung(tmp_path, budget_mib, expecte
     if index + 1 < len(QUALITY_STEPS):  # the next rung would fit at least as well: stopping is a choice
         later = largest_fitting(formula, spec, **{**changes, **QUALITY_STEPS[index + 1][1]})
         assert later is not None and later.micro_batch >= expected.micro_batch
+    for gone in dropped:  # a dropped rung really buys nothing here: the level fits without it
+        without = dict(changes, **{key: None for key in dict(QUALITY_STEPS)[gone]})
+        expected = largest_fitting(formula, spec, **without)
+        assert expected is not None
+        changes = without
+    if not dropped and index >= 1:  # and a kept one was needed: without the one before, nothing fits
+        before = dict(changes, **{key: None for key in QUALITY_STEPS[index - 1][1]})
+        assert largest_fitting(formula, spec, **before) is None
 
     report, runner = run(spec)
     chosen = report.chosen.candidate
     assert same(chosen, expected)
-    assert chosen.rungs == SPEED_RUNGS + tuple(n for n, _ in QUALITY_STEPS[: index + 1])
+    assert chosen.rungs == SPEED_RUNGS + tuple(n for n, _ in QUALITY_STEPS[: index + 1] if n not in dropped)
+    assert any(f"{', '.join(dropped)} dropped" in note for note in report.notes) == bool(dropped)
     # no later rung was probed at all
-    assert max(len(c.rungs) for c in runner.candidates) == len(chosen.rungs)
+    assert max(len(c.rungs) for c in runner.candidates) == len(chosen.rungs) + len(dropped)
     assert report.verified.fits
 
 
@@ -223,7 +236,7 @@ def test_speed_class_fastest_measured_fit_wins(tmp_path, ckpt_speed, expect_ckpt
 
 
 def test_shorter_length_respects_min_length_and_notes_truncation(tmp_path):
-    spec = make_spec(tmp_path, 34 * MiB, min_length=128)
+    spec = make_spec(tmp_path, 20 * MiB, min_length=128)
     runner = FormulaRunner(spec.budget_bytes)
     assert largest_fitting(runner, spec, **ALL_QUALITY) is None  # the full length fits nowhere
     grid = length_grid(spec.min_length, spec.max_length)
@@ -240,7 +253,7 @@ def test_shorter_length_respects_min_length_and_notes_truncation(tmp_path):
 
 
 def test_shorter_length_never_below_min_length_when_nothing_fits(tmp_path):
-    spec = make_spec(tmp_path, 30 * MiB, min_length=128)
+    spec = make_spec(tmp_path, 16 * MiB, min_length=128)
     runner = FormulaRunner(spec.budget_bytes)
     assert not runner.fits(cand(spec, 1, spec.min_length, **ALL_QUALITY))
     report, _ = run(spec, runner)
@@ -251,7 +264,7 @@ def test_shorter_length_never_below_min_length_when_nothing_fits(tmp_path):
 
 
 def test_shorter_length_skipped_when_min_equals_max(tmp_path):
-    spec = make_spec(tmp_path, 34 * MiB, min_length=512)
+    spec = make_spec(tmp_path, 20 * MiB, min_length=512)
     report, runner = run(spec)
     assert all("shorter-length" not in level.rungs for level in report.levels)
     assert not report.fits
@@ -370,8 +383,11 @@ def test_verification_failing_everywhere_means_no_fit(tmp_path):
     assert not report.fits and report.verified is None
     ok_probes = [c for c in runner.calls if c.steps == spec.probe_steps and c.result.fits]
     verifies = [c for c in runner.calls if c.steps == spec.verify_steps]
-    assert ok_probes and len(verifies) == len(ok_probes)  # every fit was tried before giving up
-    assert sum("next candidate" in n for n in report.notes) == len(ok_probes)
+    assert ok_probes and verifies and all(not c.result.fits for c in verifies)
+    # before giving up, every fit was verified, or one with a subset of its rungs was (a fit whose extra rungs
+    # bought nothing is never chosen over it); each failure is noted
+    assert all(any(set(v.candidate.rungs) <= set(c.candidate.rungs) for v in verifies) for c in ok_probes)
+    assert sum("next candidate" in n for n in report.notes) == len(verifies)
 
 
 # -- resuming from the store ------------------------------------------------------------------------------------

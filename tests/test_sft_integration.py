@@ -204,18 +204,19 @@ def test_unimportable_factory_stops_the_search_at_once(tmp_path):
 
 
 def test_tight_budget_climbs_to_the_first_quality_rung_that_fits(tmp_path):
-    # tiny-qwen2 at 32 tokens, micro-batch 1 (measured): full fine-tuning ~107 MiB, 8-bit AdamW ~87 MiB,
-    # LoRA ~36 MiB, 8-bit base + LoRA ~31 MiB, 4-bit base + LoRA ~30 MiB
+    # tiny-qwen2 at 32 tokens, micro-batch 1, checkpointing (measured): bf16 weights + 8-bit AdamW + LoRA ~22.4 MiB,
+    # + an 8-bit base ~21.6 MiB, the same without the 8-bit optimizer ~21.8 MiB
     code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "32",
-                     "--gpu-memory", "33MiB", "--out", str(tmp_path)])
+                     "--gpu-memory", "22MiB", "--out", str(tmp_path)])
     best = json.loads((tmp_path / "best.json").read_text())
     assert code == 0, best["candidates"]
     assert best["rungs"][-1] == "quant-8bit"
+    assert "optimizer-8bit" not in best["rungs"]  # it bought nothing once the base is quantized: dropped
     assert best["cost_class"] == "quality"
     assert best["quantization"] == {"load_in_8bit": True} and best["peft"]["r"] == 16
-    assert best["verified"]["peak_bytes"] <= 33 * 2**20
+    assert best["verified"]["peak_bytes"] <= 22 * 2**20
     tried = {tuple(c["rungs"]) for c in best["candidates"] if c["outcome"] == "OOM"}
-    assert ("micro-batch", "checkpointing", "optimizer-8bit", "lora") in tried
+    assert ("micro-batch", "checkpointing", "bf16-weights", "optimizer-8bit", "lora") in tried
     assert not any("quant-4bit" in c["rungs"] for c in best["candidates"])  # first fitting quality rung wins
     yaml_text = (tmp_path / "best.yaml").read_text()
     assert "load_in_8bit: true  # quant-8bit" in yaml_text and "use_peft: true" in yaml_text
@@ -242,3 +243,25 @@ def test_the_search_process_never_imports_torch(tmp_path):
     done = subprocess.run([sys.executable, str(tmp_path / "run_search.py")], capture_output=True, text=True,
                           timeout=300)
     assert "exit 0 torch imported: False" in done.stdout, done.stderr[-2000:]
+
+
+def test_a_full_fine_tune_out_of_memory_at_the_optimizer_step_keeps_full_fine_tuning(tmp_path, capsys):
+    # The H100 case at tiny scale: full fine-tuning runs out of memory only at the first optimizer step (Adam's
+    # states appear there). bf16 weights halve weights, gradients and states: full fine-tuning is kept instead of
+    # LoRA, and checkpointing, which bought nothing, is dropped.
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "80MiB", "--max-length",
+                     "32", "--effective-batch", "1", "--out", str(tmp_path)])
+    table = capsys.readouterr().out
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert code == 0 and best["fits"], best["candidates"]
+    first = best["candidates"][0]
+    assert first["rungs"] == [] and first["outcome"] == "OOM" and first["error_phase"] == "optimizer_step"
+    assert "OOM in optimizer_step" in table  # seen and named
+    assert best["rungs"] == ["bf16-weights"] and best["peft"] is None and best["quantization"] is None
+    assert best["config"]["model_init_kwargs"] == {"dtype": "bfloat16"} and best["model_args"]["dtype"] == "bfloat16"
+    assert any(note.startswith("checkpointing dropped") for note in best["notes"])
+    config, model = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(tmp_path / "best.yaml"), "--output_dir", str(tmp_path / "run")])
+    assert config.model_init_kwargs == {"dtype": "bfloat16"} and model.dtype == "bfloat16"

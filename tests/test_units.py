@@ -25,8 +25,8 @@ from strategies.quantization import QuantizedBase
 from strategies.sequence_length import ShorterSequences
 
 DEFAULT_NAMES = [
-    "expandable-segments", "micro-batch", "checkpointing", "optimizer-8bit", "lora", "quant-8bit", "quant-4bit",
-    "shorter-length",
+    "expandable-segments", "micro-batch", "checkpointing", "bf16-weights", "optimizer-8bit", "lora", "quant-8bit",
+    "quant-4bit", "shorter-length",
 ]
 
 
@@ -126,7 +126,7 @@ def test_resolve_ladder_default_and_order():
     assert [r.name for r in resolve_ladder(None)] == DEFAULT_NAMES
     assert list(RUNGS) == DEFAULT_NAMES
     assert [r.name for r in resolve_ladder(["lora", "micro-batch"])] == ["lora", "micro-batch"]
-    assert [r.cost for r in DEFAULT_LADDER] == [FREE, SPEED, SPEED] + [QUALITY] * 5
+    assert [r.cost for r in DEFAULT_LADDER] == [FREE, SPEED, SPEED] + [QUALITY] * 6
 
 
 def test_resolve_ladder_unknown_name():
@@ -148,7 +148,8 @@ def test_climb_skips_rungs_that_do_not_apply():
     levels = climb(state(device="cpu", checkpointing=True), resolve_ladder(None))
     names = [lvl.rungs[-1] for lvl in levels[1:]]
     assert "expandable-segments" not in names and "checkpointing" not in names
-    assert names == ["micro-batch", "optimizer-8bit", "lora", "quant-8bit", "quant-4bit", "shorter-length"]
+    assert names == ["micro-batch", "bf16-weights", "optimizer-8bit", "lora", "quant-8bit", "quant-4bit",
+                     "shorter-length"]
 
 
 # -- each rung --------------------------------------------------------------------------------------------------
@@ -388,3 +389,26 @@ def test_spec_rejects_non_positive_budget(budget):
 def test_parse_size_rejects_sizes_that_round_to_zero():
     with pytest.raises(InputError, match="0.4B"):
         parse_size("0.4B")
+
+
+def test_bf16_weights_rung():
+    from strategies.precision import Bf16Weights
+
+    applied = Bf16Weights().apply(state())
+    assert applied.candidate.dtype == "bfloat16" and applied.cost == QUALITY
+    assert applied.candidate.training_args()["model_init_kwargs"] == {"dtype": "bfloat16"}
+    assert Bf16Weights().apply(applied) is None
+    # the user decided: --dtype, or their own model_init_kwargs (kept, merged with what the candidate adds)
+    assert Bf16Weights().apply(state(dtype="float32")) is None
+    mine = state(user_args=(("model_init_kwargs", {"dtype": "float32", "attn_implementation": "eager"}),))
+    assert Bf16Weights().apply(mine) is None
+    kwargs = state(user_args=(("model_init_kwargs", {"attn_implementation": "eager"}),))
+    assert Bf16Weights().apply(kwargs).candidate.training_args()["model_init_kwargs"] == {
+        "attn_implementation": "eager", "dtype": "bfloat16"}
+
+
+def test_a_candidates_key_is_unchanged_without_a_dtype():
+    # studies stored before the dtype field keep their keys (and are resumed): this key was computed by the code of
+    # commit 6704e3f, before the field existed
+    assert candidate().key() == "77f078bef43b96cf"
+    assert candidate(dtype="bfloat16").key() != "77f078bef43b96cf"

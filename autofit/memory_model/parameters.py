@@ -217,11 +217,14 @@ def _beta(candidate: Candidate) -> float:
 
 
 def weight_bytes(candidate: Candidate, shape: ModelShape) -> int:
-    """Bytes per parameter of the loaded (non-quantized) weights: ``model_init_kwargs["dtype"]`` from the user's
-    arguments, else TRL's default (float32); "auto" or None: the configuration's dtype."""
+    """Bytes per parameter of the loaded (non-quantized) weights: the candidate's dtype (the bf16-weights rung,
+    ``--dtype``), else ``model_init_kwargs["dtype"]`` from the user's arguments, else TRL's default (float32);
+    "auto" or None: the configuration's dtype."""
     init = dict(candidate.user_args).get("model_init_kwargs") or {}
     dtype = init.get("dtype", init.get("torch_dtype", TRL_DEFAULT_LOAD_DTYPE)) if isinstance(init, Mapping) \
         else TRL_DEFAULT_LOAD_DTYPE
+    if candidate.dtype is not None:
+        dtype = candidate.dtype
     if dtype is None or str(dtype) == "auto":
         return shape.dtype_bytes
     return dtype_bytes(dtype)
