@@ -14,7 +14,43 @@ FLOOR_VENV ?= .venv-floor
 FLOOR_PINS = $(shell $(PYTHON) -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print(' '.join(re.sub('>=', '==', d) for d in deps if re.match(r'(transformers|trl|optuna)>=', d)))")
 GPU_CHECK_OUT ?= /tmp/autofit-gpu-check
 
-.PHONY: venv demo test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench
+# User targets (make help): search, estimate and train a model of yours; the CLI underneath, one engine.
+MODEL ?=
+ALGO ?= sft
+GPU_MEMORY ?=
+FACTORY ?=
+OUT ?= autofit-out/search
+FROM ?=
+DATASET ?=
+TRAIN_OUT ?= $(OUT)/train
+ARGS ?=
+
+.PHONY: help search estimate train venv demo test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench
+
+help:
+	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
+	@echo "  make search MODEL=Qwen/Qwen2.5-7B ALGO=grpo [GPU_MEMORY=24GiB] [FACTORY=pkg.module:function] [OUT=dir] [ARGS='...']"
+	@echo "                   probe real training and write OUT/best.yaml, OUT/best.json (ARGS: more autofit search options)"
+	@echo "  make estimate MODEL=meta-llama/Llama-3.1-8B ALGO=sft GPU_MEMORY=80GB [FROM=dir]"
+	@echo "                   the memory model's prediction per ladder level, no probe"
+	@echo "  make train ALGO=sft DATASET=trl-lib/Capybara [OUT=dir] [TRAIN_OUT=dir]"
+	@echo "                   train with TRL on OUT/best.yaml (trl ALGO --config ...)"
+	@echo "  make demo        a real search on the bundled tiny model, on the CPU"
+	@echo "  make test        the test suite (make test-fast: without real training; make bench: the benchmarks)"
+	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
+
+search: venv
+	$(if $(MODEL),,$(error MODEL=... is required, e.g. make search MODEL=Qwen/Qwen2.5-0.5B))
+	$(BIN)/autofit search --model $(MODEL) --algo $(ALGO) $(if $(GPU_MEMORY),--gpu-memory $(GPU_MEMORY)) $(if $(FACTORY),--factory $(FACTORY)) --out $(OUT) $(ARGS)
+
+estimate: venv
+	$(if $(MODEL),,$(error MODEL=... is required))
+	$(if $(GPU_MEMORY),,$(error GPU_MEMORY=... is required, e.g. GPU_MEMORY=24GiB))
+	$(BIN)/autofit estimate --model $(MODEL) --algo $(ALGO) --gpu-memory $(GPU_MEMORY) $(if $(FROM),--from $(FROM)) $(ARGS)
+
+train: venv
+	$(if $(DATASET),,$(error DATASET=... is required, e.g. DATASET=trl-lib/Capybara))
+	$(BIN)/trl $(ALGO) --config $(OUT)/best.yaml --dataset_name $(DATASET) --output_dir $(TRAIN_OUT) $(if $(wildcard $(OUT)/accelerate.yaml),--accelerate_config $(OUT)/accelerate.yaml) $(ARGS)
 
 venv: $(VENV)/.installed
 

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 from autofit import export
 from autofit.candidate import Candidate
-from autofit.device import NoCudaDeviceError, first_gpu, resolve_device
-from autofit.factory import FactoryError, factory_ref
+from autofit.factory import FactoryError, FactoryPayload, prepare_factory
 from autofit.faults import InfrastructureError
 from autofit.ladder import Rung
 from strategies import resolve_ladder
 from autofit.registry import UnknownModelError, resolve_model
 from autofit.runner import ProcessRunner
-from autofit.report import SearchReport
+from autofit.options import search_spec
+from autofit.report import Record, SearchReport
 from autofit.search import Search
-from autofit.spec import InputError, SearchSpec, format_size, parse_size
+from autofit.spec import InputError, SearchSpec, format_size
+from autofit.store import quiet_optuna
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,10 @@ class NoFitError(RuntimeError):
 
 @dataclass
 class FitResult:
+    """What ``fit`` found: the chosen ``candidate`` (``training_args`` for your config class, ``peft_config()``,
+    ``quantization_config()``), the whole ``report`` (every probe, skip and note), and the files written:
+    ``best_yaml`` (for ``trl <algo> --config``) and ``best_json`` (the same, structured, with the measurements)."""
+
     candidate: Candidate
     report: SearchReport
     best_json: Path
@@ -42,41 +49,40 @@ class FitResult:
     def training_args(self) -> Dict[str, Any]:
         return self.candidate.training_args()
 
-
-def budget_for(device: str, gpu_memory: Union[None, str, int]) -> Optional[int]:
-    """The budget in bytes: --gpu-memory, else (on CUDA) the card's memory."""
-    if gpu_memory is not None:
-        return gpu_memory if isinstance(gpu_memory, int) else parse_size(gpu_memory)
-    if device == "cuda":
-        gpu = first_gpu()
-        return gpu.total_bytes if gpu else None
-    return None
+    def __repr__(self) -> str:
+        verified = self.report.verified
+        peak = format_size(verified.peak_bytes) if verified is not None else "-"
+        rungs = ", ".join(self.candidate.rungs) or "no rung needed"
+        rate = f", {verified.tokens_per_second:,.0f} tok/s" if verified is not None else ""
+        return (f"FitResult({self.candidate.describe()} [{rungs}], verified peak {peak} of "
+                f"{format_size(self.report.spec.budget_bytes)}{rate}; {self.best_yaml})")
 
 
-def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None) -> SearchReport:
-    """Validate the model, run the search in probe processes, write best.yaml/best.json; returns the report."""
+def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None, factory: Optional[FactoryPayload] = None,
+               callback: Optional[Callable[[Record], None]] = None) -> SearchReport:
+    """Validate the model, run the search in probe processes, write best.yaml/best.json; returns the report.
+    ``factory``: the user's (``prepare_factory``); None: the built-in one of ``spec.algo``."""
     try:
         resolve_model(spec.model)
     except UnknownModelError as exc:
         raise InputError(str(exc)) from None
-    try:
-        ref = factory_ref(spec.factory or spec.algo)
-    except FactoryError as exc:
-        raise InputError(str(exc)) from None
+    payload = factory or prepare_factory(spec.algo)
     rungs = list(rungs) if rungs is not None else resolve_ladder(spec.ladder)
     spec.out_dir.mkdir(parents=True, exist_ok=True)
-    runner = ProcessRunner(ref, spec.budget_bytes, spec.out_dir, timeout_s=spec.probe_timeout_s)
+    runner = ProcessRunner(payload, spec.budget_bytes, spec.out_dir, timeout_s=spec.probe_timeout_s,
+                           build_timeout_s=spec.build_timeout_s)
     log.info(
-        "autofit: %s %s on %s, budget %s, effective batch %d, max_length %d, maximize %s",
+        "autofit: %s %s on %s, budget %s, effective batch %d, max_length %d, maximize %s%s",
         spec.algo, spec.model, spec.device, format_size(spec.budget_bytes), spec.effective_batch, spec.max_length,
-        spec.maximize,
+        spec.maximize, f", your factory {payload.name}" if not payload.builtin else "",
     )
-    search = Search(spec, runner, rungs)
-    try:
-        search.run()
-    except (FactoryError, InfrastructureError):
-        export.write(search.report, spec.out_dir)  # best.json says what was measured and why it stopped
-        raise
+    with quiet_optuna():
+        search = Search(spec, runner, rungs, on_record=callback)
+        try:
+            search.run()
+        except (FactoryError, InfrastructureError):
+            export.write(search.report, spec.out_dir)  # best.json says what was measured and why it stopped
+            raise
     export.write(search.report, spec.out_dir)
     return search.report
 
@@ -84,7 +90,7 @@ def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None) -> Sear
 def no_fit_message(report: SearchReport) -> str:
     spec = report.spec
     failure = report.lightest_failure()
-    last = report.levels[-1]
+    last = report.levels[report.ladder_len - 1 if report.ladder_len else -1]
     if failure is not None:
         seen = (f"the lightest configuration tried ({'+'.join(failure.candidate.rungs) or 'baseline'}: "
                 f"{failure.candidate.describe()}) needed more than {format_size(failure.result.peak_bytes)}")
@@ -109,64 +115,85 @@ def fit(
     algo: str = "sft",
     gpu_memory: Union[None, str, int] = None,
     device: str = "auto",
-    max_length: int = 1024,
+    max_length: Optional[int] = None,
     min_length: Optional[int] = None,
+    max_completion_length: Optional[int] = None,
+    min_completion_length: Optional[int] = None,
+    max_prompt_length: int = 128,
+    num_generations: Optional[int] = None,
+    beta: Optional[float] = None,
     effective_batch: int = 8,
     maximize: str = "batch",
-    ladder: Optional[Iterable[Union[str, Rung]]] = None,
-    training_args: Optional[Dict[str, Any]] = None,
+    ladder: Union[None, str, Iterable[Union[str, Rung]]] = None,
     out_dir: Union[str, Path] = "autofit-out",
+    real_weights: bool = False,
+    dtype: Optional[str] = None,
     probe_steps: int = 2,
     verify_steps: Union[int, str] = "auto",
     probe_timeout_s: float = 900.0,
+    build_timeout_s: float = 600.0,
     max_probes: Optional[int] = None,
     headroom: Optional[float] = None,
     predict: bool = True,
-    dtype: Optional[str] = None,
+    quiet: bool = False,
+    training_args: Optional[Dict[str, Any]] = None,
+    callback: Optional[Callable[[Record], None]] = None,
 ) -> FitResult:
     """Find the best configuration of your own trainer that fits the memory budget.
 
-    ``trainer_factory(candidate)`` must build a ready transformers/TRL ``Trainer`` from the candidate's settings:
+    ``trainer_factory(candidate)`` builds a ready transformers/TRL ``Trainer`` from the candidate's settings:
     ``YourConfig(**candidate.training_args())``, ``peft_config=candidate.peft_config()``,
-    ``quantization_config=candidate.quantization_config()``. It runs in fresh probe processes, so it must be
-    importable: a module-level function (in a script, call ``fit`` under ``if __name__ == "__main__":``).
-    ``max_probes``, ``headroom`` and ``predict`` are the CLI's ``--max-probes``, ``--headroom`` and
-    ``--no-predict`` (False). Raises ``InputError`` on bad input, ``FactoryError`` (an ``InputError``) when your
-    factory fails, ``InfrastructureError`` when probes cannot run on this machine (the same non-memory error on
-    two candidates), and ``NoFitError`` when nothing fits.
+    ``quantization_config=candidate.quantization_config()``. Any callable works (a module function, a function
+    of a script or a notebook cell, a closure, a lambda): it crosses to the probe processes by value, with the
+    names it uses; "package.module:function" is imported there by name instead.
+
+    Every other keyword is the ``autofit search`` option of the same name (``--max-probes`` is ``max_probes``,
+    ``--no-predict`` is ``predict=False``, ``--out`` is ``out_dir``, ``-q`` is ``quiet``). ``training_args``
+    are your own config fields, passed through (autofit's searched fields replace yours, with a warning).
+    ``callback(record)`` receives each probe (``autofit.report.Record``) as it ends. One line per probe is logged
+    to stderr unless logging is configured or ``quiet=True``; logging and Optuna settings are left as found.
+
+    Raises ``InputError`` on bad input, ``FactoryError`` (an ``InputError``) when your factory fails: an exception
+    from your own code, a return value that is not a Trainer built from the candidate, a hang while building
+    (``build_timeout_s``), or the same error on two candidates; ``InfrastructureError`` when probes cannot run on
+    this machine; ``NoFitError`` when nothing fits.
     """
-    if device not in ("auto", "cuda", "cpu"):
-        raise InputError(f"device '{device}' is not valid: accepted are auto, cuda, cpu")
-    try:
-        resolved = resolve_device(device)
-    except NoCudaDeviceError as exc:
-        raise InputError(str(exc)) from None
-    custom = [r for r in ladder or () if not isinstance(r, str)]
-    spec = SearchSpec(
-        model=model,
-        algo=algo,
-        device=resolved,
-        budget_bytes=budget_for(resolved, gpu_memory),
-        max_length=max_length,
-        min_length=min_length,
-        effective_batch=effective_batch,
-        maximize=maximize,
-        ladder=[r if isinstance(r, str) else r.name for r in ladder] if ladder is not None and not custom else None,
-        user_args=dict(training_args or {}),
-        factory=factory_ref(trainer_factory),
-        out_dir=Path(out_dir),
-        probe_steps=probe_steps,
-        verify_steps=verify_steps,
-        probe_timeout_s=probe_timeout_s,
-        max_probes=max_probes,
-        headroom=headroom,
-        predict=predict,
-        dtype=dtype,
+    payload = prepare_factory(trainer_factory)
+    custom = ladder is not None and not isinstance(ladder, str) and any(not isinstance(r, str) for r in ladder)
+    spec = search_spec(
+        model=model, algo=algo, factory=payload.identity or None, gpu_memory=gpu_memory, device=device,
+        max_length=max_length, min_length=min_length, max_completion_length=max_completion_length,
+        min_completion_length=min_completion_length, max_prompt_length=max_prompt_length,
+        num_generations=num_generations, beta=beta, effective_batch=effective_batch, maximize=maximize,
+        ladder=None if custom else ladder, out_dir=out_dir, real_weights=real_weights, dtype=dtype,
+        probe_steps=probe_steps, verify_steps=verify_steps, probe_timeout_s=probe_timeout_s,
+        build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,
+        training_args=training_args,
     )
-    rungs = None
-    if custom:
-        rungs = [resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder]
-    report = run_search(spec, rungs)
+    rungs = [resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder] if custom else None
+    with probe_lines(quiet):
+        report = run_search(spec, rungs, payload, callback)
     if not report.fits:
         raise NoFitError(no_fit_message(report), report)
     return FitResult(report.chosen.candidate, report, spec.out_dir / "best.json", spec.out_dir / "best.yaml")
+
+
+@contextlib.contextmanager
+def probe_lines(quiet: bool):
+    """One line per probe on stderr while ``fit`` runs, unless the caller configured logging or asked for quiet;
+    the ``autofit`` logger is left as it was found."""
+    logger = logging.getLogger("autofit")
+    level, handler = logger.level, None
+    if quiet:
+        logger.setLevel(logging.WARNING)
+    elif not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if handler is not None:
+            logger.removeHandler(handler)

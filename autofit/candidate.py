@@ -39,6 +39,7 @@ class ProbeSettings:
     output_dir: str
     min_steps: int = 0
     time_cap_s: Optional[float] = None
+    build_timeout_s: Optional[float] = None  # the factory must return the trainer within this
 
 
 @dataclass(frozen=True)

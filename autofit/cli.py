@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 from autofit import __version__
@@ -55,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="micro-batch x accumulation, kept exactly (default 8)")
     search.add_argument("--maximize", default="batch", help="batch (default) or length (longest that fits)")
     search.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
-    search.add_argument("--out", default="autofit-out", help="output folder; the study there is resumed")
+    search.add_argument("--out", dest="out_dir", default="autofit-out",
+                        help="output folder; the study there is resumed")
     search.add_argument("--real-weights", action="store_true", help="load the model's weights instead of random")
     search.add_argument("--dtype", help="load the weights in this dtype (auto, bfloat16, float16, float32), as "
                                         "TRL's --dtype; default: float32 (TRL's), bfloat16 only as a rung")
@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--verify-steps", type=verify_steps, default="auto",
                         help="optimizer steps of the check run, or auto (default): at least 3, at most 10, "
                              "stopping after 60 s of training")
-    search.add_argument("--probe-timeout", type=float, default=900.0, help="seconds before a probe is killed")
+    search.add_argument("--probe-timeout", dest="probe_timeout_s", type=float, default=900.0,
+                        help="seconds before a probe is killed (default 900)")
+    search.add_argument("--build-timeout", dest="build_timeout_s", type=float, default=600.0,
+                        help="seconds the trainer factory may take to build the trainer (default 600)")
     search.add_argument("--max-probes", type=positive_int, help="stop probing after N probes and choose")
     search.add_argument("--headroom", type=float, help="fraction of the budget kept free (default 0.03 on CUDA)")
     search.add_argument("--no-predict", dest="predict", action="store_false",
@@ -75,68 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _spec_from_args(args):
-    from autofit.api import budget_for
-    from autofit.device import NoCudaDeviceError, resolve_device
-    from autofit.spec import DEVICES, InputError, SearchSpec
-
-    if args.device not in DEVICES:
-        raise InputError(f"--device '{args.device}' is not valid: accepted are {', '.join(DEVICES)}")
-    try:
-        device = resolve_device(args.device)
-    except NoCudaDeviceError as exc:
-        raise InputError(str(exc)) from None
-    ladder = [name.strip() for name in args.ladder.split(",") if name.strip()] if args.ladder else None
-    max_length, min_length = _lengths(args)
-    user_args = {"beta": args.beta} if args.beta is not None else {}
-    if args.ladder is not None and not ladder:
-        raise InputError(f"--ladder '{args.ladder}' names no rung")
-    return SearchSpec(
-        model=args.model,
-        algo=args.algo,
-        device=device,
-        budget_bytes=budget_for(device, args.gpu_memory),
-        max_length=max_length,
-        min_length=min_length,
-        num_generations=args.num_generations,
-        prompt_length=args.max_prompt_length,
-        user_args=user_args,
-        effective_batch=args.effective_batch,
-        maximize=args.maximize,
-        ladder=ladder,
-        real_weights=args.real_weights,
-        dtype=args.dtype,
-        factory=args.factory,
-        out_dir=Path(args.out),
-        probe_steps=args.probe_steps,
-        verify_steps=args.verify_steps,
-        probe_timeout_s=args.probe_timeout,
-        max_probes=args.max_probes,
-        headroom=args.headroom,
-        predict=args.predict,
-    )
-
-
-def _lengths(args):
-    """(max_length, min_length) of the search: the sequence for sft, the completion for grpo/rloo."""
-    from autofit.candidate import RL_ALGOS
-    from autofit.spec import InputError
-
-    if args.algo in RL_ALGOS:
-        if args.max_length is not None or args.min_length is not None:
-            raise InputError(f"--max-length/--min-length do not apply to {args.algo}: use --max-completion-length "
-                             "and --min-completion-length")
-        if args.beta is not None and args.algo == "ppo":
-            raise InputError("--beta applies to grpo and rloo; PPO's KL coefficient is PPOConfig.kl_coef")
-        if args.beta is not None and args.beta < 0:
-            raise InputError(f"--beta {args.beta} is not valid: it must be 0 or more")
-        return args.max_completion_length or 512, args.min_completion_length
-    rl_flags = [flag for flag, value in (("--max-completion-length", args.max_completion_length),
-                                         ("--min-completion-length", args.min_completion_length),
-                                         ("--beta", args.beta)) if value is not None]
-    if rl_flags:
-        raise InputError(f"{rl_flags[0]} applies to grpo and rloo, not to '{args.algo}'")
-    return args.max_length or 1024, args.min_length
+def search_options(args) -> dict:
+    """The parsed options as ``autofit.options.search_spec`` (and ``autofit.fit``) name them."""
+    options = dict(vars(args))
+    for key in ("command", "quiet", "handler", "factory"):
+        options.pop(key, None)
+    return options
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -148,14 +95,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from autofit.api import no_fit_message, run_search
     from autofit.export import table_text
+    from autofit.factory import prepare_factory
     from autofit.faults import InfrastructureError
+    from autofit.options import search_spec
     from autofit.registry import UnknownModelError, resolve_model
     from autofit.spec import InputError, format_size
 
     try:
-        spec = _spec_from_args(args)
+        payload = prepare_factory(args.factory) if args.factory else None
+        spec = search_spec(**search_options(args), factory=payload.identity if payload else None)
         resolve_model(spec.model)
-        report = run_search(spec)
+        report = run_search(spec, factory=payload)
     except (InputError, UnknownModelError) as exc:
         print(f"autofit: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -163,7 +113,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"autofit: error: {exc}", file=sys.stderr)
         return EXIT_PROBES_CANNOT_RUN
     except KeyboardInterrupt:
-        print(f"autofit: interrupted; run the same command again to resume from {args.out}", file=sys.stderr)
+        print(f"autofit: interrupted; run the same command again to resume from {args.out_dir}", file=sys.stderr)
         return 130
     print(table_text(report))
     for note in report.notes:

@@ -61,6 +61,27 @@ def model_args(candidate: Candidate) -> Dict[str, Any]:
     return args
 
 
+def as_trained(candidate: Candidate, observed: Dict[str, Any]) -> Candidate:
+    """The candidate with what the user's trainer adds on its own (read back in the probe): its LoRA, its 4/8-bit
+    base, its number of generations. Exported as measured: a best.yaml without the user's LoRA would describe a full
+    fine-tune that does not fit."""
+    from autofit.candidate import LoraSettings
+
+    changes: Dict[str, Any] = {}
+    peft = (observed or {}).get("peft")
+    if peft and candidate.lora is None:
+        changes["lora"] = LoraSettings(r=peft.get("r") or 16, alpha=peft.get("lora_alpha") or 32,
+                                       dropout=peft.get("lora_dropout") or 0.0,
+                                       target_modules=peft.get("target_modules") or "all-linear")
+    quantization = (observed or {}).get("quantization") or {}
+    if candidate.quantization is None and (quantization.get("load_in_4bit") or quantization.get("load_in_8bit")):
+        changes["quantization"] = "4bit" if quantization.get("load_in_4bit") else "8bit"
+    generations = (observed or {}).get("args", {}).get("num_generations")
+    if candidate.is_rl and candidate.num_generations is None and isinstance(generations, int):
+        changes["num_generations"] = generations
+    return candidate.replace(**changes) if changes else candidate
+
+
 def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) -> str:
     """The rung (or the reason) behind one exported key."""
     rungs = candidate.rungs
@@ -80,9 +101,10 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
     if key in ("use_cpu", "bf16"):
         return "CPU device (simulated meter)"
     if key.startswith(("lora_", "use_peft")):
-        return "lora" if "lora" in rungs else next((r for r in rungs if r.startswith("quant")), "lora")
+        return "lora" if "lora" in rungs else next((r for r in rungs if r.startswith("quant")),
+                                                   "your trainer's own LoRA (measured)")
     if key.startswith(("load_in", "bnb_", "use_bnb")):
-        return next((r for r in rungs if r.startswith("quant")), "quantization")
+        return next((r for r in rungs if r.startswith("quant")), "your trainer's own quantization (measured)")
     if key in ("dtype", "model_init_kwargs") and candidate.dtype is not None:
         if "bf16-weights" in rungs:
             return ("bf16-weights: pure bf16 training, weights, gradients and optimizer states in bfloat16 "
@@ -106,7 +128,7 @@ def _scalar(value: Any) -> str:
 
 def yaml_text(report: SearchReport) -> str:
     fit, spec = report.chosen, report.spec
-    candidate = fit.candidate
+    candidate = as_trained(fit.candidate, report.verified.observed or fit.result.observed)
     defaults = fit.result.config_defaults or report.verified.config_defaults
     train = {k: v for k, v in candidate.training_args().items() if k not in defaults or defaults[k] != v}
     lines = [
@@ -199,7 +221,7 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
     }
     if report.fits:
         fit, verified = report.chosen, report.verified
-        candidate = fit.candidate
+        candidate = as_trained(fit.candidate, verified.observed or fit.result.observed)
         data.update(
             peak_bytes=max(verified.peak_bytes, fit.result.peak_bytes),
             tokens_per_second=round(verified.tokens_per_second, 1),

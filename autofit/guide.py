@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Optional
+from typing import Any, Dict, List, Optional
 
 from autofit import memory_model
-from autofit.candidate import Candidate
+from autofit.candidate import RL_ALGOS, Candidate, LoraSettings
 from autofit.outcome import ProbeResult
 from autofit.report import SearchReport
 from autofit.spec import SearchSpec
@@ -26,13 +26,55 @@ class MemoryGuide:
         self.report = report  # its records are the probes the model learns from
         self.shape = shape  # None: no memory model (plain bisection)
         self.calibration: Optional[memory_model.Calibration] = None
+        self.built: Dict[str, Any] = {}  # what the first probe's trainer runs (autofit.observe)
+
+    def observe(self, candidate: Candidate, result: ProbeResult) -> List[str]:
+        """Learn what the trainer runs from the first probe that says; returns notes on what differs from the
+        candidates (the user's own LoRA, data shorter than max_length)."""
+        if self.built or not result.observed or self.spec.factory is None:
+            return []  # the built-in factories build exactly the candidate
+        self.built = result.observed
+        notes = []
+        peft = self.built.get("peft")
+        if peft and candidate.lora is None:
+            notes.append(f"your trainer applies its own LoRA (r={peft.get('r')}, alpha {peft.get('lora_alpha')}, "
+                         f"targets {peft.get('target_modules')}): it is exported and predicted as such")
+        longest = self.built.get("longest_row")
+        if longest and self.spec.algo not in RL_ALGOS and longest < candidate.max_length:
+            notes.append(f"the longest row of your trainer's dataset has {longest} tokens, fewer than max_length "
+                         f"{candidate.max_length}: peaks were measured at {longest} tokens, and longer data needs more "
+                         "memory (pad a probe row to max_length to measure the worst case)")
+        for note in notes:
+            log.warning("%s", note)
+        return notes
+
+    def as_built(self, candidate: Candidate) -> Candidate:
+        """The candidate as the user's trainer runs it: its LoRA, generations, prompt lengths, and rows no longer
+        than its data's longest (the trainer truncates to max_length; shorter data stays shorter)."""
+        if not self.built:
+            return candidate
+        changes: Dict[str, Any] = {}
+        peft = self.built.get("peft")
+        if peft and candidate.lora is None:
+            changes["lora"] = LoraSettings(r=peft.get("r") or 16, alpha=peft.get("lora_alpha") or 32,
+                                           dropout=peft.get("lora_dropout") or 0.0,
+                                           target_modules=peft.get("target_modules") or "all-linear")
+        args, longest = self.built.get("args", {}), self.built.get("longest_row")
+        if candidate.is_rl:
+            if candidate.num_generations is None and isinstance(args.get("num_generations"), int):
+                changes["num_generations"] = args["num_generations"]
+            if longest:
+                changes["prompt_length"] = longest
+        elif longest and longest < candidate.max_length:
+            changes["max_length"] = longest
+        return candidate.replace(**changes) if changes else candidate
 
     def ledger(self, candidate: Candidate, calibrated: bool = True) -> Optional[memory_model.Ledger]:
         if self.shape is None:
             return None
         try:
             calibration = self.calibration if calibrated else None
-            return memory_model.predict_calibrated(candidate, calibration, self.shape)
+            return memory_model.predict_calibrated(self.as_built(candidate), calibration, self.shape)
         except (KeyError, ValueError, ZeroDivisionError) as exc:  # a configuration the ledger cannot describe
             log.debug("no prediction for %s: %s", candidate.describe(), exc)
             return None
@@ -45,7 +87,7 @@ class MemoryGuide:
         """Calibrate the memory model on every probe that ran to the end."""
         if self.shape is None or not result.fits or not result.peak_bytes:
             return
-        points = [(r.candidate, r.result.peak_bytes) for r in self.report.records
+        points = [(self.as_built(r.candidate), r.result.peak_bytes) for r in self.report.records
                   if r.kind == "probe" and r.result.fits and r.result.peak_bytes]
         try:
             self.calibration = memory_model.calibrate(points, self.shape, device=self.spec.device)

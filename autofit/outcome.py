@@ -59,6 +59,7 @@ class ProbeResult:
     detail: str = ""  # user faults: the traceback frames of the user's own code
     # RL: tokens generated per second in the generation phase alone (0 where there is none)
     generation_tokens_per_second: float = 0.0
+    observed: Dict[str, Any] = field(default_factory=dict)  # what the built trainer runs (autofit.observe)
 
     @property
     def fits(self) -> bool:
@@ -85,6 +86,10 @@ class ProbeResult:
 
 class FactoryMisuse(TypeError):
     """Raised by the probe worker when a factory's return value cannot be what the candidate asked for."""
+
+
+class BuildTimeout(Exception):
+    """Raised in the probe when the factory has not returned the trainer by its deadline."""
 
 
 # Out-of-memory errors raised outside PyTorch's caching allocator carry no exception type of their own.
@@ -163,6 +168,8 @@ def classify_exception(exc: BaseException, *, stage: str = "train", user_factory
     not one of autofit's built-in ``--algo`` factories."""
     import torch
 
+    if isinstance(exc, BuildTimeout):
+        return Outcome.TIMEOUT, (USER if user_factory else ""), "build-timeout"
     text = _text(exc)
     if isinstance(exc, torch.OutOfMemoryError) or any(marker in text for marker in _OOM_MARKERS):
         return Outcome.OOM, "", "oom"

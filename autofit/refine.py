@@ -35,7 +35,6 @@ STARTUP_TRIALS = 2  # random proposals before TPE models the history (the walk's
 def refine(space: Dict[Point, Candidate], known: Dict[Point, Score], evaluate: Evaluate, *, seed: int = 0
            ) -> Dict[Point, Score]:
     """Every point answered, ``known`` included. ``evaluate(level, candidate)`` may raise to stop early."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     distributions = {
         "level": CategoricalDistribution(sorted({level for level, _ in space})),
         "micro_batch": CategoricalDistribution(sorted({batch for _, batch in space})),

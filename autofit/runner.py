@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import contextlib
+import sys
 from pathlib import Path
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence, Union
 
-from autofit.algos import FACTORIES
 from autofit.candidate import Candidate, ProbeSettings
+from autofit.factory import FactoryPayload, prepare_factory
 from autofit.outcome import BAD_FORK, ProbeResult, classify_exit
 
 log = logging.getLogger(__name__)
@@ -36,10 +38,11 @@ class Runner(Protocol):
 
 
 class ProcessRunner:
-    def __init__(self, factory_ref: str, budget_bytes: Optional[int], workdir: Path, timeout_s: float = 900.0,
-                 *, preload: Sequence[str] = PRELOAD, start_method: str = "forkserver"):
-        self.factory_ref = factory_ref
-        self.user_factory = factory_ref not in FACTORIES.values()
+    def __init__(self, factory: Union[str, FactoryPayload], budget_bytes: Optional[int], workdir: Path,
+                 timeout_s: float = 900.0, *, preload: Sequence[str] = PRELOAD, start_method: str = "forkserver",
+                 build_timeout_s: Optional[float] = None):
+        self.factory = factory if isinstance(factory, FactoryPayload) else prepare_factory(factory)
+        self.build_timeout_s = build_timeout_s
         self.budget_bytes = budget_bytes
         self.workdir = Path(workdir)
         self.timeout_s = timeout_s
@@ -73,14 +76,15 @@ class ProcessRunner:
         probe_dir.mkdir(parents=True, exist_ok=True)
         result_path = probe_dir / "result.json"
         result_path.unlink(missing_ok=True)
-        candidate = candidate.replace(probe=ProbeSettings(output_dir=str(probe_dir / "trainer"), **plan))
+        candidate = candidate.replace(probe=ProbeSettings(output_dir=str(probe_dir / "trainer"),
+                                                          build_timeout_s=self.build_timeout_s, **plan))
         process = self._context.Process(
             target=child_main,
-            args=(self.factory_ref, candidate, self.budget_bytes, str(result_path), str(probe_dir / "probe.log"),
-                  self.user_factory),
+            args=(self.factory, candidate, self.budget_bytes, str(result_path), str(probe_dir / "probe.log")),
             name=f"autofit-probe-{self._count}",
         )
-        process.start()
+        with _main_module_left_alone():
+            process.start()
         try:
             process.join(self.timeout_s)
             timed_out = process.is_alive()
@@ -96,3 +100,22 @@ class ProcessRunner:
         result = classify_exit(process.exitcode, timed_out)
         result.log_path = str(probe_dir / "probe.log")
         return result
+
+
+@contextlib.contextmanager
+def _main_module_left_alone():
+    """Start a probe without multiprocessing re-running the parent's ``__main__`` in it.
+
+    multiprocessing hands every child the parent's main module (its file, or its module name) to run again as
+    ``__mp_main__``, so that functions defined there can be unpickled by name. Probes do not need it (factories
+    cross by value) and it does harm: a script fed on stdin has no file to run ("<stdin>"), and a script's top-level
+    code (a dataset loaded, a tensor put on the GPU) would run again in every probe. Hidden while the child starts."""
+    main = sys.modules["__main__"]
+    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    if "__spec__" in saved:
+        main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)

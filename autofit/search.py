@@ -48,9 +48,11 @@ class ProbeLimitReached(Exception):
 
 
 class Search:
-    def __init__(self, spec: SearchSpec, runner: Runner, rungs: Sequence[Rung], store: Optional[ProbeStore] = None):
+    def __init__(self, spec: SearchSpec, runner: Runner, rungs: Sequence[Rung], store: Optional[ProbeStore] = None,
+                 on_record: Optional[Callable[[Record], None]] = None):
         self.spec = spec
         self.runner = runner
+        self.on_record = on_record
         base = memory_model.base_candidate(spec)
         self.start = LadderState(base, min_length=spec.min_length, maximize=spec.maximize)
         self.rungs = list(rungs)
@@ -108,13 +110,15 @@ class Search:
             candidate, kind, key, level, lambda: self.runner.run(candidate, steps, min_steps=min_steps, time_cap_s=cap))
         if not cached:
             self.faults.observe(candidate, result)
+        self.report.notes.extend(self.guide.observe(candidate, result))
         if not self.report.records and result.outcome is Outcome.INVALID and result.error_phase == "load":
             # The trainer rejected the very first configuration (TRL validates its own invariants): bad input.
             raise InputError(f"the trainer rejects this configuration: {result.error}")
         if any(r.candidate.key() == candidate.key() and r.kind == kind for r in self.report.records):
             return result  # already measured and listed in this run (the same point reached from another level)
-        self.report.records.append(Record(level, candidate, kind, result, cached, predicted, prior,
-                                          "verify" if kind == "verify" else stage, calibration))
+        record = Record(level, candidate, kind, result, cached, predicted, prior,
+                        "verify" if kind == "verify" else stage, calibration)
+        self.report.records.append(record)
         if kind == "probe":
             self.guide.learn(result)
         rungs = "+".join(candidate.rungs) or "baseline"
@@ -130,6 +134,8 @@ class Search:
             kind, len(self.report.records), rungs, candidate.describe(), result.outcome.value, detail,
             " (stored)" if cached else "",
         )
+        if self.on_record is not None:
+            self.on_record(record)
         return result
 
     def _largest(self, level: int, values: Sequence[int], make: Callable[[int], Candidate],

@@ -108,6 +108,7 @@ class SearchSpec:
     probe_steps: int = 2
     verify_steps: Union[int, str] = AUTO_VERIFY  # optimizer steps of the verification, or "auto"
     probe_timeout_s: float = 900.0
+    build_timeout_s: float = 600.0  # the factory must return the trainer within this (a hang is the factory's)
     max_probes: Optional[int] = None  # probes (verifications aside) before the search stops and chooses
     headroom: Optional[float] = None  # fraction of the budget kept free; None: 3% on CUDA, 0 on the simulated meter
     predict: bool = True  # use the memory model: its predicted start and its skips (False: plain bisection)

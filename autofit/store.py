@@ -47,10 +47,21 @@ def deferred_interrupt():
         raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def quiet_optuna():
+    """Optuna's per-trial INFO lines are noise here (a probe line says more): WARNING while the block runs, the
+    caller's verbosity restored after."""
+    previous = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(previous)
+
+
 class ProbeStore:
     def __init__(self, out_dir: Path, study_name: str, budget_bytes: Optional[int], levels: int, max_batch: int,
                  max_length: int):
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         storage = JournalStorage(JournalFileBackend(str(Path(out_dir) / STUDY_FILE)))
         self.study = optuna.create_study(

@@ -20,8 +20,19 @@ from typing import Callable, Dict, Optional
 
 from autofit import probe_kit
 from autofit.candidate import Candidate
+from autofit.factory import FactoryPayload
 from autofit.instrument import ProbeClock, instrument_rl_phases, models_of, phase_callback
-from autofit.outcome import BAD_FORK, INFRASTRUCTURE, USER, FactoryMisuse, Outcome, ProbeResult, classify_exception
+from autofit.observe import describe_trainer
+from autofit.outcome import (
+    BAD_FORK,
+    INFRASTRUCTURE,
+    USER,
+    BuildTimeout,
+    FactoryMisuse,
+    Outcome,
+    ProbeResult,
+    classify_exception,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +83,10 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         with context:
             stage = "load"
             meter.set_phase("load")
-            trainer = factory(candidate)
+            with build_deadline(candidate.probe.build_timeout_s if candidate.probe is not None else None):
+                trainer = factory(candidate)
             _check_trainer(trainer, candidate)
+            observed = describe_trainer(trainer)
             if hasattr(meter, "track"):  # weights loaded from disk bypass the dispatch mode
                 meter.track(*models_of(trainer))
             stage = "train"
@@ -86,13 +99,14 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             Outcome.OK,
             peak_bytes=max(peaks.values(), default=0),
             phase_peaks=peaks,
-            tokens_per_second=clock.tokens_per_second(candidate.tokens_per_step),
+            tokens_per_second=clock.tokens_per_second(tokens_per_step(candidate, observed)),
             steps=len(clock.step_times),
             seconds=time.perf_counter() - started,
             stats=meter.stats(),
             config_class=f"{type(trainer.args).__module__}.{type(trainer.args).__qualname__}",
             config_defaults=config_defaults(type(trainer.args), candidate.training_args()),
             generation_tokens_per_second=clock.generation_tokens_per_second(),
+            observed=observed,
         )
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a classified result
         outcome, fault, cause = classify_exception(exc, stage=stage, user_factory=user_factory)
@@ -114,6 +128,26 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         )
 
 
+@contextlib.contextmanager
+def build_deadline(seconds: Optional[float]):
+    """Raise ``BuildTimeout`` in the factory if it has not returned within ``seconds`` (a hang in building is the
+    factory's, and costs less than the whole probe's time limit)."""
+    if not seconds:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise BuildTimeout(f"the trainer factory did not return the trainer within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
 
@@ -129,6 +163,17 @@ def _library_file(filename: str) -> bool:
     parts = filename.replace("\\", "/").split("/")
     return ("site-packages" in parts or "dist-packages" in parts or filename.startswith(_AUTOFIT_DIR)
             or filename.startswith((sys.prefix, sys.base_prefix)) or filename.startswith("<"))
+
+
+def tokens_per_step(candidate: Candidate, observed: Dict) -> int:
+    """Tokens one optimizer step trains on, from what the trainer runs: RL rows are the prompt (the dataset's
+    longest, else the candidate's) plus the completion; other rows are at most the dataset's longest row."""
+    longest = observed.get("longest_row")
+    if candidate.is_rl:
+        completion = observed.get("args", {}).get("max_completion_length")
+        completion = completion if isinstance(completion, int) else candidate.max_length
+        return candidate.effective_batch * ((longest or candidate.prompt_length or 0) + completion)
+    return candidate.effective_batch * min(longest or candidate.max_length, candidate.max_length)
 
 
 def _check_trainer(trainer, candidate: Candidate) -> None:
@@ -200,11 +245,11 @@ def detach_into_log(log_path: str) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
 
 
-def child_main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[int], result_path: str, log_path: str,
-               user_factory: bool = False):
+def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Optional[int], result_path: str,
+               log_path: str):
     """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically."""
     detach_into_log(log_path)
-    result = _main(factory_ref, candidate, budget_bytes, user_factory)
+    result = _main(factory, candidate, budget_bytes)
     result.log_path = log_path
     tmp = result_path + ".tmp"
     with open(tmp, "w") as handle:
@@ -218,18 +263,17 @@ def child_main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[in
     os._exit(0)  # skip interpreter teardown: a broken CUDA context can hang it
 
 
-def _main(factory_ref: str, candidate: Candidate, budget_bytes: Optional[int], user_factory: bool) -> ProbeResult:
+def _main(payload: FactoryPayload, candidate: Candidate, budget_bytes: Optional[int]) -> ProbeResult:
     inherited = inherited_cuda()
     if inherited is not None:
         log.error("probe not run, bad fork: %s", inherited)
         return ProbeResult(Outcome.CRASH, error=f"bad fork: {inherited}", error_phase="setup", fault=INFRASTRUCTURE,
                            cause=BAD_FORK)
-    from autofit.factory import load_factory
-
+    user_factory = not payload.builtin
     try:
-        factory = load_factory(factory_ref)
+        factory = payload.load()
     except BaseException as exc:  # noqa: BLE001 - the factory could not even be imported
-        log.error("the trainer factory %s cannot be imported\n%s", factory_ref, "".join(traceback.format_exception(exc)))
+        log.error("the trainer factory %s cannot be loaded\n%s", payload.name, "".join(traceback.format_exception(exc)))
         outcome, fault, cause = classify_exception(exc, stage="import", user_factory=user_factory)
         return ProbeResult(outcome, error=_one_line(exc), error_phase="import", fault=fault, cause=cause)
     return run_probe(factory, candidate, budget_bytes, user_factory=user_factory)

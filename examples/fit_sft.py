@@ -3,9 +3,9 @@
     python examples/fit_sft.py            # CPU: a simulated 300 MiB device, the bundled tiny model
     python examples/fit_sft.py --gpu      # a CUDA machine: Qwen/Qwen2.5-0.5B within 12 GiB
 
-The factory runs in fresh probe processes, so it is a module-level function and fit() is called under
-``if __name__ == "__main__":``. Build the config from ``candidate.training_args()`` and pass the candidate's
-peft and quantization configs; autofit keeps your own arguments (here learning rate and scheduler) as they are.
+The factory runs in fresh probe processes; it reaches them by value, so any function works (this one is at module
+level only for reading's sake). Build the config from ``candidate.training_args()`` and pass the candidate's peft
+and quantization configs; autofit keeps your own arguments (here learning rate and scheduler) as they are.
 """
 
 import argparse

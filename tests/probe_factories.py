@@ -35,3 +35,39 @@ def disk_full(candidate):
 
 def returns_none(candidate):
     return None
+
+
+def own_lora_short_rows(candidate):
+    """A user's SFT trainer: its own LoRA (r=8 on q and v) and its own dataset, whose rows are 8 tokens long."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    from autofit import probe_kit
+
+    rows = [[(5 * i + j) % 300 + 1 for j in range(8)] for i in range(64)]
+    return SFTTrainer(
+        model=probe_kit.model_path(candidate),
+        args=SFTConfig(**candidate.training_args()),
+        train_dataset=Dataset.from_dict({"input_ids": rows}),
+        processing_class=probe_kit.load_tokenizer(candidate),
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+
+
+def own_grpo_settings(candidate):
+    """A user's GRPO trainer: 4 generations per prompt and 24-token prompts of its own."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from autofit import probe_kit
+    from autofit.algos.rl import length_reward
+
+    prompts = [" ".join(f"t{(3 * i + j) % 300 + 1}" for j in range(24)) for i in range(64)]
+    return GRPOTrainer(
+        model=probe_kit.model_path(candidate),
+        reward_funcs=length_reward,
+        args=GRPOConfig(**candidate.training_args(), num_generations=4),
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=probe_kit.load_tokenizer(candidate, padding_side="left"),
+    )

@@ -317,21 +317,3 @@ def test_the_full_batch_is_tried_when_accumulation_makes_the_small_ones_heavier(
     chosen = report.chosen.candidate
     assert (chosen.micro_batch, chosen.checkpointing, chosen.optim, chosen.lora) == (4, True, None, None)
     assert report.levels[report.chosen.level].cost == "speed"
-
-
-def test_fit_passes_the_search_options_through(tmp_path, monkeypatch):
-    import autofit
-    from autofit import api
-
-    seen = {}
-
-    def capture(spec, rungs=None):
-        seen["spec"] = spec
-        raise RuntimeError("captured")
-
-    monkeypatch.setattr(api, "run_search", capture)
-    with pytest.raises(RuntimeError, match="captured"):
-        autofit.fit("sft", model="tiny-qwen2", device="cpu", gpu_memory="1GiB", out_dir=tmp_path,
-                    max_probes=7, headroom=0.05, predict=False)
-    spec = seen["spec"]
-    assert (spec.max_probes, spec.headroom, spec.predict) == (7, 0.05, False)

@@ -194,13 +194,10 @@ def test_unimportable_factory_stops_the_search_at_once(tmp_path):
     import autofit
     from autofit.spec import InputError
 
-    with pytest.raises(InputError, match="cannot be imported"):  # seen by the caller
-        autofit.fit("probe_factories:does_not_exist", model="tiny-qwen2", device="cpu", gpu_memory="1GiB",
-                    max_length=16, out_dir=tmp_path)
-    with pytest.raises(InputError, match="cannot be imported"):  # seen only by the first probe
-        autofit.fit("__main__:does_not_exist", model="tiny-qwen2", device="cpu", gpu_memory="1GiB",
-                    max_length=16, out_dir=tmp_path)
-    assert len(list(tmp_path.glob("probes/*/result.json"))) == 1
+    for ref in ("probe_factories:does_not_exist", "__main__:does_not_exist"):
+        with pytest.raises(InputError, match="cannot be imported"):  # seen by the caller, before any probe
+            autofit.fit(ref, model="tiny-qwen2", device="cpu", gpu_memory="1GiB", max_length=16, out_dir=tmp_path)
+    assert not list(tmp_path.glob("probes/*/result.json"))
 
 
 def test_tight_budget_climbs_to_the_first_quality_rung_that_fits(tmp_path):
@@ -265,3 +262,18 @@ def test_a_full_fine_tune_out_of_memory_at_the_optimizer_step_keeps_full_fine_tu
     config, model = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
         ["--config", str(tmp_path / "best.yaml"), "--output_dir", str(tmp_path / "run")])
     assert config.model_init_kwargs == {"dtype": "bfloat16"} and model.dtype == "bfloat16"
+
+
+def test_a_factory_that_hangs_is_named_after_its_build_deadline(tmp_path):
+    import autofit
+
+    runner = ProcessRunner("probe_factories:hangs", 2**30, tmp_path / "runner", timeout_s=120, build_timeout_s=2)
+    started = time.perf_counter()
+    result = runner.run(Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=1, max_length=16), 2)
+    assert time.perf_counter() - started < 60  # the build deadline, not the probe's limit
+    assert result.outcome is Outcome.TIMEOUT and result.fault == "user" and result.cause == "build-timeout"
+    assert "did not return the trainer within 2 s" in result.error
+    with pytest.raises(autofit.FactoryError, match="did not return the trainer within 2 s"):
+        autofit.fit("probe_factories:hangs", model="tiny-qwen2", device="cpu", gpu_memory="1GiB", max_length=16,
+                    build_timeout_s=2, out_dir=tmp_path / "fit", quiet=True)
+    assert len(list((tmp_path / "fit").glob("probes/*/result.json"))) == 1  # one probe, not one per rung

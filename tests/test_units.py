@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autofit.candidate import Candidate, LoraSettings, ProbeSettings
-from autofit.factory import FactoryError, factory_ref
+from autofit.factory import FactoryError, identity, prepare_factory
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, climb
 from autofit.outcome import Outcome, ProbeResult, classify_exception, classify_exit
 from autofit.registry import UnknownModelError, resolve_model
@@ -311,20 +311,49 @@ def module_level_factory(candidate):
     return candidate
 
 
-def test_factory_ref_rejects_lambda_and_nested_function():
+def test_any_callable_crosses_by_value():
+    offset = 3
+
     def nested(candidate):
-        return candidate
+        return candidate.micro_batch + offset
 
-    for factory in (lambda c: c, nested):
-        with pytest.raises(FactoryError, match="importable"):
-            factory_ref(factory)
+    c = candidate(micro_batch=2)
+    for factory, expected in ((lambda cand: cand.micro_batch * 10, 20), (nested, 5), (module_level_factory, c)):
+        payload = prepare_factory(factory)
+        assert payload.pickled is not None and not payload.builtin
+        assert payload.load()(c) == expected  # what a probe process gets back
 
 
-def test_factory_ref_accepts_names_and_module_level_functions():
-    assert factory_ref("autofit.algos.sft:build_trainer") == "autofit.algos.sft:build_trainer"
-    assert factory_ref("sft") == "autofit.algos.sft:build_trainer"
-    ref = factory_ref(module_level_factory)
-    assert ref.endswith(":module_level_factory")
+def test_builtin_and_named_factories():
+    for name in ("sft", "autofit.algos.sft:build_trainer"):
+        payload = prepare_factory(name)
+        assert payload.builtin and payload.ref == "autofit.algos.sft:build_trainer" and payload.identity == ""
+    named = prepare_factory("test_units:module_level_factory")
+    assert not named.builtin and named.ref == "test_units:module_level_factory"
+    assert named.identity == identity(module_level_factory)  # the study is the same, by name or by value
+
+
+def test_identity_does_not_depend_on_the_module_it_was_found_in():
+    source = "def make(candidate):\n    return candidate.micro_batch * 2\n"
+    found_as = {}
+    for module in ("__main__", "my_trainers"):
+        namespace = {"__name__": module}
+        exec(compile(source, "train.py", "exec"), namespace)
+        found_as[module] = identity(namespace["make"])
+    assert found_as["__main__"] == found_as["my_trainers"]
+    exec(compile(source.replace("* 2", "* 3"), "train.py", "exec"), namespace)
+    assert identity(namespace["make"]) != found_as["my_trainers"]  # other code, another study
+
+
+def test_a_factory_that_cannot_cross_is_refused_before_any_probe(tmp_path):
+    handle = open(tmp_path / "data.txt", "w")
+    try:
+        with pytest.raises(FactoryError, match="cannot be sent to a probe process: PicklingError: Cannot pickle files"):
+            prepare_factory(lambda candidate: handle.write("x"))
+    finally:
+        handle.close()
+    with pytest.raises(FactoryError, match="not callable"):
+        prepare_factory(42)
 
 
 @pytest.mark.parametrize("ref, message", [
@@ -332,9 +361,9 @@ def test_factory_ref_accepts_names_and_module_level_functions():
     ("autofit.algos.sft:no_such_function", "cannot be imported"),
     ("notaref", "not of the form"),
 ])
-def test_factory_ref_bad_names(ref, message):
+def test_bad_factory_names(ref, message):
     with pytest.raises(FactoryError, match=message):
-        factory_ref(ref)
+        prepare_factory(ref)
 
 
 # -- model registry ---------------------------------------------------------------------------------------------

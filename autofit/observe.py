@@ -1,0 +1,71 @@
+"""What a built trainer actually runs, read back from it in the probe: its arguments, its LoRA, its quantization and
+the longest row of its dataset. A user's factory may set its own ``LoraConfig``, ``num_generations`` or prompts:
+the export writes what was measured and the memory model predicts from it, not from the candidate's defaults."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Optional
+
+log = logging.getLogger(__name__)
+
+ARG_KEYS = ("num_generations", "max_completion_length", "max_length", "steps_per_generation", "generation_batch_size",
+            "beta", "optim")
+ROWS_CHECKED = 10_000  # the longest row is looked for in this many rows (a dataset's first ones)
+ID_COLUMNS = ("input_ids", "chosen_ids", "rejected_ids", "chosen_input_ids", "rejected_input_ids")
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+def peft_settings(model) -> Optional[Dict[str, Any]]:
+    """The trainer model's LoRA adapter, in TRL's terms (target modules by their short names)."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict) or not configs:
+        return None
+    config = next(iter(configs.values()))
+    targets = getattr(config, "target_modules", None)
+    if isinstance(targets, (set, list, tuple)):
+        targets = sorted({str(name).rsplit(".", 1)[-1] for name in targets})
+    return {"r": getattr(config, "r", None), "lora_alpha": getattr(config, "lora_alpha", None),
+            "lora_dropout": getattr(config, "lora_dropout", None), "target_modules": targets}
+
+
+def quantization_settings(model) -> Optional[Dict[str, Any]]:
+    base = getattr(model, "get_base_model", lambda: model)()
+    config = getattr(getattr(base, "config", None), "quantization_config", None)
+    if config is None:
+        return None
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    keys = ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant")
+    return {key: _plain(data[key]) for key in keys if key in data}
+
+
+def longest_row(dataset, tokenizer=None) -> Optional[int]:
+    """Tokens in the longest row of the first ``ROWS_CHECKED`` rows: token-id columns, else prompts tokenized."""
+    if dataset is None or not hasattr(dataset, "column_names"):
+        return None
+    rows = dataset.select(range(min(len(dataset), ROWS_CHECKED)))
+    lengths = [len(ids) for column in ID_COLUMNS if column in rows.column_names for ids in rows[column]]
+    if not lengths and "prompt" in rows.column_names and tokenizer is not None:
+        prompts = [p if isinstance(p, str) else str(p) for p in rows["prompt"]]
+        lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    return max(lengths) if lengths else None
+
+
+def describe_trainer(trainer) -> Dict[str, Any]:
+    """Plain data (it goes to JSON) about what ``trainer`` runs."""
+    args = trainer.args
+    seen: Dict[str, Any] = {"args": {key: _plain(getattr(args, key)) for key in ARG_KEYS if hasattr(args, key)}}
+    seen["args"]["checkpointing"] = bool(getattr(args, "activation_checkpointing", None)
+                                         or getattr(args, "gradient_checkpointing", False))
+    seen["peft"] = peft_settings(trainer.model)
+    seen["quantization"] = quantization_settings(trainer.model)
+    try:
+        seen["longest_row"] = longest_row(getattr(trainer, "train_dataset", None),
+                                          getattr(trainer, "processing_class", None))
+    except Exception as exc:  # noqa: BLE001 - an unusual dataset: say nothing rather than fail the probe
+        log.debug("longest row not found: %s", exc)
+        seen["longest_row"] = None
+    return seen

@@ -1,0 +1,141 @@
+"""Any factory a Python user can write reaches the probes: a script's function using names its main block defines,
+a script fed on stdin, ``python -c``, a closure and a lambda, a notebook cell. Real searches on the tiny model."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+# The user's code: a factory on their own (here synthetic) dataset, using ``ROW_LENGTH`` and ``rows`` that the
+# script defines only under ``if __name__ == "__main__":`` (or in a notebook cell).
+FACTORY = textwrap.dedent("""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    import autofit
+    from autofit import probe_kit
+
+    def make_trainer(candidate):
+        return SFTTrainer(
+            model=probe_kit.model_path(candidate),
+            args=SFTConfig(**candidate.training_args()),
+            train_dataset=Dataset.from_dict({"input_ids": rows[: probe_kit.probe_rows(candidate)]}),
+            processing_class=probe_kit.load_tokenizer(candidate),
+            peft_config=candidate.peft_config(),
+        )
+""")
+MAIN = textwrap.dedent("""
+    ROW_LENGTH = 16
+    rows = [[(7 * i + j) % 400 + 1 for j in range(ROW_LENGTH)] for i in range(64)]
+    result = autofit.fit(make_trainer, model="tiny-qwen2", device="cpu", gpu_memory="2GiB", max_length=ROW_LENGTH,
+                         effective_batch=2, out_dir=OUT, quiet=True)
+    print("RESULT " + json.dumps({"rungs": list(result.candidate.rungs), "fits": result.report.fits,
+                                  "peak": result.report.verified.peak_bytes}))
+""")
+
+
+def run_python(args, out, stdin=None):
+    env = dict(os.environ)
+    done = subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True, timeout=600, env=env,
+                          cwd=str(out))
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line is not None, f"exit {done.returncode}\n{done.stderr[-3000:]}"
+    return json.loads(line[len("RESULT "):]), done
+
+
+def as_script(out) -> str:
+    body = "import json\n" + FACTORY + f"\nOUT = {str(out)!r}\n" + "if __name__ == '__main__':\n" + textwrap.indent(
+        MAIN, "    ")
+    return body
+
+
+def test_a_script_whose_main_block_defines_what_the_factory_uses(tmp_path):
+    (tmp_path / "train.py").write_text(as_script(tmp_path / "out"))
+    found, _ = run_python(["train.py"], tmp_path)
+    assert found["fits"] and found["peak"] > 0
+
+
+def test_a_script_fed_on_stdin(tmp_path):
+    found, done = run_python(["-"], tmp_path, stdin=as_script(tmp_path / "out"))
+    assert found["fits"]
+    assert "Traceback" not in done.stderr  # no probe died in multiprocessing's bootstrap
+
+
+def test_python_dash_c(tmp_path):
+    found, _ = run_python(["-c", as_script(tmp_path / "out")], tmp_path)
+    assert found["fits"]
+
+
+def test_a_closure_and_a_lambda(tmp_path):
+    import autofit
+    from autofit.algos.sft import build_trainer
+
+    seen_rows = []
+
+    def closure(candidate):  # closes over a local of the test
+        seen_rows.append(candidate.max_length)  # (in the probe's copy: the test's list stays empty)
+        return build_trainer(candidate)
+
+    for name, factory in (("closure", closure), ("lambda", lambda candidate: build_trainer(candidate))):
+        result = autofit.fit(factory, model="tiny-qwen2", device="cpu", gpu_memory="2GiB", max_length=16,
+                             effective_batch=2, out_dir=tmp_path / name, quiet=True)
+        assert result.report.fits
+    assert seen_rows == []
+
+
+def test_a_notebook_cell(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    out = tmp_path / "out"
+    cells = [FACTORY, f"import json\nOUT = {str(out)!r}\n" + MAIN]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = "".join(o.get("text", "") for o in notebook.cells[-1].outputs if o.get("output_type") == "stream")
+    line = next(l for l in outputs.splitlines() if l.startswith("RESULT "))
+    assert json.loads(line[len("RESULT "):])["fits"]
+    best = json.loads((out / "best.json").read_text())
+    assert best["fits"] and best["config"]["max_length"] == 16
+
+
+def test_the_trainer_that_was_built_is_the_one_exported(tmp_path):
+    import autofit
+    from trl import ModelConfig, SFTConfig, TrlParser, get_peft_config
+
+    result = autofit.fit("probe_factories:own_lora_short_rows", model="tiny-qwen2", device="cpu", gpu_memory="2GiB",
+                         max_length=32, effective_batch=2, out_dir=tmp_path, quiet=True)
+    best = json.loads(result.best_json.read_text())
+    assert best["peft"] == {"type": "lora", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
+                            "target_modules": ["q_proj", "v_proj"]}
+    assert best["model_args"]["use_peft"] is True and best["model_args"]["lora_r"] == 8
+    assert any("its own LoRA" in note for note in best["notes"])
+    assert any("longest row" in note and "8 tokens" in note for note in best["notes"])
+    config, model_config = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(result.best_yaml), "--output_dir", str(tmp_path / "run")])
+    peft = get_peft_config(model_config)
+    assert peft.r == 8 and set(peft.target_modules) == {"q_proj", "v_proj"}
+    # once a probe has shown what runs, the model predicts LoRA r=8 at 8 tokens, not a full fine-tune at 32 tokens
+    # (the first probe's prediction was made before, for the candidate as given)
+    first, verify = best["candidates"][0], best["candidates"][-1]
+    assert verify["kind"] == "verify" and first["prior_predicted_bytes"] > 2 * first["peak_bytes"]
+    assert abs(verify["prior_predicted_bytes"] - verify["peak_bytes"]) / verify["peak_bytes"] < 0.25
+
+
+def test_a_grpo_factory_with_its_own_generations_and_prompts(tmp_path):
+    import autofit
+
+    result = autofit.fit("probe_factories:own_grpo_settings", model="tiny-qwen2", algo="grpo", device="cpu",
+                         gpu_memory="2GiB", max_completion_length=16, effective_batch=8, out_dir=tmp_path, quiet=True)
+    best = json.loads(result.best_json.read_text())
+    assert best["config"]["num_generations"] == 4
+    verified = result.report.verified
+    assert verified.observed["longest_row"] == 24
+    # tokens per step counted with the 24-token prompts measured, not the 128-token default
+    steps_per_second = verified.tokens_per_second / (8 * (128 + 16))
+    assert abs(steps_per_second * 8 * (24 + 16) - verified.tokens_per_second) > 0.5 * verified.tokens_per_second
