@@ -7,7 +7,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from autofit import export
 from autofit.candidate import Candidate
@@ -18,6 +18,8 @@ from strategies import resolve_ladder
 from autofit.registry import UnknownModelError, resolve_model
 from autofit.runner import ProcessRunner
 from autofit.options import search_spec
+from autofit.others import free_bytes, other_processes
+from autofit.outdir import exclusive
 from autofit.report import Record, SearchReport
 from autofit.search import Search
 from autofit.spec import InputError, SearchSpec, format_size
@@ -68,7 +70,12 @@ def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None, factory
         raise InputError(str(exc)) from None
     payload = factory or prepare_factory(spec.algo)
     rungs = list(rungs) if rungs is not None else resolve_ladder(spec.ladder)
-    spec.out_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive(spec.out_dir) as notes:
+        return _search(spec, rungs, payload, callback, notes)
+
+
+def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callback, notes: List[str]) -> SearchReport:
+    notes = notes + check_device_is_free(spec)
     runner = ProcessRunner(payload, spec.budget_bytes, spec.out_dir, timeout_s=spec.probe_timeout_s,
                            build_timeout_s=spec.build_timeout_s)
     log.info(
@@ -78,6 +85,7 @@ def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None, factory
     )
     with quiet_optuna():
         search = Search(spec, runner, rungs, on_record=callback)
+        search.report.notes[:0] = notes
         try:
             search.run()
         except (FactoryError, InfrastructureError):
@@ -85,6 +93,31 @@ def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None, factory
             raise
     export.write(search.report, spec.out_dir)
     return search.report
+
+
+# An idle card's free memory is a little under its total (driver reservations): not "busy".
+CUDA_IDLE_SLACK_BYTES = 2**30
+
+
+def check_device_is_free(spec: SearchSpec) -> List[str]:
+    """Before probing: other processes must leave the budget free, or probes run out of memory for reasons that
+    are not the candidate's. With ``allow_busy_gpu`` the budget becomes what is free (returned as a note)."""
+    free = free_bytes(spec.device, spec.budget_bytes)
+    slack = CUDA_IDLE_SLACK_BYTES if spec.device == "cuda" else 0
+    if free is None or spec.budget_bytes is None or free + slack >= spec.budget_bytes:
+        return []
+    holders = "; ".join(p.describe() for p in other_processes(spec.device)) or "other processes (not listed by NVML)"
+    if not spec.allow_busy_gpu:
+        raise InputError(f"the device has {format_size(max(free, 0))} free, less than the budget "
+                         f"{format_size(spec.budget_bytes)}: {holders}; free it, lower --gpu-memory, or pass "
+                         "--allow-busy-gpu to search within what is free")
+    if free <= 0:
+        raise InputError(f"the device has no memory free: {holders}")
+    note = (f"the device was busy ({holders}): the budget is what was free when the search started, "
+            f"{format_size(free)} instead of {format_size(spec.budget_bytes)}")
+    spec.budget_bytes = free
+    log.warning("%s", note)
+    return [note]
 
 
 def no_fit_message(report: SearchReport) -> str:
@@ -135,6 +168,7 @@ def fit(
     max_probes: Optional[int] = None,
     headroom: Optional[float] = None,
     predict: bool = True,
+    allow_busy_gpu: bool = False,
     quiet: bool = False,
     training_args: Optional[Dict[str, Any]] = None,
     callback: Optional[Callable[[Record], None]] = None,
@@ -168,7 +202,7 @@ def fit(
         ladder=None if custom else ladder, out_dir=out_dir, real_weights=real_weights, dtype=dtype,
         probe_steps=probe_steps, verify_steps=verify_steps, probe_timeout_s=probe_timeout_s,
         build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,
-        training_args=training_args,
+        allow_busy_gpu=allow_busy_gpu, training_args=training_args,
     )
     rungs = [resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder] if custom else None
     with probe_lines(quiet):

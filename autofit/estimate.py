@@ -117,14 +117,16 @@ def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optiona
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        return None, [f"{path} cannot be read ({exc}): {prior}"]
+        raise InputError(f"--from {path} cannot be read ({type(exc).__name__}: {exc}): run the search again, or drop "
+                         "--from to use the uncalibrated model") from None
     stored = data.get(MEMORY_MODEL_KEY) if isinstance(data, dict) else None
     if not stored:
         return None, [f"{path} has no calibrated memory model ('{MEMORY_MODEL_KEY}'): {prior}"]
     try:
         calibration = Calibration.from_dict(stored)
-    except (TypeError, ValueError) as exc:
-        return None, [f"{path}: the memory model cannot be read ({exc}): {prior}"]
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"--from {path}: its memory model cannot be read ({type(exc).__name__}: {exc}): run the "
+                         "search again, or drop --from") from None
     mismatch = [f"{name} {mine}" for name, mine, theirs in (
         ("model", calibration.model, spec.model), ("algo", calibration.algo, spec.algo),
         ("device", calibration.device, spec.device)) if mine is not None and mine != theirs]

@@ -195,6 +195,7 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
                 "error": r.result.error or None,
                 "error_phase": r.result.error_phase or None,
                 "fault": r.result.fault or None,
+                "origin": r.result.origin or None,
                 "log": r.result.log_path or None,
                 "generation_tokens_per_second": round(r.result.generation_tokens_per_second, 1) or None,
                 "predicted_bytes": round(r.predicted_bytes) if r.predicted_bytes is not None else None,

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import weakref
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 log = logging.getLogger(__name__)
+
+OTHERS_REREAD_S = 0.2
 
 
 class _PhaseLedger:
@@ -65,13 +68,16 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
     Tensors that existed before the mode was entered are added with ``track``.
     """
 
-    def __init__(self, budget_bytes: Optional[int] = None) -> None:
+    def __init__(self, budget_bytes: Optional[int] = None, others: Optional[Callable[[], int]] = None) -> None:
         _PhaseLedger.__init__(self)
         TorchDispatchMode.__init__(self)
         self.budget_bytes = budget_bytes
         self.live = 0
         self._phase_peak = 0
         self._seen: Dict[int, int] = {}
+        # Memory another process holds on the simulated device (autofit.others), read again now and then.
+        self._others = others
+        self._others_bytes, self._others_read = 0, 0.0
 
     # -- accounting -------------------------------------------------------------------------------------------
     def _add(self, tensor: torch.Tensor) -> int:
@@ -103,12 +109,25 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
                 self._add(item)
         self._bump(0, "track")
 
+    def _others_now(self) -> int:
+        if self._others is None:
+            return 0
+        now = time.monotonic()
+        if now - self._others_read > OTHERS_REREAD_S:
+            self._others_bytes, self._others_read = self._others(), now
+        return self._others_bytes
+
     def _bump(self, requested: int, op_name: str) -> None:
         self._phase_peak = max(self._phase_peak, self.live)
-        if self.budget_bytes is not None and self.live > self.budget_bytes:
+        if self.budget_bytes is None:
+            return
+        limit = self.budget_bytes - self._others_now()
+        if self.live > limit:
+            others = f", {(self.budget_bytes - limit) / 2**20:.2f} MiB held by another process" if limit < \
+                self.budget_bytes else ""
             raise torch.OutOfMemoryError(
                 f"Simulated device out of memory. Tried to allocate {requested / 2**20:.2f} MiB in {op_name}; "
-                f"live tensors {self.live / 2**20:.2f} MiB > budget {self.budget_bytes / 2**20:.2f} MiB "
+                f"live tensors {self.live / 2**20:.2f} MiB > budget {self.budget_bytes / 2**20:.2f} MiB{others} "
                 f"(phase {self.phase})"
             )
 

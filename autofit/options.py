@@ -113,6 +113,7 @@ def search_spec(
     max_probes: Optional[int] = None,
     headroom: Optional[float] = None,
     predict: bool = True,
+    allow_busy_gpu: bool = False,
     training_args: Optional[Dict[str, Any]] = None,
 ) -> SearchSpec:
     """The validated question; every bad value raises ``InputError`` with one line naming it."""
@@ -140,4 +141,5 @@ def search_spec(
         ladder=ladder_names(ladder), real_weights=real_weights, dtype=dtype, factory=factory,
         out_dir=Path(out_dir), probe_steps=probe_steps, verify_steps=verify_steps, probe_timeout_s=probe_timeout_s,
         build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,
+        allow_busy_gpu=allow_busy_gpu,
     )

@@ -57,6 +57,7 @@ class ProbeResult:
     cause: str = ""
     log_path: str = ""  # the probe's log, for messages that send the user there
     detail: str = ""  # user faults: the traceback frames of the user's own code
+    origin: str = ""  # where the error came from: your factory, the model, TRL's validation, training, setup
     # RL: tokens generated per second in the generation phase alone (0 where there is none)
     generation_tokens_per_second: float = 0.0
     observed: Dict[str, Any] = field(default_factory=dict)  # what the built trainer runs (autofit.observe)
@@ -176,6 +177,8 @@ def classify_exception(exc: BaseException, *, stage: str = "train", user_factory
     cause = _infrastructure_cause(exc, text)
     if cause is not None:
         return Outcome.CRASH, INFRASTRUCTURE, cause
+    if isinstance(exc, MemoryError):  # host memory, not the device's: no answer about the budget
+        return Outcome.CRASH, "", "host-memory"
     if stage in ("import", "setup"):
         if stage == "import" and user_factory:
             return Outcome.CRASH, USER, "factory-import"
@@ -187,6 +190,26 @@ def classify_exception(exc: BaseException, *, stage: str = "train", user_factory
     if isinstance(exc, _INVALID_TYPES):
         return Outcome.INVALID, "", "rejected"
     return Outcome.CRASH, "", "error"
+
+
+MODEL_PACKAGES = ("transformers", "peft", "bitsandbytes", "safetensors", "huggingface_hub", "accelerate", "torch")
+
+
+def error_origin(exc: BaseException, stage: str, user_factory: bool) -> str:
+    """Where an error came from, for the user: their factory's own code, loading the model, TRL (or transformers)
+    validating the config, the training steps, or the probe's setup (before the factory ran)."""
+    if stage == "train":
+        return "training"
+    if stage in ("setup", "import"):
+        return "setup" if stage == "setup" else ("importing your factory" if user_factory else "setup")
+    module = _innermost_module(exc) or ""
+    if user_factory and raised_by_user_code(exc) or isinstance(exc, FactoryMisuse):
+        return "your factory"
+    if module.split(".")[0] == "trl" or module == "transformers.training_args":
+        return "the config's validation"
+    if module.split(".")[0] in MODEL_PACKAGES:
+        return "the model"
+    return "building the trainer"
 
 
 def classify_exit(exitcode: Optional[int], timed_out: bool) -> ProbeResult:

@@ -15,12 +15,17 @@ import logging
 import multiprocessing
 import contextlib
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Protocol, Sequence, Union
 
 from autofit.candidate import Candidate, ProbeSettings
 from autofit.factory import FactoryPayload, prepare_factory
-from autofit.outcome import BAD_FORK, ProbeResult, classify_exit
+from autofit.outdir import PID_FILE
+from autofit.others import DISTURBED_RETRY_WAIT_S, disturbed
+from autofit.outcome import BAD_FORK, INFRASTRUCTURE, Outcome, ProbeResult, classify_exit
+from autofit.spec import format_size
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,19 @@ class ProcessRunner:
                         "the rest of the search (each probe imports torch and transformers again)", result.error)
             self._context = multiprocessing.get_context("spawn")
             result = self._run_once(candidate, plan)
+        for attempt in range(2):
+            if result.outcome is not Outcome.OOM or not disturbed(result.stats, self.budget_bytes):
+                break
+            grown = result.stats["others_end_bytes"] - result.stats["others_start_bytes"]
+            if attempt == 0:
+                log.warning("probe disturbed: another process on the device grew by %s while it ran out of memory; "
+                            "running it again in %.0f s", format_size(grown), DISTURBED_RETRY_WAIT_S)
+                time.sleep(DISTURBED_RETRY_WAIT_S)
+                result = self._run_once(candidate, plan)
+            else:  # twice: no answer about this candidate, and not "does not fit"
+                result = replace(result, outcome=Outcome.CRASH, fault=INFRASTRUCTURE, cause="disturbed",
+                                 error=f"disturbed twice: another process on the device grew by {format_size(grown)} "
+                                       f"while the probe ran out of memory ({result.error[:200]})")
         return result
 
     def _run_once(self, candidate: Candidate, plan: dict) -> ProbeResult:
@@ -95,6 +113,8 @@ class ProcessRunner:
             process.kill()
             process.join()
             raise
+        finally:
+            (probe_dir / PID_FILE).unlink(missing_ok=True)
         if result_path.exists():
             return ProbeResult.from_dict(json.loads(result_path.read_text()))
         result = classify_exit(process.exitcode, timed_out)

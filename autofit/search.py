@@ -61,6 +61,7 @@ class Search:
         self.store = store or ProbeStore(spec.out_dir, spec.study_name(), spec.budget_bytes,
                                          self.ladder_len + REBUILT_LEVELS, spec.effective_batch, spec.max_length)
         self.report = SearchReport(spec, self.levels, ladder_len=self.ladder_len)
+        self.report.notes.extend(getattr(self.store, "notes", []))
         self.guide = MemoryGuide(spec, self.report, memory_model.shape_or_none(spec.model) if spec.predict else None)
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:
@@ -128,7 +129,10 @@ class Search:
         if result.fits:
             detail += f", {result.tokens_per_second:,.0f} tok/s"
         else:
-            detail += f" in {result.error_phase or '?'}: {result.error[:160]}"
+            where = result.error_phase or "?"
+            if result.origin and result.outcome is not Outcome.OOM:
+                where += f" ({result.origin})"
+            detail += f" in {where}: {result.error[:160]}"
         log.info(
             "%s %-5s [%s] %s: %s %s%s",
             kind, len(self.report.records), rungs, candidate.describe(), result.outcome.value, detail,

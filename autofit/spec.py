@@ -111,6 +111,7 @@ class SearchSpec:
     build_timeout_s: float = 600.0  # the factory must return the trainer within this (a hang is the factory's)
     max_probes: Optional[int] = None  # probes (verifications aside) before the search stops and chooses
     headroom: Optional[float] = None  # fraction of the budget kept free; None: 3% on CUDA, 0 on the simulated meter
+    allow_busy_gpu: bool = False  # search within what other processes leave free (else: exit 2 when it is less)
     predict: bool = True  # use the memory model: its predicted start and its skips (False: plain bisection)
 
     def __post_init__(self) -> None:

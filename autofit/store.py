@@ -8,11 +8,13 @@ RUNNING trial without a result; it is not reused and runs again.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import optuna
 from optuna.distributions import IntDistribution
@@ -22,6 +24,7 @@ from optuna.trial import TrialState
 
 from autofit.candidate import Candidate
 from autofit.outcome import Outcome, ProbeResult
+from autofit.spec import InputError
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,28 @@ def deferred_interrupt():
         raise KeyboardInterrupt
 
 
+def recover_journal(path: Path) -> bool:
+    """Keep the journal's lines up to the first that is not a JSON record; the whole file goes to
+    ``<name>.damaged``. True when something was cut."""
+    lines = path.read_bytes().splitlines(keepends=True)
+    valid = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            break
+        if not isinstance(record, dict):
+            break
+        valid.append(line if line.endswith(b"\n") else line + b"\n")
+    if len(valid) == len(lines):
+        return False
+    os.replace(path, path.with_name(path.name + ".damaged"))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(b"".join(valid))
+    os.replace(tmp, path)
+    return True
+
+
 @contextlib.contextmanager
 def quiet_optuna():
     """Optuna's per-trial INFO lines are noise here (a probe line says more): WARNING while the block runs, the
@@ -63,10 +88,8 @@ class ProbeStore:
     def __init__(self, out_dir: Path, study_name: str, budget_bytes: Optional[int], levels: int, max_batch: int,
                  max_length: int):
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        storage = JournalStorage(JournalFileBackend(str(Path(out_dir) / STUDY_FILE)))
-        self.study = optuna.create_study(
-            study_name=study_name, storage=storage, direction="maximize", load_if_exists=True
-        )
+        self.notes: List[str] = []
+        self.study = self._open(Path(out_dir) / STUDY_FILE, study_name)
         self.budget_bytes = budget_bytes
         self.distributions = {
             "level": IntDistribution(0, max(levels - 1, 0)),
@@ -78,10 +101,34 @@ class ProbeStore:
             attrs = trial.user_attrs
             if "result" not in attrs:
                 continue  # interrupted before it finished: it runs again
-            result = ProbeResult.from_dict(attrs["result"])
+            try:
+                result = ProbeResult.from_dict(attrs["result"])
+                key = (str(attrs["key"]), str(attrs["kind"]), attrs.get("steps"))
+            except (KeyError, TypeError, ValueError) as exc:  # a record this version cannot read: probe again
+                log.warning("study record %d of %s is not readable (%s): its probe runs again", trial.number,
+                            STUDY_FILE, exc)
+                continue
             if result.outcome in REUSABLE:
-                self._cache[(attrs["key"], attrs["kind"], attrs.get("steps"))] = result
+                self._cache[key] = result
         self.probes_run = 0
+
+    def _open(self, path: Path, study_name: str) -> optuna.Study:
+        """The study in ``path``; a journal damaged after its valid records (a crash mid-write, a stray line) is cut
+        back to them, the damaged file kept beside it."""
+        for attempt in range(2):
+            try:
+                storage = JournalStorage(JournalFileBackend(str(path)))
+                return optuna.create_study(study_name=study_name, storage=storage, direction="maximize",
+                                           load_if_exists=True)
+            except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+                if attempt == 0 and recover_journal(path):
+                    self.notes.append(f"{path} was damaged ({type(exc).__name__}: {exc}); its valid records were "
+                                      f"kept and the damaged file moved to {path.name}.damaged")
+                    log.warning("%s", self.notes[-1])
+                    continue
+                raise InputError(f"the study {path} cannot be read ({type(exc).__name__}: {exc}): move it away to "
+                                 "start the search over") from None
+        raise AssertionError("unreachable")
 
     @property
     def probes_total(self) -> int:

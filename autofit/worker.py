@@ -23,6 +23,8 @@ from autofit.candidate import Candidate
 from autofit.factory import FactoryPayload
 from autofit.instrument import ProbeClock, instrument_rl_phases, models_of, phase_callback
 from autofit.observe import describe_trainer
+from autofit.others import others_bytes
+from autofit.outdir import record_probe_process
 from autofit.outcome import (
     BAD_FORK,
     INFRASTRUCTURE,
@@ -32,6 +34,7 @@ from autofit.outcome import (
     Outcome,
     ProbeResult,
     classify_exception,
+    error_origin,
 )
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,7 @@ def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
     if candidate.device == "cpu":
         from autofit.meters import SimulatedMeter
 
-        return SimulatedMeter(budget_bytes)
+        return SimulatedMeter(budget_bytes, others=lambda: others_bytes("cpu"))
     from autofit.meters import CudaMeter
 
     return CudaMeter(budget_bytes)
@@ -75,6 +78,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
     meter = None
     stage = "setup"
     clock = ProbeClock()
+    others_start = others_bytes(candidate.device)
     try:
         if not candidate.real_weights:
             probe_kit.model_path(candidate)  # write the random-weight checkpoint (once) outside the meter
@@ -102,7 +106,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             tokens_per_second=clock.tokens_per_second(tokens_per_step(candidate, observed)),
             steps=len(clock.step_times),
             seconds=time.perf_counter() - started,
-            stats=meter.stats(),
+            stats={**meter.stats(), "others_start_bytes": others_start,
+                   "others_end_bytes": others_bytes(candidate.device)},
             config_class=f"{type(trainer.args).__module__}.{type(trainer.args).__qualname__}",
             config_defaults=config_defaults(type(trainer.args), candidate.training_args()),
             generation_tokens_per_second=clock.generation_tokens_per_second(),
@@ -121,10 +126,12 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             seconds=time.perf_counter() - started,
             error=_one_line(exc),
             error_phase=phase,
-            stats=_safe_stats(meter),
+            stats={**_safe_stats(meter), "others_start_bytes": others_start,
+                   "others_end_bytes": others_bytes(candidate.device)},
             fault=fault,
             cause=cause,
             detail=user_frames(exc) if fault == USER else "",
+            origin=error_origin(exc, stage, user_factory),
         )
 
 
@@ -248,6 +255,7 @@ def detach_into_log(log_path: str) -> None:
 def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Optional[int], result_path: str,
                log_path: str):
     """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically."""
+    record_probe_process(Path(log_path).parent)
     detach_into_log(log_path)
     result = _main(factory, candidate, budget_bytes)
     result.log_path = log_path

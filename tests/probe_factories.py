@@ -71,3 +71,45 @@ def own_grpo_settings(candidate):
         train_dataset=Dataset.from_dict({"prompt": prompts}),
         processing_class=probe_kit.load_tokenizer(candidate, padding_side="left"),
     )
+
+
+def aborts(candidate):
+    os.abort()
+
+
+def exhausts_host_memory(candidate):
+    """Host memory runs out in the probe (an address-space limit stands in for a full machine)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2**33, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    return bytearray(2**34)
+
+
+def _out_dir(candidate):
+    from pathlib import Path
+
+    return Path(candidate.probe.output_dir).parents[2]  # OUT/probes/<probe>/trainer
+
+
+def hangs_once(candidate):
+    """Hangs in the first probe of a search folder (until killed), builds the SFT trainer afterwards."""
+    from autofit.algos.sft import build_trainer
+
+    marker = _out_dir(candidate) / "hung-once"
+    if not marker.exists():
+        marker.write_text("")
+        time.sleep(600)
+    return build_trainer(candidate)
+
+
+def another_process_grows_once(candidate):
+    """The simulated device's other process takes all of it for 2 s during the first probe's training."""
+    from autofit.algos.sft import build_trainer
+
+    marker = _out_dir(candidate) / "grew-once"
+    trainer = build_trainer(candidate)
+    if not marker.exists():
+        marker.touch()
+        with open(os.environ["AUTOFIT_SIMULATED_OTHERS_FILE"], "w") as handle:
+            handle.write(f"{10 * 2**30} {time.time() + 2}")
+    return trainer

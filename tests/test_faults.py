@@ -118,3 +118,27 @@ def test_nothing_fits_only_when_memory_said_so():
     check_no_fit_is_an_answer([], skipped=True)
     with pytest.raises(InfrastructureError, match="no probe ran out of memory"):
         check_no_fit_is_an_answer([invalid], skipped=False)
+
+
+def test_an_errors_origin_is_named():
+    from autofit.outcome import error_origin
+
+    mine = raised(ValueError("my own check"))
+    assert error_origin(mine, "load", user_factory=True) == "your factory"
+    assert error_origin(raised_in_library(), "load", user_factory=True) == "building the trainer"  # the stdlib
+    assert error_origin(mine, "train", user_factory=True) == "training"
+    assert error_origin(mine, "setup", user_factory=False) == "setup"
+    try:
+        from trl import GRPOConfig
+
+        GRPOConfig(output_dir="/tmp/x", use_cpu=True, per_device_train_batch_size=2, num_generations=3)
+    except ValueError as exc:  # "generation_batch_size (2) must be divisible by num_generations (3)"
+        assert error_origin(exc, "load", user_factory=True) == "the config's validation"
+    else:
+        pytest.fail("TRL accepted groups that do not divide the batch")
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.for_model("no-such-model-type")
+    except ValueError as exc:
+        assert error_origin(exc, "load", user_factory=True) == "the model"

@@ -1,0 +1,196 @@
+"""Faults of shared, messy machines, as a user meets them: a search killed with SIGKILL, two searches on one folder,
+probes that abort or run the host out of memory, a damaged study, a busy device (the simulated device's "other
+process", autofit.others), an ``--out`` that is a file."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from autofit import cli
+from autofit.candidate import Candidate
+from autofit.outdir import exclusive, process_start_ticks
+from autofit.outcome import Outcome
+from autofit.runner import ProcessRunner
+from autofit.search import Search
+from autofit.spec import SearchSpec
+from autofit.store import STUDY_FILE
+from strategies import resolve_ladder
+
+try:
+    from fakes import MiB, FormulaRunner
+except ImportError:
+    from tests.fakes import MiB, FormulaRunner
+
+TESTS = Path(__file__).resolve().parent
+SEARCH = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "16", "--effective-batch", "2"]
+
+
+def env_with_tests():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- fast: no training --------------------------------------------------------------------------------------------
+def test_a_second_search_on_the_same_out_exits_2_naming_the_first(tmp_path, capsys):
+    with exclusive(tmp_path):
+        code = cli.main(SEARCH + ["--gpu-memory", "1GiB", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"another autofit search is running on {tmp_path}: pid {os.getpid()}" in err
+    assert not list(tmp_path.glob("probes/*"))
+
+
+def test_a_lock_left_by_a_killed_search_is_taken_over(tmp_path):
+    (tmp_path / "search.lock").write_text(json.dumps({"pid": 4_000_000, "started": 0, "host": "h", "argv": ["x"],
+                                                      "released": False}))
+    with exclusive(tmp_path) as notes:
+        assert any("ended without releasing it" in note and "pid 4000000" in note for note in notes)
+    with exclusive(tmp_path) as notes:  # released cleanly this time
+        assert notes == []
+
+
+def test_out_that_is_a_file_is_bad_input(tmp_path, capsys):
+    target = tmp_path / "best.txt"
+    target.write_text("mine")
+    code = cli.main(SEARCH + ["--gpu-memory", "1GiB", "--out", str(target)])
+    assert code == 2 and "is a file" in capsys.readouterr().err
+    assert target.read_text() == "mine"
+
+
+def test_a_damaged_study_keeps_its_valid_records(tmp_path):
+    def search():
+        spec = SearchSpec(model="tiny-qwen2", budget_bytes=350 * MiB, out_dir=tmp_path, max_length=512,
+                          device="cpu", predict=False, verify_steps=10)
+        runner = FormulaRunner(spec.budget_bytes)
+        return Search(spec, runner, resolve_ladder(None)).run(), runner
+
+    first, _ = search()
+    journal = tmp_path / STUDY_FILE
+    with open(journal, "a") as handle:  # a stray line, then a record written after it
+        handle.write("garbage {not json\n" + json.dumps({"op_code": 0, "worker_id": "x"}) + "\n")
+    second, runner = search()
+    assert any("was damaged" in note for note in second.notes)
+    assert (tmp_path / (STUDY_FILE + ".damaged")).is_file()
+    assert runner.calls == [] and second.chosen.candidate.key() == first.chosen.candidate.key()
+
+
+def test_a_busy_device_is_named_before_any_probe(tmp_path, capsys, monkeypatch):
+    others = tmp_path / "others"
+    others.write_text(str(200 * MiB))
+    monkeypatch.setenv("AUTOFIT_SIMULATED_OTHERS_FILE", str(others))
+    code = cli.main(SEARCH + ["--gpu-memory", "300MiB", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "100.00 MiB free, less than the budget 300.00 MiB" in err
+    assert "simulated other process) holds 200.00 MiB" in err and "--allow-busy-gpu" in err
+    assert not list((tmp_path / "out").glob("probes/*"))
+
+
+# -- slow: real probes ------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_busy_device_allowed_searches_within_what_is_free(tmp_path, monkeypatch):
+    others = tmp_path / "others"
+    others.write_text(str(100 * MiB))
+    monkeypatch.setenv("AUTOFIT_SIMULATED_OTHERS_FILE", str(others))
+    script = textwrap.dedent(f"""
+        import sys
+        from autofit import cli
+        sys.exit(cli.main({SEARCH + ["--gpu-memory", "400MiB", "--allow-busy-gpu", "-q", "--out",
+                                     str(tmp_path / "out")]!r}))
+    """)  # a fresh process: the probe server must see the simulated other process's file from its start
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    best = json.loads((tmp_path / "out" / "best.json").read_text())
+    assert best["budget_bytes"] == 300 * MiB and best["verified"]["peak_bytes"] <= 300 * MiB
+    assert any("the device was busy" in note for note in best["notes"])
+
+
+@pytest.mark.slow
+def test_an_oom_while_another_process_grew_is_run_again(tmp_path):
+    others = tmp_path / "others"
+    others.write_text("0")
+    script = textwrap.dedent(f"""
+        import json, logging
+        from autofit.candidate import Candidate
+        from autofit.runner import ProcessRunner
+        if __name__ == "__main__":
+            logging.basicConfig(level=logging.WARNING)
+            runner = ProcessRunner("probe_factories:another_process_grows_once", 2**30, {str(tmp_path)!r})
+            result = runner.run(Candidate("sft", "tiny-qwen2", "cpu", micro_batch=2, grad_accum=1, max_length=16), 2)
+            print("RESULT " + json.dumps(result.to_dict()))
+    """)
+    env = dict(env_with_tests(), AUTOFIT_SIMULATED_OTHERS_FILE=str(others))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line is not None, done.stderr[-3000:]
+    result = json.loads(line[len("RESULT "):])
+    assert result["outcome"] == "OK"  # the OOM was the other process's, and the probe ran again
+    assert "probe disturbed" in done.stderr and done.stderr.count("probe disturbed") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factory, cause, words", [
+    ("probe_factories:aborts", "signal-SIGABRT", "SIGABRT"),
+    ("probe_factories:exhausts_host_memory", "host-memory", "MemoryError"),
+])
+def test_a_probe_that_aborts_or_exhausts_host_memory(tmp_path, factory, cause, words):
+    runner = ProcessRunner(factory, 2**30, tmp_path, timeout_s=120)
+    result = runner.run(Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=1, max_length=16), 2)
+    assert result.outcome is Outcome.CRASH and result.cause == cause and words in result.error
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_search_leaves_no_probe_and_the_search_resumes(tmp_path):
+    command = [sys.executable, "-m", "autofit.cli", *SEARCH, "--gpu-memory", "2GiB", "-q", "--factory",
+               "probe_factories:hangs_once"]
+    controller = subprocess.Popen(command + ["--out", str(tmp_path / "killed")], env=env_with_tests(),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pid_file = wait_for(lambda: next(iter((tmp_path / "killed").glob("probes/*/pid")), None), 120, "a probe")
+        wait_for(lambda: pid_file.read_text(), 30, "the probe's pid")
+        probe = json.loads(pid_file.read_text())
+        wait_for(lambda: (tmp_path / "killed" / "hung-once").exists(), 60, "the probe to hang")
+        controller.send_signal(signal.SIGKILL)
+        controller.wait(30)
+        # the probe dies with its search (no orphan holding the device), well within a few seconds
+        wait_for(lambda: process_start_ticks(probe["pid"]) != probe["start"], 20, "the orphan probe to die")
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    resumed = subprocess.run(command + ["--out", str(tmp_path / "killed")], env=env_with_tests(), capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "clean" / "hung-once").write_text("")  # the same search, never killed
+    clean = subprocess.run(command + ["--out", str(tmp_path / "clean")], env=env_with_tests(), capture_output=True,
+                           text=True, timeout=600)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    killed_best = json.loads((tmp_path / "killed" / "best.json").read_text())
+    clean_best = json.loads((tmp_path / "clean" / "best.json").read_text())
+    assert killed_best["config"] == clean_best["config"]  # the same answer
+    assert killed_best["probes_this_run"] == clean_best["probes_this_run"]  # only the killed probe ran again
+    assert any("ended without releasing it" in note for note in killed_best["notes"])
+
+
+def test_estimate_from_a_damaged_best_json_is_one_line(tmp_path, capsys):
+    (tmp_path / "best.json").write_text('{"fits": true, "memory_model": {"static_scale": ')  # cut mid-write
+    code = cli.main(["estimate", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "200MiB",
+                     "--from", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert str(tmp_path / "best.json") in err and "cannot be read" in err
