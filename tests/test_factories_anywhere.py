@@ -2,7 +2,6 @@
 a script fed on stdin, ``python -c``, a closure and a lambda, a notebook cell. Real searches on the tiny model."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -39,39 +38,32 @@ MAIN = textwrap.dedent("""
 """)
 
 
-def run_python(args, out, stdin=None):
-    env = dict(os.environ)
-    done = subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True, timeout=600, env=env,
-                          cwd=str(out))
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
-    assert line is not None, f"exit {done.returncode}\n{done.stderr[-3000:]}"
-    return json.loads(line[len("RESULT "):]), done
-
-
 def as_script(out) -> str:
     body = "import json\n" + FACTORY + f"\nOUT = {str(out)!r}\n" + "if __name__ == '__main__':\n" + textwrap.indent(
         MAIN, "    ")
     return body
 
 
-def test_a_script_whose_main_block_defines_what_the_factory_uses(tmp_path):
-    (tmp_path / "train.py").write_text(as_script(tmp_path / "out"))
-    found, _ = run_python(["train.py"], tmp_path)
-    assert found["fits"] and found["peak"] > 0
+def test_a_script_stdin_and_python_dash_c(tmp_path):
+    # three ways of running the same user code, at once (each is a fresh Python with its own probes)
+    (tmp_path / "train.py").write_text(as_script(tmp_path / "script"))
+    ways = {
+        "script": ([sys.executable, "train.py"], None),  # its main block defines ROW_LENGTH and rows
+        "stdin": ([sys.executable, "-"], as_script(tmp_path / "stdin")),
+        "dash-c": ([sys.executable, "-c", as_script(tmp_path / "dash-c")], None),
+    }
+    running = {name: subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, cwd=str(tmp_path)) for name, (args, _) in ways.items()}
+    for name, process in running.items():
+        out, err = process.communicate(ways[name][1], timeout=600)
+        line = next((l for l in out.splitlines() if l.startswith("RESULT ")), None)
+        assert line is not None, f"{name}: exit {process.returncode}\n{err[-3000:]}"
+        found = json.loads(line[len("RESULT "):])
+        assert found["fits"] and found["peak"] > 0, name
+        assert "Traceback" not in err, name  # no probe died in multiprocessing's bootstrap (stdin had)
 
 
-def test_a_script_fed_on_stdin(tmp_path):
-    found, done = run_python(["-"], tmp_path, stdin=as_script(tmp_path / "out"))
-    assert found["fits"]
-    assert "Traceback" not in done.stderr  # no probe died in multiprocessing's bootstrap
-
-
-def test_python_dash_c(tmp_path):
-    found, _ = run_python(["-c", as_script(tmp_path / "out")], tmp_path)
-    assert found["fits"]
-
-
-def test_a_closure_and_a_lambda(tmp_path):
+def test_a_lambda_calling_a_closure(tmp_path):
     import autofit
     from autofit.algos.sft import build_trainer
 
@@ -81,10 +73,9 @@ def test_a_closure_and_a_lambda(tmp_path):
         seen_rows.append(candidate.max_length)  # (in the probe's copy: the test's list stays empty)
         return build_trainer(candidate)
 
-    for name, factory in (("closure", closure), ("lambda", lambda candidate: build_trainer(candidate))):
-        result = autofit.fit(factory, model="tiny-qwen2", device="cpu", gpu_memory="2GiB", max_length=16,
-                             effective_batch=2, out_dir=tmp_path / name, quiet=True)
-        assert result.report.fits
+    result = autofit.fit(lambda candidate: closure(candidate), model="tiny-qwen2", device="cpu", gpu_memory="2GiB",
+                         max_length=16, effective_batch=2, out_dir=tmp_path, quiet=True)
+    assert result.report.fits
     assert seen_rows == []
 
 

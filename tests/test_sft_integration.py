@@ -150,7 +150,7 @@ def test_quantized_lora_probe_runs_and_uses_less_memory(tmp_path):
     ],
 )
 def test_misbehaving_probes_are_classified(tmp_path, factory, outcome, fault, message):
-    runner = ProcessRunner(factory, 2**30, tmp_path, timeout_s=20)
+    runner = ProcessRunner(factory, 2**30, tmp_path, timeout_s=8)
     result = runner.run(Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=1, max_length=16), 2)
     assert result.outcome is outcome
     assert result.fault == fault
