@@ -13,11 +13,12 @@ from autofit import export
 from autofit.candidate import Candidate
 from autofit.factory import FactoryError, FactoryPayload, prepare_factory
 from autofit.faults import InfrastructureError
+from autofit.files import one_line
 from autofit.ladder import Rung
 from strategies import resolve_ladder
 from autofit.registry import UnknownModelError, resolve_model
 from autofit.runner import ProcessRunner
-from autofit.options import search_spec
+from autofit.options import check_model_sizes, search_spec
 from autofit.others import free_bytes, other_processes
 from autofit.outdir import exclusive
 from autofit.report import Record, SearchReport
@@ -65,9 +66,14 @@ def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None, factory
     """Validate the model, run the search in probe processes, write best.yaml/best.json; returns the report.
     ``factory``: the user's (``prepare_factory``); None: the built-in one of ``spec.algo``."""
     try:
-        resolve_model(spec.model)
+        source = resolve_model(spec.model)
     except UnknownModelError as exc:
         raise InputError(str(exc)) from None
+    config = source.config.get("text_config") if isinstance(source.config.get("text_config"), dict) else source.config
+    if not spec.real_weights and not isinstance(config.get("vocab_size"), int):
+        raise InputError(f"model '{one_line(spec.model)}': its configuration has no \"vocab_size\" (an integer), which "
+                         "the synthesized tokenizer of random-weight probes needs; add it, or use --real-weights")
+    check_model_sizes(spec, source.config)
     payload = factory or prepare_factory(spec.algo)
     rungs = list(rungs) if rungs is not None else resolve_ladder(spec.ladder)
     with exclusive(spec.out_dir) as notes:
@@ -80,8 +86,8 @@ def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callba
                            build_timeout_s=spec.build_timeout_s)
     log.info(
         "autofit: %s %s on %s, budget %s, effective batch %d, max_length %d, maximize %s%s",
-        spec.algo, spec.model, spec.device, format_size(spec.budget_bytes), spec.effective_batch, spec.max_length,
-        spec.maximize, f", your factory {payload.name}" if not payload.builtin else "",
+        one_line(spec.algo), one_line(spec.model), spec.device, format_size(spec.budget_bytes), spec.effective_batch,
+        spec.max_length, spec.maximize, f", your factory {one_line(payload.name)}" if not payload.builtin else "",
     )
     with quiet_optuna():
         search = Search(spec, runner, rungs, on_record=callback)

@@ -18,6 +18,10 @@ from typing import Any, Dict, Optional, Tuple
 LENGTH_FIELD = {"sft": "max_length", "reward": "max_length", "grpo": "max_completion_length",
                 "rloo": "max_completion_length", "ppo": "response_length"}
 RL_ALGOS = ("grpo", "rloo", "ppo")
+# Micro-batches per optimizer step that a probe of SFT or a reward model runs: from the second on, the gradients
+# are resident and nothing else grows, so more would cost time and show nothing (a test measures it). RL keeps all:
+# TRL generates for the whole generation batch (micro-batch x steps_per_generation) at once.
+PROBE_ACCUMULATION = 2
 
 LORA_TARGETS = "all-linear"
 
@@ -40,6 +44,7 @@ class ProbeSettings:
     min_steps: int = 0
     time_cap_s: Optional[float] = None
     build_timeout_s: Optional[float] = None  # the factory must return the trainer within this
+    full_accumulation: bool = False  # run every micro-batch of the effective batch (tests of the shortcut)
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,13 @@ class Candidate:
     def is_rl(self) -> bool:
         return self.algo in RL_ALGOS
 
+    @property
+    def probe_accumulation(self) -> int:
+        """Micro-batches per optimizer step as run: all of them outside probes, for RL, or when asked."""
+        if self.probe is None or self.probe.full_accumulation or self.is_rl:
+            return self.grad_accum
+        return min(self.grad_accum, PROBE_ACCUMULATION)
+
     def replace(self, **changes) -> "Candidate":
         return dataclasses.replace(self, **changes)
 
@@ -104,6 +116,7 @@ class Candidate:
             args.update(use_cpu=True, bf16=False)
         if self.probe is not None:
             args.update(
+                gradient_accumulation_steps=self.probe_accumulation,
                 output_dir=self.probe.output_dir,
                 max_steps=self.probe.steps,
                 save_strategy="no",

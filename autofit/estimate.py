@@ -203,11 +203,13 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
 
 def run(args) -> int:
     """Print the estimate; 0, or 2 with a one-line message on bad input."""
-    from autofit.registry import UnknownModelError
+    from autofit.options import check_model_sizes
+    from autofit.registry import UnknownModelError, resolve_model
 
     try:
         spec = spec_from_args(args)
         try:
+            check_model_sizes(spec, resolve_model(spec.model).config)
             ModelShape.from_model(spec.model)
         except UnknownModelError as exc:
             raise InputError(str(exc)) from None

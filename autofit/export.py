@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from autofit.candidate import RL_ALGOS, Candidate
+from autofit.files import atomic_write_text, one_line
 from autofit.device import first_gpu
 from autofit.probe_kit import checkpoint_folder
 from autofit.registry import resolve_model
@@ -123,7 +124,10 @@ def usage(algo: str) -> str:
 
 
 def _scalar(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    """One YAML line: strings as double-quoted JSON (escapes keep a newline in a value from starting a key)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip().removesuffix("...").strip()
 
 
 def yaml_text(report: SearchReport) -> str:
@@ -132,13 +136,14 @@ def yaml_text(report: SearchReport) -> str:
     defaults = fit.result.config_defaults or report.verified.config_defaults
     train = {k: v for k, v in candidate.training_args().items() if k not in defaults or defaults[k] != v}
     lines = [
-        f"# autofit: best {spec.algo} configuration for {spec.model} within {format_size(spec.budget_bytes)}",
+        f"# autofit: best {one_line(spec.algo)} configuration for {one_line(spec.model)} within "
+        f"{format_size(spec.budget_bytes)}",
         f"# verified peak {format_size(report.verified.peak_bytes)} over {report.verified.steps} steps; "
         f"rungs: {', '.join(candidate.rungs) or 'none'}",
-        usage(spec.algo),
+        usage(one_line(spec.algo)),
     ]
     for key, value in {**model_args(candidate), **train}.items():
-        lines.append(f"{key}: {_scalar(value)}  # {_why(key, candidate, spec.max_length, spec.maximize)}")
+        lines.append(f"{key}: {_scalar(value)}  # {one_line(_why(key, candidate, spec.max_length, spec.maximize))}")
     if candidate.env:
         lines.append("env:")
         for key, value in candidate.env:
@@ -299,9 +304,9 @@ def table_text(report: SearchReport) -> str:
 def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "best.json", "yaml": out_dir / "best.yaml"}
-    paths["json"].write_text(json.dumps(json_data(report), indent=2, default=str) + "\n")
+    atomic_write_text(paths["json"], json.dumps(json_data(report), indent=2, default=str) + "\n")
     if report.fits:
-        paths["yaml"].write_text(yaml_text(report))
+        atomic_write_text(paths["yaml"], yaml_text(report))
     else:
         paths["yaml"].unlink(missing_ok=True)  # a stale answer from an earlier search would mislead
     return paths

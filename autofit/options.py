@@ -143,3 +143,27 @@ def search_spec(
         build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,
         allow_busy_gpu=allow_busy_gpu,
     )
+
+
+MAX_PARAMETERS = 10**13  # ten trillion: no configuration one device could probe
+
+
+def check_model_sizes(spec: SearchSpec, config: Dict[str, Any]) -> None:
+    """Refuse lengths the model cannot take and configurations no device could hold, with the limit named."""
+    from autofit.candidate import RL_ALGOS as rl
+    from autofit.memory_model import ModelShape, param_counts
+
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    positions = text.get("max_position_embeddings")
+    length = spec.max_length + (spec.prompt_length if spec.algo in rl else 0)
+    if isinstance(positions, int) and length > positions:
+        what = "prompt + completion" if spec.algo in rl else "--max-length"
+        raise InputError(f"{what} {length} is above the model's max_position_embeddings ({positions:,}): lower it, or "
+                         "raise max_position_embeddings in config.json if you extend the context")
+    try:
+        total = param_counts(ModelShape.from_config(config), spec.algo).total
+    except (KeyError, ValueError, TypeError):
+        return  # an architecture the ledger does not describe: the probes will tell
+    if total > MAX_PARAMETERS:
+        raise InputError(f"model '{spec.model}': its configuration describes {total:,} parameters, more than "
+                         f"{MAX_PARAMETERS:,}: check num_hidden_layers, hidden_size and vocab_size in config.json")

@@ -176,17 +176,21 @@ def load_tokenizer(candidate: Candidate, **kwargs):
 
 
 def synthetic_token_rows(candidate: Candidate, length: int, rows: int) -> List[List[int]]:
-    """``rows`` sequences of exactly ``length`` random ordinary token ids (no special tokens)."""
-    import random
+    """``rows`` sequences of exactly ``length`` random ordinary token ids (no special tokens), drawn as one tensor
+    (seeded: every probe of a search sees the same data)."""
+    import torch
 
     config = resolve_model(candidate.model).config
-    special = set(special_token_ids(config).values())
-    ordinary = [i for i in range(min(config["vocab_size"], 1 << 16)) if i not in special]
-    rng = random.Random(0)
-    return [[rng.choice(ordinary) for _ in range(length)] for _ in range(rows)]
+    vocab = config["vocab_size"]
+    special = sorted(set(special_token_ids(config).values()))
+    high = min(vocab, 1 << 16)
+    ids = torch.randint(0, high, (rows, length), generator=torch.Generator().manual_seed(0))
+    ordinary = next(i for i in range(high) if i not in special)
+    ids[torch.isin(ids, torch.tensor(special))] = ordinary
+    return ids.tolist()
 
 
 def probe_rows(candidate: Candidate) -> int:
-    """Enough rows for every micro-batch of every probe step."""
+    """As many rows as the probe consumes: its micro-batches of every step."""
     steps = candidate.probe.steps if candidate.probe else 1
-    return candidate.effective_batch * steps
+    return candidate.micro_batch * candidate.probe_accumulation * steps

@@ -36,10 +36,11 @@ class Runner(Protocol):
     """Anything that measures one candidate. The search only ever talks to this.
 
     ``time_cap_s``: stop once this many seconds of training have passed and ``min_steps`` optimizer steps have
-    run (a verification bounded by time as well as by ``steps``)."""
+    run (a verification bounded by time as well as by ``steps``). ``full_accumulation``: run every micro-batch of
+    an SFT or reward step, not just the two that show its peak (``Candidate.probe_accumulation``)."""
 
-    def run(self, candidate: Candidate, steps: int, *, min_steps: int = 0, time_cap_s: Optional[float] = None
-            ) -> ProbeResult: ...
+    def run(self, candidate: Candidate, steps: int, *, min_steps: int = 0, time_cap_s: Optional[float] = None,
+            full_accumulation: bool = False) -> ProbeResult: ...
 
 
 class ProcessRunner:
@@ -60,9 +61,9 @@ class ProcessRunner:
     def start_method(self) -> str:
         return self._context.get_start_method()
 
-    def run(self, candidate: Candidate, steps: int, *, min_steps: int = 0, time_cap_s: Optional[float] = None
-            ) -> ProbeResult:
-        plan = dict(steps=steps, min_steps=min_steps, time_cap_s=time_cap_s)
+    def run(self, candidate: Candidate, steps: int, *, min_steps: int = 0, time_cap_s: Optional[float] = None,
+            full_accumulation: bool = False) -> ProbeResult:
+        plan = dict(steps=steps, min_steps=min_steps, time_cap_s=time_cap_s, full_accumulation=full_accumulation)
         result = self._run_once(candidate, plan)
         if result.cause == BAD_FORK and self.start_method != "spawn":
             log.warning("probe processes cannot be forked on this machine (%s): using the spawn start method for "
@@ -89,7 +90,8 @@ class ProcessRunner:
 
         self._count += 1
         steps = plan["steps"]
-        suffix = f"{steps}" + (f"-cap{plan['time_cap_s']:g}" if plan["time_cap_s"] is not None else "")
+        suffix = f"{steps}" + (f"-cap{plan['time_cap_s']:g}" if plan["time_cap_s"] is not None else "") + (
+            "-full" if plan["full_accumulation"] else "")
         probe_dir = self.workdir / "probes" / f"{candidate.key()}-{suffix}"
         probe_dir.mkdir(parents=True, exist_ok=True)
         result_path = probe_dir / "result.json"

@@ -54,6 +54,9 @@ AUTO_VERIFY_TIME_CAP_S = 60.0
 CUDA_HEADROOM = 0.03
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # TRL's ModelConfig.dtype choices
+# Sizes no single device can be meant for: refused at once instead of building rows until the host runs out.
+MAX_EFFECTIVE_BATCH = 2**16
+MAX_TOKENS_PER_STEP = 2**31
 
 
 GROUP_ALGOS = ("grpo", "rloo")  # algorithms that sample num_generations completions per prompt
@@ -129,6 +132,14 @@ class SearchSpec:
                              "in the dtype you want in your PPO script")
         if self.maximize not in MAXIMIZE:
             raise InputError(f"--maximize '{self.maximize}' is not valid: accepted are {', '.join(MAXIMIZE)}")
+        if isinstance(self.effective_batch, int) and self.effective_batch > MAX_EFFECTIVE_BATCH:
+            raise InputError(f"--effective-batch {self.effective_batch} is not valid: at most {MAX_EFFECTIVE_BATCH:,} "
+                             "sequences per optimizer step on one device")
+        if isinstance(self.effective_batch, int) and isinstance(self.max_length, int) and \
+                self.effective_batch * self.max_length > MAX_TOKENS_PER_STEP:
+            raise InputError(f"--effective-batch {self.effective_batch} x length {self.max_length} is "
+                             f"{self.effective_batch * self.max_length:,} tokens per optimizer step: at most "
+                             f"{MAX_TOKENS_PER_STEP:,} on one device")
         if self.verify_steps != AUTO_VERIFY and (not isinstance(self.verify_steps, int) or self.verify_steps < 1):
             raise InputError(f"--verify-steps {self.verify_steps!r} is not valid: use a positive integer or 'auto'")
         for name in ("max_length", "effective_batch", "probe_steps"):

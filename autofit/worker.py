@@ -21,6 +21,7 @@ from typing import Callable, Dict, Optional
 from autofit import probe_kit
 from autofit.candidate import Candidate
 from autofit.factory import FactoryPayload
+from autofit.files import atomic_write_text
 from autofit.instrument import ProbeClock, instrument_rl_phases, models_of, phase_callback
 from autofit.observe import describe_trainer
 from autofit.others import others_bytes
@@ -176,11 +177,12 @@ def tokens_per_step(candidate: Candidate, observed: Dict) -> int:
     """Tokens one optimizer step trains on, from what the trainer runs: RL rows are the prompt (the dataset's
     longest, else the candidate's) plus the completion; other rows are at most the dataset's longest row."""
     longest = observed.get("longest_row")
+    rows = candidate.micro_batch * candidate.probe_accumulation
     if candidate.is_rl:
         completion = observed.get("args", {}).get("max_completion_length")
         completion = completion if isinstance(completion, int) else candidate.max_length
-        return candidate.effective_batch * ((longest or candidate.prompt_length or 0) + completion)
-    return candidate.effective_batch * min(longest or candidate.max_length, candidate.max_length)
+        return rows * ((longest or candidate.prompt_length or 0) + completion)
+    return rows * min(longest or candidate.max_length, candidate.max_length)
 
 
 def _check_trainer(trainer, candidate: Candidate) -> None:
@@ -259,10 +261,7 @@ def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Opti
     detach_into_log(log_path)
     result = _main(factory, candidate, budget_bytes)
     result.log_path = log_path
-    tmp = result_path + ".tmp"
-    with open(tmp, "w") as handle:
-        json.dump(result.to_dict(), handle)
-    os.replace(tmp, result_path)
+    atomic_write_text(Path(result_path), json.dumps(result.to_dict()))
     sys.stdout.flush()
     sys.stderr.flush()
     from multiprocessing import util

@@ -61,6 +61,9 @@ def base_args(tmp_path, **overrides):
     ({"--gpu-memory": None}, "--gpu-memory"),
     ({"--max-length": "-3"}, "'-3'"),
     ({"--ladder": ","}, "','"),
+    ({"--effective-batch": "1000000000"}, "65,536"),  # absurd sizes are refused, not built row by row
+    ({"--max-length": "1000000000"}, "2,147,483,648"),
+    ({"--max-length": "100000"}, "max_position_embeddings"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, overrides, named):
     code = exit_code(base_args(tmp_path, **overrides))
@@ -107,3 +110,24 @@ def test_top_level_usage_error_hint(capsys, argv):
 def test_non_positive_probe_timeout_is_bad_input(tmp_path, capsys, timeout):
     assert exit_code(base_args(tmp_path, **{"--probe-timeout": timeout})) == 2
     assert timeout in capsys.readouterr().err
+
+
+def test_a_configuration_no_device_could_hold_is_refused(tmp_path, capsys):
+    import json
+
+    from autofit.registry import BUNDLED_DIR
+
+    config = json.loads((BUNDLED_DIR / "tiny-qwen2.json").read_text())
+    config["num_hidden_layers"] = 10**9
+    (tmp_path / "huge").mkdir()
+    (tmp_path / "huge" / "config.json").write_text(json.dumps(config))
+    code = exit_code(base_args(tmp_path, **{"--model": str(tmp_path / "huge"), "--gpu-memory": "99999TiB"})
+                     + ["--no-predict"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "parameters" in err
+
+
+def test_estimate_refuses_absurd_sizes_at_once(capsys):
+    code = exit_code(["estimate", "--model", "Qwen/Qwen2.5-7B", "--gpu-memory", "80GB", "--effective-batch",
+                      "1000000000"])
+    assert code == 2 and "65,536" in capsys.readouterr().err

@@ -53,6 +53,9 @@ def cand(**changes) -> Candidate:
     ("meta-llama/Llama-3.1-8B", 8_030_261_248),
     ("google/gemma-3-1b-it", 999_885_952),
     ("tiny-qwen2", 5_671_168),
+    ("meta-llama/Llama-3.1-70B", 70_553_706_496),
+    ("Qwen/Qwen2.5-32B", 32_763_876_352),
+    ("Qwen/Qwen2.5-72B", 72_706_203_648),
 ])
 def test_parameter_counts_match_transformers(name, total):
     assert param_counts(shape(name)).total == total

@@ -15,7 +15,7 @@ def test_reward_model_longest_length_climbs_the_speed_rungs(tmp_path):
 
     code = cli.main(["search", "--model", "tiny-qwen2", "--algo", "reward", "--device", "cpu", "--gpu-memory",
                      "120MiB", "--maximize", "length", "--max-length", "2048", "--min-length", "64",
-                     "--effective-batch", "2", "--out", str(tmp_path)])
+                     "--effective-batch", "2", "--verify-steps", "3", "--out", str(tmp_path)])
     best = json.loads((tmp_path / "best.json").read_text())
     assert code == 0 and best["fits"]
     length = best["config"]["max_length"]

@@ -35,7 +35,7 @@ def test_grpo_search_end_to_end(tmp_path):
 
     code = cli.main(["search", "--model", "tiny-qwen2", "--algo", "grpo", "--device", "cpu", "--gpu-memory", "100MiB",
                      "--max-completion-length", "32", "--max-prompt-length", "32", "--num-generations", "4",
-                     "--out", str(tmp_path)])
+                     "--verify-steps", "3", "--out", str(tmp_path)])
     best = json.loads((tmp_path / "best.json").read_text())
     assert code == 0 and best["fits"], best["candidates"]
     assert best["rungs"], "100 MiB is below the baseline's peak: a rung is needed"

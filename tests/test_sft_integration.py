@@ -277,3 +277,21 @@ def test_a_factory_that_hangs_is_named_after_its_build_deadline(tmp_path):
         autofit.fit("probe_factories:hangs", model="tiny-qwen2", device="cpu", gpu_memory="1GiB", max_length=16,
                     build_timeout_s=2, out_dir=tmp_path / "fit", quiet=True)
     assert len(list((tmp_path / "fit").glob("probes/*/result.json"))) == 1  # one probe, not one per rung
+
+
+def test_two_micro_batches_show_the_peak_of_sixteen(tmp_path):
+    # The shortcut, proven: an SFT step of 16 accumulated micro-batches peaks where its second does (the gradients
+    # are resident from then on), so probes run two. Measured, not assumed.
+    runner = ProcessRunner("autofit.algos.sft:build_trainer", None, tmp_path)
+    candidate = Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=16, max_length=64)
+    started = time.perf_counter()
+    full = runner.run(candidate, 2, full_accumulation=True)
+    full_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    short = runner.run(candidate, 2)
+    short_seconds = time.perf_counter() - started
+    for result in (full, short):
+        assert result.outcome is Outcome.OK, result.error
+    assert abs(short.peak_bytes - full.peak_bytes) / full.peak_bytes < 0.005
+    assert short.phase_peaks.keys() == full.phase_peaks.keys()
+    assert short.tokens_per_second > 0 and short_seconds < full_seconds

@@ -14,7 +14,8 @@ from autofit.memory_model.shape import ModelShape
 
 
 def divisors(n: int) -> List[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def length_grid(low: int, high: int) -> List[int]:

@@ -1,0 +1,66 @@
+"""Files a user can trust: outputs written whole and never through a link, and names that cannot inject a key
+into best.yaml (a folder name with newlines once wrote `learning_rate: 100` and `trust_remote_code: true`)."""
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from autofit import cli
+from autofit.files import atomic_write_text, one_line
+from autofit.registry import BUNDLED_DIR
+
+
+def test_one_line_escapes_what_could_start_a_line():
+    assert one_line("/models/evil\nlearning_rate: 100\n# ") == "/models/evil\\nlearning_rate: 100\\n# "
+    assert one_line("tab\there\rcr\x1b[31m") == "tab\\there\\rcr\\x1b[31m"
+    assert one_line("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+
+
+def test_atomic_write_replaces_a_symlink_instead_of_writing_through_it(tmp_path):
+    victim = tmp_path / "victims-file"
+    victim.write_text("precious")
+    link = tmp_path / "best.json"
+    link.symlink_to(victim)
+    atomic_write_text(link, '{"fits": true}\n')
+    assert victim.read_text() == "precious"
+    assert not link.is_symlink() and link.read_text() == '{"fits": true}\n'
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.slow
+def test_a_hostile_model_folder_name_cannot_add_keys_to_best_yaml(tmp_path):
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    folder = tmp_path / "models" / "evil\nlearning_rate: 100\ntrust_remote_code: true\n# "
+    folder.mkdir(parents=True)
+    shutil.copy(BUNDLED_DIR / "tiny-qwen2.json", folder / "config.json")
+    out = tmp_path / "out"
+    code = cli.main(["search", "--model", str(folder), "--device", "cpu", "--gpu-memory", "2GiB", "--max-length",
+                     "16", "--effective-batch", "2", "-q", "--out", str(out)])
+    assert code == 0
+    best = json.loads((out / "best.json").read_text())
+    written = yaml.safe_load((out / "best.yaml").read_text())
+    exported = {**best["config"], **best["model_args"]}
+    assert set(written) <= set(exported)  # the configuration and nothing else (defaults are left out)
+    assert all(written[key] == exported[key] for key in written)
+    assert "learning_rate" not in written and "trust_remote_code" not in written
+    assert written["model_name_or_path"] == str(folder.resolve())
+    config, model = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(out / "best.yaml"), "--output_dir", str(tmp_path / "run")])
+    assert config.learning_rate != 100 and not getattr(model, "trust_remote_code", False)
+    header = (out / "best.yaml").read_text().splitlines()[0]
+    assert header.startswith("# autofit: best sft configuration for ") and "\\n" in header
+
+
+def test_a_config_without_vocab_size_is_one_line_before_any_probe(tmp_path, capsys):
+    config = json.loads((BUNDLED_DIR / "tiny-qwen2.json").read_text())
+    del config["vocab_size"]
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    code = cli.main(["search", "--model", str(tmp_path / "model"), "--device", "cpu", "--gpu-memory", "1GiB",
+                     "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and '"vocab_size"' in err
+    assert not (tmp_path / "out" / "probes").exists()
