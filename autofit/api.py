@@ -18,7 +18,7 @@ from autofit.ladder import Rung
 from strategies import resolve_ladder
 from autofit.registry import UnknownModelError, resolve_model
 from autofit.runner import ProcessRunner
-from autofit.options import check_model_sizes, search_spec
+from autofit.options import check_model_code, check_model_sizes, search_spec
 from autofit.others import free_bytes, other_processes
 from autofit.outdir import exclusive
 from autofit.report import Record, SearchReport
@@ -73,6 +73,7 @@ def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None, factory
     if not spec.real_weights and not isinstance(config.get("vocab_size"), int):
         raise InputError(f"model '{one_line(spec.model)}': its configuration has no \"vocab_size\" (an integer), which "
                          "the synthesized tokenizer of random-weight probes needs; add it, or use --real-weights")
+    check_model_code(spec.model, source.config, spec.trust_remote_code)
     check_model_sizes(spec, source.config)
     payload = factory or prepare_factory(spec.algo)
     rungs = list(rungs) if rungs is not None else resolve_ladder(spec.ladder)
@@ -175,6 +176,7 @@ def fit(
     headroom: Optional[float] = None,
     predict: bool = True,
     allow_busy_gpu: bool = False,
+    trust_remote_code: bool = False,
     quiet: bool = False,
     training_args: Optional[Dict[str, Any]] = None,
     callback: Optional[Callable[[Record], None]] = None,
@@ -208,7 +210,7 @@ def fit(
         ladder=None if custom else ladder, out_dir=out_dir, real_weights=real_weights, dtype=dtype,
         probe_steps=probe_steps, verify_steps=verify_steps, probe_timeout_s=probe_timeout_s,
         build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,
-        allow_busy_gpu=allow_busy_gpu, training_args=training_args,
+        allow_busy_gpu=allow_busy_gpu, trust_remote_code=trust_remote_code, training_args=training_args,
     )
     rungs = [resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder] if custom else None
     with probe_lines(quiet):

@@ -61,6 +61,7 @@ class Candidate:
     quantization: Optional[str] = None  # None, "8bit" or "4bit"
     # The dtype the weights are loaded in (``model_init_kwargs["dtype"]``): None is TRL's default, float32.
     dtype: Optional[str] = None
+    trust_remote_code: bool = False  # the model's own code runs (``--trust-remote-code``)
     env: Tuple[Tuple[str, str], ...] = ()
     rungs: Tuple[str, ...] = ()
     # Training arguments the user fixed (learning rate, ...): passed through untouched.
@@ -110,6 +111,8 @@ class Candidate:
         if self.dtype is not None:
             user_init = args.get("model_init_kwargs")
             args["model_init_kwargs"] = {**(user_init if isinstance(user_init, dict) else {}), "dtype": self.dtype}
+        if self.trust_remote_code:  # a TRL config field: TRL passes it on to the model, config and tokenizer loading
+            args["trust_remote_code"] = True
         if self.num_generations is not None:
             args["num_generations"] = self.num_generations
         if self.device == "cpu":
@@ -187,6 +190,8 @@ class Candidate:
         data.pop("rungs")
         if data.get("dtype") is None:  # added after studies were stored: keep their keys
             data.pop("dtype")
+        if not data.get("trust_remote_code"):
+            data.pop("trust_remote_code", None)
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def describe(self) -> str:

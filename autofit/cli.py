@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--headroom", type=float, help="fraction of the budget kept free (default 0.03 on CUDA)")
     search.add_argument("--no-predict", dest="predict", action="store_false",
                         help="probe without the memory model: no predicted start, no skipped candidates")
+    search.add_argument("--trust-remote-code", action="store_true",
+                        help="run the model's own code (auto_map in config.json) in probes, as TRL's flag of that name")
     search.add_argument("--allow-busy-gpu", action="store_true",
                         help="search within the memory other processes leave free (default: exit 2 when it is less "
                              "than the budget)")

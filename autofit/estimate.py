@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from autofit.candidate import RL_ALGOS
+from autofit.files import one_line
 from autofit.argtypes import positive_int
 from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
@@ -67,6 +68,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--max-prompt-length", type=positive_int, default=128, help="grpo/rloo: prompt length (128)")
     parser.add_argument("--beta", type=float, help="grpo/rloo: KL coefficient; > 0 without LoRA adds a reference model")
     parser.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="estimate a model that needs its own code (auto_map) from its configuration")
     parser.add_argument("--from", dest="from_dir", metavar="DIR",
                         help="use the calibrated memory model of an earlier search (DIR/best.json, key memory_model)")
     parser.set_defaults(handler=run)
@@ -203,20 +206,26 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
 
 def run(args) -> int:
     """Print the estimate; 0, or 2 with a one-line message on bad input."""
-    from autofit.options import check_model_sizes
+    from autofit.options import check_model_code, check_model_sizes
     from autofit.registry import UnknownModelError, resolve_model
 
     try:
         spec = spec_from_args(args)
         try:
-            check_model_sizes(spec, resolve_model(spec.model).config)
+            config = resolve_model(spec.model).config
+            check_model_code(spec.model, config, args.trust_remote_code)
+            check_model_sizes(spec, config)
             ModelShape.from_model(spec.model)
         except UnknownModelError as exc:
             raise InputError(str(exc)) from None
         calibration, notes = load_calibration(args.from_dir, spec)
         text = estimate_text(spec, calibration, notes)
     except (InputError, ValueError) as exc:
-        print(f"autofit: error: {exc}", file=sys.stderr)
+        print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (KeyError, TypeError, ArithmeticError, RecursionError, AttributeError) as exc:  # a crafted config.json
+        print(f"autofit: error: the configuration of model '{one_line(args.model)}' cannot be estimated "
+              f"({type(exc).__name__}: {one_line(exc)}): check its config.json", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(text)
     return EXIT_OK

@@ -111,6 +111,8 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
             return ("bf16-weights: pure bf16 training, weights, gradients and optimizer states in bfloat16 "
                     "(no float32 master weights)")
         return "--dtype"
+    if key == "trust_remote_code":
+        return "--trust-remote-code: the model's own code runs"
     if key == "model_name_or_path":
         return "random weights were probed; memory does not depend on their values"
     return "yours"

@@ -11,7 +11,7 @@ from autofit import memory_model
 from autofit.candidate import RL_ALGOS, Candidate, LoraSettings
 from autofit.outcome import ProbeResult
 from autofit.report import SearchReport
-from autofit.spec import SearchSpec
+from autofit.spec import SearchSpec, format_size
 
 log = logging.getLogger(__name__)
 
@@ -111,3 +111,15 @@ class MemoryGuide:
     def fits(self, result: ProbeResult) -> bool:
         """Measured within the budget minus the margin kept for what a short probe cannot see."""
         return result.fits and result.peak_bytes <= self.limit()
+
+    def implausible(self, candidate: Candidate, result: ProbeResult) -> bool:
+        """A stored result of a built-in trainer far outside what the memory model allows (a study edited to say
+        "peak 1 B"): not to be reused. A user's trainer is not held to the ledger."""
+        ledger = self.ledger(candidate, calibrated=False)
+        if self.spec.factory is not None or ledger is None or result.outcome.value not in ("OK", "OOM"):
+            return False
+        if ledger.low / 2 <= result.peak_bytes <= ledger.high * 2 and result.peak_bytes > 0:
+            return False
+        log.warning("the stored probe of %s says %s, far from the %s the memory model predicts: measured again",
+                    candidate.describe(), format_size(result.peak_bytes), format_size(ledger.total))
+        return True

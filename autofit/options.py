@@ -114,6 +114,7 @@ def search_spec(
     headroom: Optional[float] = None,
     predict: bool = True,
     allow_busy_gpu: bool = False,
+    trust_remote_code: bool = False,
     training_args: Optional[Dict[str, Any]] = None,
 ) -> SearchSpec:
     """The validated question; every bad value raises ``InputError`` with one line naming it."""
@@ -141,7 +142,7 @@ def search_spec(
         ladder=ladder_names(ladder), real_weights=real_weights, dtype=dtype, factory=factory,
         out_dir=Path(out_dir), probe_steps=probe_steps, verify_steps=verify_steps, probe_timeout_s=probe_timeout_s,
         build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,
-        allow_busy_gpu=allow_busy_gpu,
+        allow_busy_gpu=allow_busy_gpu, trust_remote_code=trust_remote_code,
     )
 
 
@@ -167,3 +168,16 @@ def check_model_sizes(spec: SearchSpec, config: Dict[str, Any]) -> None:
     if total > MAX_PARAMETERS:
         raise InputError(f"model '{spec.model}': its configuration describes {total:,} parameters, more than "
                          f"{MAX_PARAMETERS:,}: check num_hidden_layers, hidden_size and vocab_size in config.json")
+
+
+def check_model_code(name: str, config: Dict[str, Any], trust_remote_code: bool) -> None:
+    """A model whose type the installed transformers does not know runs only with its own code, and only when the
+    user says so: refused before any probe, with the type named and the flag."""
+    from autofit.files import one_line
+    from autofit.registry import needs_own_code
+
+    model_type = needs_own_code(config)
+    if model_type is not None and not trust_remote_code:
+        raise InputError(f"model '{one_line(name)}' has model_type '{one_line(model_type)}', which transformers does not "
+                         "know: it needs the model's own code (auto_map in its config.json), and autofit runs it "
+                         "only with --trust-remote-code (trust_remote_code=True in fit())")

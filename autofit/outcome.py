@@ -79,10 +79,30 @@ class ProbeResult:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "ProbeResult":
-        known = {f.name for f in fields(cls)}
+        """A stored result, checked field by field (a damaged or edited study must not become an answer): raises
+        ``ValueError`` naming the first field that is not what a probe writes."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a result is a JSON object, not {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
         data = {key: value for key, value in data.items() if key in known}
-        data["outcome"] = Outcome(data["outcome"])
+        data["outcome"] = Outcome(data.get("outcome"))
+        for name, value in data.items():
+            expected = _FIELD_TYPES.get(name)
+            if expected is not None and (isinstance(value, bool) and bool not in expected
+                                         or not isinstance(value, expected)):
+                raise ValueError(f"result field {name!r} is {type(value).__name__}, not {expected[0].__name__}")
+        if data.get("peak_bytes", 0) < 0 or any(not isinstance(v, int) or isinstance(v, bool) or v < 0
+                                                 for v in data.get("phase_peaks", {}).values()):
+            raise ValueError("result peaks must be whole numbers of bytes, 0 or more")
         return cls(**data)
+
+
+_FIELD_TYPES = {
+    "peak_bytes": (int,), "phase_peaks": (dict,), "tokens_per_second": (float, int), "steps": (int,),
+    "seconds": (float, int), "error": (str,), "error_phase": (str,), "stats": (dict,), "config_class": (str,),
+    "config_defaults": (dict,), "fault": (str,), "cause": (str,), "log_path": (str,), "detail": (str,),
+    "origin": (str,), "generation_tokens_per_second": (float, int), "observed": (dict,),
+}
 
 
 class FactoryMisuse(TypeError):

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Iterator, List, Optional
 
+from autofit.files import atomic_write_text
 from autofit.spec import InputError
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ def exclusive(out_dir: Path) -> Iterator[List[str]]:
     """Hold ``out_dir`` for one search; yields notes (a lock taken over, orphan probes killed)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} is a file: a folder (new or of an earlier search) is accepted")
+    check_owned(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / LOCK_FILE
@@ -89,6 +91,22 @@ def exclusive(out_dir: Path) -> Iterator[List[str]]:
         _rewrite(fd, {**me, "released": True})
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def check_owned(out_dir: Path) -> None:
+    """An --out that another user owns, or that others may write to, decides what this search writes and reads
+    (a link put there for best.json, a study that poisons the answer): refused."""
+    if not out_dir.exists():
+        return
+    info = out_dir.stat()
+    if info.st_uid != os.geteuid():
+        raise InputError(f"--out {out_dir} belongs to another user (uid {info.st_uid}): use a folder of yours")
+    if info.st_mode & 0o002:
+        raise InputError(f"--out {out_dir} can be written by every user (mode {oct(info.st_mode & 0o777)}): use a "
+                         "folder others cannot write to, e.g. chmod o-w it")
+    for name in ("study.journal", "probes"):
+        if (out_dir / name).is_symlink():
+            raise InputError(f"--out {out_dir}: {name} is a symbolic link; autofit does not write through links")
 
 
 def _rewrite(fd: int, data: dict) -> None:
@@ -125,7 +143,7 @@ def record_probe_process(probe_dir: Path) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the orphan check on the next start still applies
         pass
-    (probe_dir / PID_FILE).write_text(json.dumps({"pid": os.getpid(), "start": process_start_ticks(os.getpid())}))
+    atomic_write_text(probe_dir / PID_FILE, json.dumps({"pid": os.getpid(), "start": process_start_ticks(os.getpid())}))
 
 
 def kill_orphan_probes(out_dir: Path) -> List[str]:

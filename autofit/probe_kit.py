@@ -12,9 +12,10 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from autofit.candidate import Candidate
 from autofit.registry import resolve_model
@@ -76,15 +77,17 @@ def model_path(candidate: Candidate) -> str:
     source = resolve_model(candidate.model)
     if candidate.real_weights:
         return source.local_path or candidate.model
-    return str(random_checkpoint(source.config, candidate.model))
+    code_from = (source.local_path or candidate.model) if candidate.trust_remote_code else None
+    return str(random_checkpoint(source.config, candidate.model, code_from=code_from))
 
 
 def checkpoint_folder(config: Dict, name: str) -> Path:
     return cache_dir() / "random-checkpoints" / f"{name.replace('/', '--')}-{_config_hash(config)}"
 
 
-def random_checkpoint(config: Dict, name: str) -> Path:
-    """Write (once, under a lock) a checkpoint with random weights and a synthesized tokenizer."""
+def random_checkpoint(config: Dict, name: str, code_from: Optional[str] = None) -> Path:
+    """Write (once, under a lock) a checkpoint with random weights and a synthesized tokenizer. ``code_from``: the
+    folder (or hub id) of a model that runs its own code (``--trust-remote-code``); its code goes along."""
     folder = checkpoint_folder(config, name)
     if (folder / ".complete").exists():
         return folder
@@ -92,18 +95,20 @@ def random_checkpoint(config: Dict, name: str) -> Path:
     with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / ".complete").exists():
-            _write_random_checkpoint(config, folder)
+            _write_random_checkpoint(config, folder, code_from)
             (folder / ".complete").touch()
     return folder
 
 
-def _write_random_checkpoint(config: Dict, folder: Path) -> None:
+def _write_random_checkpoint(config: Dict, folder: Path, code_from: Optional[str] = None) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     settings = dict(config)
     model_type = settings.pop("model_type")
-    hf_config = AutoConfig.for_model(model_type, **settings)
+    trust = code_from is not None
+    hf_config = AutoConfig.from_pretrained(code_from, trust_remote_code=True) if trust else \
+        AutoConfig.for_model(model_type, **settings)
     dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
     log.info("writing a random-weight checkpoint of %s to %s", model_type, folder)
     started = time.perf_counter()
@@ -111,10 +116,13 @@ def _write_random_checkpoint(config: Dict, folder: Path) -> None:
     # weight initialization: its random draws took 350 s for a 7B model on 16 cores, and peak memory does not
     # depend on the values. fill_finite then gives every weight a cheap finite value.
     with no_weight_init():
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, **({"trust_remote_code": True} if trust else {}))
     model.tie_weights()  # skipped with the initialization; the checkpoint must hold tied weights once
     fill_finite(model)
     model.save_pretrained(folder)
+    if trust and Path(code_from).is_dir():  # the model's code beside its weights, where from_pretrained looks
+        for module in Path(code_from).glob("*.py"):
+            shutil.copy(module, folder / module.name)
     synthesize_tokenizer(config).save_pretrained(folder)
     log.info("random-weight checkpoint written in %.1f s", time.perf_counter() - started)
 

@@ -49,6 +49,27 @@ class ModelSource:
         return self.config["model_type"]
 
 
+def needs_own_code(config: Dict) -> Optional[str]:
+    """The model_type of a config that brings its own code (``auto_map``) for a type the installed transformers does
+    not know, else None. Most types are found as a module of transformers without importing anything heavy; only an
+    ``auto_map`` config whose type is not is looked up in transformers' own table (which imports torch)."""
+    import importlib.util
+
+    if not config.get("auto_map"):
+        return None
+    model_type = str(config.get("model_type", ""))
+    try:
+        if model_type and importlib.util.find_spec(f"transformers.models.{model_type.replace('-', '_')}"):
+            return None
+    except (ImportError, ValueError):
+        pass
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:  # no transformers to ask: the probes will say
+        return None
+    return None if model_type in CONFIG_MAPPING_NAMES else model_type
+
+
 def bundled_names() -> List[str]:
     return sorted(p.stem.replace("--", "/") for p in BUNDLED_DIR.glob("*.json"))
 
@@ -87,6 +108,8 @@ def load_config(path: Path, name: str) -> Dict:
         ) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise UnknownModelError(f"model '{name}': cannot read {path}: {_one_line(exc)}") from exc
+    except RecursionError:
+        raise UnknownModelError(f"model '{name}': {path} is nested too deeply to be a configuration") from None
     if not isinstance(config, dict):
         kind = _JSON_TYPE_NAMES.get(type(config), type(config).__name__)
         raise UnknownModelError(f"model '{name}': {path} holds {kind}, not a JSON object with the configuration")

@@ -107,8 +107,10 @@ class Search:
             raise ProbeLimitReached()
         predicted, prior = self.guide.predict(candidate), self.guide.predict(candidate, calibrated=False)
         calibration = self.guide.calibration.method if self.guide.calibration is not None else "prior"
-        result, cached = self.store.measure(
-            candidate, kind, key, level, lambda: self.runner.run(candidate, steps, min_steps=min_steps, time_cap_s=cap))
+        run = lambda: self.runner.run(candidate, steps, min_steps=min_steps, time_cap_s=cap)  # noqa: E731
+        result, cached = self.store.measure(candidate, kind, key, level, run)
+        if cached and self.guide.implausible(candidate, result):
+            result, cached = self.store.measure(candidate, kind, key, level, run, fresh=True)
         if not cached:
             self.faults.observe(candidate, result)
         self.report.notes.extend(self.guide.observe(candidate, result))

@@ -102,6 +102,7 @@ class SearchSpec:
     user_args: Dict[str, Any] = field(default_factory=dict)
     real_weights: bool = False
     dtype: Optional[str] = None  # the weights' load dtype, decided by the user; None: the ladder may choose bf16
+    trust_remote_code: bool = False  # a model that needs its own code runs it (the user said so)
     factory: Optional[str] = None  # "module:function"; None: the built-in factory of ``algo``
     # RL (grpo, rloo): completions per prompt (None: TRL's default) and the synthetic prompts' length.
     # For these algorithms max_length/min_length bound the completion length.
@@ -206,6 +207,8 @@ class SearchSpec:
         ]
         if self.dtype is not None:  # added later: studies stored without it keep their names
             parts.append(f"dtype={self.dtype}")
+        if self.trust_remote_code:
+            parts.append("trust_remote_code")
         if self.algo in RL_ALGOS:
             parts += [str(self.num_generations), str(self.prompt_length)]
         return "|".join(parts)

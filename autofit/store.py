@@ -139,11 +139,12 @@ class ProbeStore:
         return self._cache.get((candidate.key(), kind, steps))
 
     def measure(
-        self, candidate: Candidate, kind: str, steps: int, level: int, run: Callable[[], ProbeResult]
+        self, candidate: Candidate, kind: str, steps: int, level: int, run: Callable[[], ProbeResult],
+        fresh: bool = False,
     ) -> Tuple[ProbeResult, bool]:
-        """The stored result for ``candidate`` measured over ``steps``, or run it as a new trial.
-        Returns (result, was_cached)."""
-        cached = self.lookup(candidate, kind, steps)
+        """The stored result for ``candidate`` measured over ``steps``, or run it as a new trial (always with
+        ``fresh``). Returns (result, was_cached)."""
+        cached = None if fresh else self.lookup(candidate, kind, steps)
         if cached is not None:
             return cached, True
         params = {"level": level, "micro_batch": candidate.micro_batch, "max_length": candidate.max_length}

@@ -246,7 +246,7 @@ def detach_into_log(log_path: str) -> None:
     """Make this process a quiet child: its output goes to ``log_path``, and Ctrl-C (which reaches the whole
     process group) is left to the parent, which alone decides and kills it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)

@@ -3,6 +3,7 @@ into best.yaml (a folder name with newlines once wrote `learning_rate: 100` and 
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -49,7 +50,7 @@ def test_a_hostile_model_folder_name_cannot_add_keys_to_best_yaml(tmp_path):
     assert written["model_name_or_path"] == str(folder.resolve())
     config, model = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
         ["--config", str(out / "best.yaml"), "--output_dir", str(tmp_path / "run")])
-    assert config.learning_rate != 100 and not getattr(model, "trust_remote_code", False)
+    assert config.learning_rate != 100 and config.trust_remote_code is False
     header = (out / "best.yaml").read_text().splitlines()[0]
     assert header.startswith("# autofit: best sft configuration for ") and "\\n" in header
 
@@ -64,3 +65,51 @@ def test_a_config_without_vocab_size_is_one_line_before_any_probe(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and '"vocab_size"' in err
     assert not (tmp_path / "out" / "probes").exists()
+
+
+def custom_code_model(folder: Path, marker: Path) -> Path:
+    """A local model whose type transformers does not know: its auto_map points at a module of the folder, which
+    leaves ``marker`` behind when it is imported (that is, when its code runs)."""
+    folder.mkdir(parents=True)
+    config = json.loads((BUNDLED_DIR / "tiny-qwen2.json").read_text())
+    config.update(model_type="marker_lm", architectures=["MarkerForCausalLM"],
+                  auto_map={"AutoConfig": "modeling_marker.MarkerConfig",
+                            "AutoModelForCausalLM": "modeling_marker.MarkerForCausalLM"})
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "modeling_marker.py").write_text(
+        "from pathlib import Path\n"
+        f"Path({str(marker)!r}).touch()\n"
+        "from transformers import Qwen2Config, Qwen2ForCausalLM\n\n\n"
+        "class MarkerConfig(Qwen2Config):\n    model_type = 'marker_lm'\n\n\n"
+        "class MarkerForCausalLM(Qwen2ForCausalLM):\n    config_class = MarkerConfig\n")
+    return folder
+
+
+def test_a_model_that_needs_its_own_code_is_refused_without_the_flag(tmp_path, capsys):
+    marker = tmp_path / "code-ran"
+    folder = custom_code_model(tmp_path / "model", marker)
+    for argv in (["search", "--model", str(folder), "--device", "cpu", "--gpu-memory", "1GiB", "--out",
+                  str(tmp_path / "out")],
+                 ["estimate", "--model", str(folder), "--device", "cpu", "--gpu-memory", "1GiB"]):
+        code = cli.main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1
+        assert "'marker_lm'" in err and "--trust-remote-code" in err
+    assert not marker.exists() and not (tmp_path / "out" / "probes").exists()
+
+
+@pytest.mark.slow
+def test_with_the_flag_the_models_code_runs_and_is_exported(tmp_path):
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    marker = tmp_path / "code-ran"
+    folder = custom_code_model(tmp_path / "model", marker)
+    out = tmp_path / "out"
+    code = cli.main(["search", "--model", str(folder), "--device", "cpu", "--gpu-memory", "2GiB", "--max-length", "16",
+                     "--effective-batch", "2", "--trust-remote-code", "-q", "--out", str(out)])
+    assert code == 0 and marker.exists()
+    best = json.loads((out / "best.json").read_text())
+    assert best["config"]["trust_remote_code"] is True  # TRL's own config field
+    config, _ = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(out / "best.yaml"), "--output_dir", str(tmp_path / "run")])
+    assert config.trust_remote_code is True

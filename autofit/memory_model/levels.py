@@ -39,6 +39,7 @@ def base_candidate(spec: Any) -> Candidate:
         user_args=tuple(sorted(dict(getattr(spec, "user_args", None) or {}).items())),
         real_weights=getattr(spec, "real_weights", False),
         dtype=getattr(spec, "dtype", None),
+        trust_remote_code=bool(getattr(spec, "trust_remote_code", False)),
         num_generations=getattr(spec, "num_generations", None),
         prompt_length=getattr(spec, "prompt_length", None) if spec.algo in RL_ALGOS else None,
     )
