@@ -100,7 +100,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from autofit.api import no_fit_message, run_search
     from autofit.export import table_text
-    from autofit.factory import prepare_factory
+    from autofit.factory import FactoryError, prepare_factory
+    from autofit.files import one_line
     from autofit.faults import InfrastructureError
     from autofit.options import search_spec
     from autofit.registry import UnknownModelError, resolve_model
@@ -111,11 +112,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         spec = search_spec(**search_options(args), factory=payload.identity if payload else None)
         resolve_model(spec.model)
         report = run_search(spec, factory=payload)
-    except (InputError, UnknownModelError) as exc:
+    except FactoryError as exc:  # several lines on purpose: the user's own frames
         print(f"autofit: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (InputError, UnknownModelError) as exc:
+        print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except InfrastructureError as exc:
-        print(f"autofit: error: {exc}", file=sys.stderr)
+        print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_PROBES_CANNOT_RUN
     except KeyboardInterrupt:
         print(f"autofit: interrupted; run the same command again to resume from {args.out_dir}", file=sys.stderr)

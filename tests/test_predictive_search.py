@@ -317,3 +317,20 @@ def test_the_full_batch_is_tried_when_accumulation_makes_the_small_ones_heavier(
     chosen = report.chosen.candidate
     assert (chosen.micro_batch, chosen.checkpointing, chosen.optim, chosen.lora) == (4, True, None, None)
     assert report.levels[report.chosen.level].cost == "speed"
+
+
+def test_a_stored_result_far_from_the_model_is_measured_again(tmp_path):
+    import re
+
+    from autofit.store import STUDY_FILE
+
+    first, _ = search(tmp_path, 250)
+    journal = tmp_path / STUDY_FILE
+    text = journal.read_text()
+    edited, count = re.subn(r'"peak_bytes": ?\d+', '"peak_bytes":1', text, count=1)  # "it fitted in 1 byte"
+    assert count == 1
+    journal.write_text(edited)
+    second, runner = search(tmp_path, 250)
+    assert len(runner.calls) == 1  # that probe, and only it, ran again
+    assert second.chosen.candidate.key() == first.chosen.candidate.key()
+    assert all(r.result.peak_bytes > 1 for r in second.records)
