@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import sys
 from dataclasses import dataclass
@@ -27,6 +28,9 @@ from autofit.spec import InputError, SearchSpec, format_size
 from autofit.store import quiet_optuna
 
 log = logging.getLogger(__name__)
+
+# fit()'s keywords that are the search's options (the rest: the factory, quiet, the callback)
+SEARCH_OPTIONS = frozenset(inspect.signature(search_spec).parameters) - {"factory"}
 
 
 class NoFitError(RuntimeError):
@@ -200,18 +204,10 @@ def fit(
     (``build_timeout_s``), or the same error on two candidates; ``InfrastructureError`` when probes cannot run on
     this machine; ``NoFitError`` when nothing fits.
     """
+    options = {name: value for name, value in locals().items() if name in SEARCH_OPTIONS}
     payload = prepare_factory(trainer_factory)
     custom = ladder is not None and not isinstance(ladder, str) and any(not isinstance(r, str) for r in ladder)
-    spec = search_spec(
-        model=model, algo=algo, factory=payload.identity or None, gpu_memory=gpu_memory, device=device,
-        max_length=max_length, min_length=min_length, max_completion_length=max_completion_length,
-        min_completion_length=min_completion_length, max_prompt_length=max_prompt_length,
-        num_generations=num_generations, beta=beta, effective_batch=effective_batch, maximize=maximize,
-        ladder=None if custom else ladder, out_dir=out_dir, real_weights=real_weights, dtype=dtype,
-        probe_steps=probe_steps, verify_steps=verify_steps, probe_timeout_s=probe_timeout_s,
-        build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,
-        allow_busy_gpu=allow_busy_gpu, trust_remote_code=trust_remote_code, training_args=training_args,
-    )
+    spec = search_spec(**{**options, "ladder": None if custom else ladder}, factory=payload.identity or None)
     rungs = [resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder] if custom else None
     with probe_lines(quiet):
         report = run_search(spec, rungs, payload, callback)

@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "optuna")
 
 
-def versions() -> Dict[str, Optional[str]]:
+def versions(packages=PACKAGES) -> Dict[str, Optional[str]]:
     found = {}
-    for name in PACKAGES:
+    for name in packages:
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

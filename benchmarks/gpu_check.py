@@ -23,9 +23,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+from autofit.export import versions
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +62,6 @@ SCENARIOS = (
                                      "--effective-batch", "1"],
              "gemma-3-1b-it reward model at 16 GiB, longest sequence up to 32768"),
 )
-
-
-def versions() -> Dict[str, Optional[str]]:
-    found = {}
-    for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
 
 
 def gpu_name() -> str:
@@ -187,7 +178,7 @@ def page(root: Path, scenarios: Sequence[Scenario], command: str) -> str:
     today = datetime.date.today().isoformat()
     lines = [f"# autofit on {gpu_name()}, {today}", "",
              f"Written by `{command}` (benchmarks/gpu_check.py). Versions: "
-             + ", ".join(f"{k} {v}" for k, v in versions().items() if v) + ".", ""]
+             + ", ".join(f"{k} {v}" for k, v in versions(PACKAGES).items() if v) + ".", ""]
     for scenario in scenarios:
         lines += scenario_section(scenario, root)
     return "\n".join(lines)

@@ -85,7 +85,7 @@ config_keys = st.fixed_dictionaries(
 def test_crafted_config_json_is_one_line_or_an_estimate(tmp_path, capsys, config):
     folder = tmp_path / "model"
     folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, allow_nan=False))
+    (folder / "config.json").write_text(json.dumps(config))  # NaN and Infinity too: Python writes them
     code = run_cli(["estimate", "--model", folder, "--device", "cpu", "--gpu-memory", "1GiB", "--max-length", "64"])
     err = capsys.readouterr().err
     assert code in (0, 2), err
