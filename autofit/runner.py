@@ -96,6 +96,9 @@ class ProcessRunner:
         probe_dir.mkdir(parents=True, exist_ok=True)
         result_path = probe_dir / "result.json"
         result_path.unlink(missing_ok=True)
+        for name in ("probe.log", PID_FILE):  # a link planted here is removed, never written through
+            if (probe_dir / name).is_symlink():
+                (probe_dir / name).unlink()
         candidate = candidate.replace(probe=ProbeSettings(output_dir=str(probe_dir / "trainer"),
                                                           build_timeout_s=self.build_timeout_s, **plan))
         process = self._context.Process(

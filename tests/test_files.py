@@ -113,3 +113,32 @@ def test_with_the_flag_the_models_code_runs_and_is_exported(tmp_path):
     config, _ = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
         ["--config", str(out / "best.yaml"), "--output_dir", str(tmp_path / "run")])
     assert config.trust_remote_code is True
+
+
+def test_an_out_others_can_write_to_or_with_a_linked_study_is_refused(tmp_path, capsys):
+    import os
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "1GiB", "--out", str(shared)])
+    assert code == 2 and "can be written by every user" in capsys.readouterr().err
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (tmp_path / "elsewhere.journal").write_text("")
+    (linked / "study.journal").symlink_to(tmp_path / "elsewhere.journal")
+    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "1GiB", "--out", str(linked)])
+    assert code == 2 and "study.journal is a symbolic link" in capsys.readouterr().err
+    assert (tmp_path / "elsewhere.journal").read_text() == ""
+
+
+def test_an_out_of_another_user_is_refused(tmp_path, capsys):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 4242, 4242)
+    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "1GiB", "--out", str(theirs)])
+    assert code == 2 and "belongs to another user" in capsys.readouterr().err

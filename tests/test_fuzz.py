@@ -16,7 +16,10 @@ from autofit import api, cli
 from autofit.candidate import Candidate
 from autofit.store import STUDY_FILE, ProbeStore
 
-FAST = settings(max_examples=40, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomize: the same examples on every run, so CI cannot fail on a draw the last run did not make (a local run
+# with a larger max_examples explores further)
+FAST = settings(max_examples=40, deadline=5000, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 sizes = st.one_of(st.sampled_from(["24GiB", "0", "-5GiB", "1e99GiB", "inf", "nan", "abc", "1.5", "99999TiB", "",
                                    "12XB", "0.0001KiB"]),
