@@ -25,7 +25,7 @@ DATASET ?=
 TRAIN_OUT ?= $(OUT)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench
+.PHONY: help search estimate train venv demo test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -37,6 +37,7 @@ help:
 	@echo "                   train with TRL on OUT/best.yaml (trl ALGO --config ...)"
 	@echo "  make demo        a real search on the bundled tiny model, on the CPU"
 	@echo "  make test        the test suite (make test-fast: without real training; make bench: the benchmarks)"
+	@echo "  make bench-families  the memory model against the CPU meter, family by family (docs/benchmarks.md)"
 	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
 
 search: venv
@@ -108,3 +109,8 @@ bench: venv
 
 clean:
 	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY) $(FLOOR_VENV)
+
+# The memory model against the CPU meter for every decoder family (tiny configurations): the table in
+# docs/benchmarks.md between its "families" markers (about a minute).
+bench-families: venv
+	$(BIN)/python -m benchmarks.families --write docs/benchmarks.md

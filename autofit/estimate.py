@@ -1,6 +1,7 @@
 """``autofit estimate``: what the memory model predicts for the baseline and for each level of the ladder, and which
-rung it expects to be needed first. No probe runs and torch is never imported, so it answers in a fraction of a
-second, for a GPU this machine does not have.
+rung it expects to be needed first. No probe runs and torch is never imported in this process, so it answers in a
+fraction of a second, for a GPU this machine does not have (the first time a model is estimated, its parameters are
+counted from the model built on the meta device in a separate process: a few seconds, then cached).
 
 Wiring (in ``autofit.cli``)::
 
@@ -28,7 +29,10 @@ from autofit.memory_model import (
     ModelShape,
     RungEstimate,
     expected_rung,
+    prior_uncertainty,
+    unchecked_reason,
 )
+from autofit.memory_model.checked import sizes_are_exact
 from autofit.spec import InputError, SearchSpec, format_size, parse_size
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
@@ -140,6 +144,15 @@ def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optiona
     return calibration, [note]
 
 
+def parameters_line(shape: ModelShape) -> str:
+    census = shape.parameters()
+    where = "counted from the model" if census.source == "meta" else "computed from the configuration"
+    if census.source != "meta" and sizes_are_exact(shape):
+        where += " (exact for this family)"
+    experts = f", {census.experts:,} of them in {shape.experts} experts per layer" if shape.experts else ""
+    return f"{census.total:,} parameters {where}{experts}"
+
+
 def _unit(budget: float) -> Tuple[str, float]:
     return ("GiB", 2**30) if budget >= 2 * 2**30 else ("MiB", 2**20)
 
@@ -161,8 +174,13 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
         f"effective batch {spec.effective_batch}, {length_name} {spec.max_length}"
         + (f", prompt {spec.prompt_length}" if spec.algo in RL_ALGOS else ""),
     ]
+    shape = ModelShape.from_model(spec.model)
     if calibration is None:
-        lines.append(f"memory model: analytic prior, uncalibrated (±{PRIOR_UNCERTAINTY:.0%})")
+        lines.append(f"memory model: analytic prior, uncalibrated (±{prior_uncertainty(shape, spec.algo):.0%}), "
+                     f"{parameters_line(shape)}")
+    unchecked = unchecked_reason(shape, spec.algo)
+    if unchecked and calibration is None:
+        lines.append(f"note: {unchecked}: the band is widened; a search's probes calibrate it")
     lines += [f"note: {note}" for note in notes]
     unit, scale = _unit(budget)
     header = ["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in COLUMNS] + ["peak", "±", "phase", "fits"]
@@ -206,6 +224,7 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
 
 def run(args) -> int:
     """Print the estimate; 0, or 2 with a one-line message on bad input."""
+    from autofit.census import ensure_census
     from autofit.options import check_model_code, check_model_sizes
     from autofit.registry import UnknownModelError, resolve_model
 
@@ -215,6 +234,7 @@ def run(args) -> int:
             config = resolve_model(spec.model).config
             check_model_code(spec.model, config, args.trust_remote_code)
             check_model_sizes(spec, config)
+            ensure_census(spec.model, trust_remote_code=bool(args.trust_remote_code))
             ModelShape.from_model(spec.model)
         except UnknownModelError as exc:
             raise InputError(str(exc)) from None

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
+from autofit import memory_model
 from autofit.candidate import RL_ALGOS, Candidate
 from autofit.files import atomic_write_text, one_line
 from autofit.device import first_gpu
@@ -17,6 +18,7 @@ from autofit.probe_kit import checkpoint_folder
 from autofit.registry import resolve_model
 from autofit.report import SearchReport
 from autofit.spec import format_size
+from autofit.trades import trades
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,8 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
             return ("bf16-weights: pure bf16 training, weights, gradients and optimizer states in bfloat16 "
                     "(no float32 master weights)")
         return "--dtype"
+    if key == "attn_implementation":
+        return "the attention implementation the probes measured"
     if key == "trust_remote_code":
         return "--trust-remote-code: the model's own code runs"
     if key == "model_name_or_path":
@@ -144,7 +148,12 @@ def yaml_text(report: SearchReport) -> str:
         f"rungs: {', '.join(candidate.rungs) or 'none'}",
         usage(one_line(spec.algo)),
     ]
-    for key, value in {**model_args(candidate), **train}.items():
+    if candidate.is_rl and candidate.prompt_length:
+        lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.algo)} does not "
+                     "truncate prompts, so keep yours this short (or search with --max-prompt-length)")
+    observed = report.verified.observed or fit.result.observed or {}
+    attention = {"attn_implementation": observed["attn_implementation"]} if observed.get("attn_implementation") else {}
+    for key, value in {**model_args(candidate), **attention, **train}.items():
         lines.append(f"{key}: {_scalar(value)}  # {one_line(_why(key, candidate, spec.max_length, spec.maximize))}")
     if candidate.env:
         lines.append("env:")
@@ -235,6 +244,8 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
             tokens_per_second=round(verified.tokens_per_second, 1),
             generation_tokens_per_second=round(verified.generation_tokens_per_second, 1) or None,
             rungs=list(candidate.rungs),
+            trades=trades(candidate, spec.max_length, memory_model.shape_or_none(spec.model)),
+            attn_implementation=(verified.observed or fit.result.observed or {}).get("attn_implementation"),
             cost_class=report.levels[fit.level].cost,
             config=candidate.training_args(),
             config_class=verified.config_class,

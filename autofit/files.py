@@ -31,3 +31,10 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def cache_dir() -> Path:
+    """Where autofit keeps what it can build again (random checkpoints, parameter censuses): ``$AUTOFIT_CACHE``,
+    else ``$XDG_CACHE_HOME/autofit``, else ``~/.cache/autofit``."""
+    root = os.environ.get("AUTOFIT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "autofit"
+    return Path(root).expanduser()

@@ -8,10 +8,11 @@ import math
 from typing import Any, Dict, List, Optional
 
 from autofit import memory_model
+from autofit.census import NoCausalLM, ensure_census
 from autofit.candidate import RL_ALGOS, Candidate, LoraSettings
 from autofit.outcome import ProbeResult
 from autofit.report import SearchReport
-from autofit.spec import SearchSpec, format_size
+from autofit.spec import InputError, SearchSpec, format_size
 
 log = logging.getLogger(__name__)
 
@@ -123,3 +124,21 @@ class MemoryGuide:
         log.warning("the stored probe of %s says %s, far from the %s the memory model predicts: measured again",
                     candidate.describe(), format_size(result.peak_bytes), format_size(ledger.total))
         return True
+
+
+def model_shape(spec: SearchSpec) -> Optional[memory_model.ModelShape]:
+    """The model's shape with its parameters counted from the model (built once, cached), and a note in the report
+    when the prediction for it is not a checked one."""
+    try:
+        ensure_census(spec.model, trust_remote_code=spec.trust_remote_code)
+    except NoCausalLM as exc:
+        if spec.factory is None:  # the built-in trainers load the model by name: they would fail on every probe
+            raise InputError(str(exc)) from None
+        log.info("%s; your factory loads it its own way", exc)
+    shape = memory_model.shape_or_none(spec.model)
+    if shape is not None:
+        reason = memory_model.unchecked_reason(shape, spec.algo)
+        if reason:
+            log.info("memory model: %s; predictions carry a ±%.0f%% band until probes calibrate them", reason,
+                     100 * memory_model.prior_uncertainty(shape, spec.algo))
+    return shape

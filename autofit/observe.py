@@ -62,6 +62,9 @@ def describe_trainer(trainer) -> Dict[str, Any]:
                                          or getattr(args, "gradient_checkpointing", False))
     seen["peft"] = peft_settings(trainer.model)
     seen["quantization"] = quantization_settings(trainer.model)
+    base = getattr(trainer.model, "get_base_model", lambda: trainer.model)()
+    attention = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    seen["attn_implementation"] = attention if isinstance(attention, str) else None
     try:
         seen["longest_row"] = longest_row(getattr(trainer, "train_dataset", None),
                                           getattr(trainer, "processing_class", None))

@@ -11,21 +11,16 @@ import fcntl
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from autofit.candidate import Candidate
+from autofit.files import cache_dir
 from autofit.registry import resolve_model
 
 log = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("AUTOFIT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "autofit"
-    return Path(root).expanduser()
 
 
 def special_token_ids(config: Dict) -> Dict[str, int]:

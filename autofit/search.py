@@ -28,7 +28,7 @@ from autofit import memory_model
 from autofit.memory_model import divisors, length_grid  # noqa: F401 - the search's grids, shared with estimate
 from autofit.candidate import Candidate
 from autofit.faults import FaultWatch, check_no_fit_is_an_answer
-from autofit.guide import MemoryGuide
+from autofit.guide import MemoryGuide, model_shape
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
 from autofit.pruning import drop_unneeded
@@ -62,7 +62,7 @@ class Search:
                                          self.ladder_len + REBUILT_LEVELS, spec.effective_batch, spec.max_length)
         self.report = SearchReport(spec, self.levels, ladder_len=self.ladder_len)
         self.report.notes.extend(getattr(self.store, "notes", []))
-        self.guide = MemoryGuide(spec, self.report, memory_model.shape_or_none(spec.model) if spec.predict else None)
+        self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.predict else None)
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:
             self.report.notes.append(

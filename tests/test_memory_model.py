@@ -66,7 +66,7 @@ def test_shape_fields_and_parts():
     assert (llama.hidden, llama.layers, llama.heads, llama.kv_heads, llama.head_dim) == (4096, 32, 32, 8, 128)
     assert (llama.intermediate, llama.vocab, llama.tied_embeddings, llama.dtype_bytes) == (14336, 128256, False, 2)
     counts = param_counts(llama)
-    assert counts.per_layer_linear == 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    assert counts.linear == 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
     assert counts.embedding == counts.lm_head == 128256 * 4096  # untied: ~1.05B params stay unquantized
     gemma = shape("google/gemma-3-1b-it")
     assert (gemma.head_dim, gemma.q_dim, gemma.kv_dim, gemma.tied_embeddings, gemma.qk_norm) == (256, 1024, 256, True, True)
@@ -97,8 +97,9 @@ def test_lora_params_memory_facts_2_2(name, expected):
 def test_lora_params_subset_and_unknown_target():
     llama = shape("meta-llama/Llama-3.1-8B")
     assert lora_params(llama, 8, ["q_proj", "v_proj"]) == 32 * 8 * ((4096 + 4096) + (4096 + 1024))
-    with pytest.raises(ValueError):
-        lora_params(llama, 8, ["lm_head"])
+    assert lora_params(llama, 8, ["lm_head"]) == 8 * (4096 + 128256)  # named, peft adapts the LM head too
+    with pytest.raises(ValueError, match="match no linear layer.*q_proj"):
+        lora_params(llama, 8, ["qproj"])
 
 
 # -- KV cache and the fused LM head -----------------------------------------------------------------------------------
@@ -441,3 +442,18 @@ def test_estimate_text_with_a_stored_calibration(tmp_path):
     assert text.count("\n") > 8  # one row per ladder level
     _, notes = load_calibration(str(tmp_path), _spec(max_length=512, budget_bytes=512 * MiB))
     assert "calibrated for model tiny-qwen2" in notes[0]
+
+
+# -- what the export says the user trades -----------------------------------------------------------------------------
+def test_trades_name_each_rungs_cost_with_loras_share_of_parameters():
+    from autofit.trades import trades
+
+    qwen = shape("Qwen/Qwen2.5-7B")
+    c = cand(model="Qwen/Qwen2.5-7B", lora=LoraSettings(), quantization="4bit", max_length=512,
+             rungs=("micro-batch", "lora", "quant-4bit", "shorter-length"))
+    lines = trades(c, 1024, qwen)
+    assert len(lines) == 4
+    assert lines[1] == (f"LoRA r=16 (alpha 32) on all-linear: the base model is frozen, {lora_params(qwen, 16):,} of "
+                        f"7,615,616,512 parameters trained ({lora_params(qwen, 16) / 7_615_616_512:.2%})")
+    assert "NF4" in lines[2] and "512 tokens instead of 1024" in lines[3]
+    assert trades(c, 1024)[1].endswith("the base model is frozen")  # no memory model: no numbers

@@ -56,6 +56,10 @@ def test_grpo_search_end_to_end(tmp_path):
     assert parsed.num_generations == 4 and parsed.max_completion_length == 32
     assert parsed.per_device_train_batch_size == config["per_device_train_batch_size"]
     assert parsed.generation_batch_size % parsed.num_generations == 0
+    # what the user trades and what was measured: the prompt length (GRPOConfig has no field for it), the attention
+    assert "# measured with prompts of 32 tokens" in (tmp_path / "best.yaml").read_text()
+    assert len(best["trades"]) == len(best["rungs"]) and all(best["trades"])
+    assert best["attn_implementation"] == "sdpa"
 
 
 def test_probe_sees_a_generation_phase_that_alone_exceeds_the_budget(tmp_path, big_vocab_model):

@@ -46,6 +46,7 @@ def test_generous_budget_applies_no_rung(generous):
     assert 0 < best["verified"]["peak_bytes"] <= best["budget_bytes"]
     assert best["tokens_per_second"] > 0
     assert best["versions"]["trl"]
+    assert best["trades"] == [] and best["attn_implementation"] == "sdpa"
 
 
 def test_best_yaml_loads_through_trl_parser(generous, tmp_path):
@@ -74,6 +75,7 @@ def test_tight_budget_escalates_within_budget(generous, tmp_path):
     assert best["verified"]["peak_bytes"] <= budget
     assert best["peak_bytes"] <= budget
     assert any(c["outcome"] == "OOM" for c in best["candidates"])
+    assert len(best["trades"]) == len(best["rungs"])  # one sentence per rung: what it costs in quality
     parsed, _ = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
         ["--config", str(tmp_path / "best.yaml"), "--output_dir", str(tmp_path / "run")]
     )

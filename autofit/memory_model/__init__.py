@@ -6,8 +6,12 @@ from the model's configuration dict and the candidate, following ``notes/memory-
 and 5.1). One module per family of terms:
 
 - ``shape``: the model's sizes from its configuration;
+- ``census``: the parameters tensor by tensor, counted from the model built on the meta device (``autofit.census``)
+  or computed from the sizes, and what peft's LoRA and bitsandbytes do to them;
+- ``checked``: the families the prior was checked on, and the wider band of the others;
 - ``parameters``: weights, gradients, optimizer states, a reference model (2.1-2.3, 2.6);
-- ``activations``: what the backward pass keeps, per token and layer (2.4);
+- ``activations``: what the backward pass keeps, per token and layer (2.4), mixture-of-experts and eager attention
+  included;
 - ``logits``: TRL's fused LM head and the RL generation phase (2.5, 2.6);
 - ``allocator``: the CUDA context and the caching allocator's overhead (2.7, 5.1);
 - ``ledger``: the terms at each phase of a step and the predicted peak;
@@ -33,6 +37,8 @@ from autofit.memory_model.calibration import (
     calibrate,
     predict_calibrated,
 )
+from autofit.memory_model.census import Census, analytic_census
+from autofit.memory_model.checked import CHECKED, prior_uncertainty, unchecked_reason
 from autofit.memory_model.ledger import PRIOR_UNCERTAINTY, TERM_HELP, TERMS, Ledger, phase_ledgers, predict
 from autofit.memory_model.levels import (
     LevelEstimate,
@@ -60,7 +66,8 @@ from autofit.memory_model.parameters import (
 from autofit.memory_model.shape import ModelShape, dtype_bytes, shape_or_none
 
 __all__ = [
-    "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CALIBRATED_UNCERTAINTY_FLOOR", "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES",
+    "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CHECKED", "Census", "analytic_census", "prior_uncertainty", "unchecked_reason",
+    "CALIBRATED_UNCERTAINTY_FLOOR", "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES",
     "GEN_PREFILL_MLP_COPIES", "PRIOR_UNCERTAINTY", "SINGLE_POINT_UNCERTAINTY", "TERMS", "TERM_HELP", "Calibration",
     "LevelEstimate", "Ledger", "ModelShape", "ParamCounts", "RungEstimate", "Tensors", "activation_bytes_per_token_layer",
     "base_candidate", "calibrate", "divisors", "dtype_bytes", "expected_rung", "fused_head_buffer_bytes",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from autofit.candidate import Candidate, LoraSettings
-from autofit.memory_model.parameters import LORA_DROPOUT_BYTES_PER_ELEMENT, lora_targets
+from autofit.memory_model.census import lora_inputs_per_layer
+from autofit.memory_model.parameters import LORA_DROPOUT_BYTES_PER_ELEMENT, census_for
 from autofit.memory_model.shape import ModelShape
 
 # 2.4, Llama/Qwen (SwiGLU, RMSNorm, no dropout, GQA), HF modules, no checkpointing: bytes saved per token per layer
@@ -16,6 +17,16 @@ ACT_NORM_BYTES = 4  # per normalized element: 2 (fused) ... 6 (eager, fp32 upcas
 ACT_Q_AND_ATTN_OUT_BYTES = 4  # Q (2 B) + attention output (2 B), per q element (heads·head_dim)
 ACT_KV_BYTES = 4  # K and V (2 B each), per kv element (kv_heads·head_dim)
 ACT_MLP_BYTES = 8  # gate out, up out, act(gate), product: 4 tensors x 2 B, per intermediate element
+# Mixture-of-experts layers (transformers 5, ``grouped_mm`` experts): per (token, chosen expert) pair the gathered
+# input and the expert's output (2 tensors of h), its gate_up output (2·I_e), act(gate) and the product (I_e each);
+# the routing keeps int64 indices (top-k, sort permutation, its inverse) and the fp32 weights: bytes not scaled
+# with the compute dtype; the router's fp32 softmax keeps one float per expert per token. A shared expert is a
+# dense MLP (8 B per I_s) whose output is scaled by a sigmoid gate [D: transformers/integrations/moe.py].
+ACT_EXPERT_PAIR_BYTES_PER_H = 4
+ACT_EXPERT_PAIR_BYTES_PER_I = 8
+ROUTING_BYTES_PER_PAIR = 28  # 3 int64 indices + 1 fp32 weight
+ROUTER_BYTES_PER_EXPERT = 4
+SHARED_GATE_BYTES_PER_H = 2
 # ⇒ for a qwen2/llama layer: 4·2h (two norms) + 4h + 4·h_kv + 8·I = c_h 12 (the prior's middle) [D].
 # Outside the decoder layers, per token: embedding output, final norm, the hidden state handed to the LM head
 # (a compact copy on CUDA) [A]: a few h.
@@ -26,9 +37,14 @@ BACKWARD_TEMP_LAYERS = 0.5
 # 2.4, HF gradient checkpointing: keeps every layer's input (h per token per layer) plus, during the backward, one
 # layer's full activations while it is recomputed plus that layer's backward temporaries [V concept].
 CKPT_LIVE_LAYERS = 1 + BACKWARD_TEMP_LAYERS
-# 2.4, eager (or SDPA math) attention materializes the scores: 5 B x heads x s² x batch per layer (Korthikanti's
-# 5as²b, matched by ms-swift's measurement: 4.99 B per score element) [D from V]. SDPA flash/efficient: none.
-EAGER_SCORE_BYTES = 5
+# 2.4, eager attention materializes the scores (heads x s² x batch per layer). transformers' eager path keeps the
+# softmax in fp32 (``softmax(..., dtype=float32)``, saved: 4 B) and its cast to the compute dtype (saved by the
+# matmul with V; none when computing in fp32); dropout 0 keeps no mask; gemma2's score softcapping keeps the tanh
+# output (one element in the compute dtype). A layer's backward adds one fp32 gradient of its scores
+# [V: measured on the CPU meter, tiny gemma2, 4.0 B and +4.0 B per element with softcapping at fp32]. Korthikanti's
+# 5 B (dropout mask included) is the same order. SDPA flash/efficient: none.
+EAGER_SOFTMAX_BYTES = 4
+EAGER_BACKWARD_BYTES = 4
 # rl.py: synthetic prompts are ``prompt_length or 64`` tokens long.
 DEFAULT_PROMPT_LENGTH = 64
 
@@ -49,17 +65,31 @@ def train_tokens(candidate: Candidate) -> int:
     return sequences_per_micro_batch(candidate) * sequence_length(candidate)
 
 
-def activation_bytes_per_token_layer(shape: ModelShape, act_bytes: int, lora: Optional[LoraSettings] = None) -> float:
+def activation_bytes_per_token_layer(shape: ModelShape, act_bytes: int, lora: Optional[LoraSettings] = None,
+                                     algo: str = "sft") -> float:
     """Bytes saved for backward per token per decoder layer without checkpointing (memory-facts 2.4)."""
     scale = act_bytes / 2  # the coefficients are bytes at 2-byte activations
     norm_elems = shape.norms_per_layer * shape.hidden + (shape.q_dim + shape.kv_dim if shape.qk_norm else 0)
     per = (ACT_NORM_BYTES * norm_elems + ACT_Q_AND_ATTN_OUT_BYTES * shape.q_dim + ACT_KV_BYTES * shape.kv_dim
-           + ACT_MLP_BYTES * shape.intermediate)
+           + (shape.dense_layers * ACT_MLP_BYTES * shape.intermediate
+              + shape.moe_layers * _expert_bytes_at_2(shape)) / shape.layers)
     if lora is not None and lora.dropout > 0:
-        linears = shape.linear_shapes()
-        inputs = sum(linears[n][0] for n in lora_targets(lora.target_modules))  # 6h + I for all-linear
+        inputs = lora_inputs_per_layer(census_for(shape, algo), shape.layers, lora.target_modules)  # 6h + I
         per += LORA_DROPOUT_BYTES_PER_ELEMENT * inputs
-    return per * scale
+    per *= scale
+    if shape.moe_layers:  # index and fp32 routing tensors: their size does not follow the compute dtype
+        routing = (ROUTING_BYTES_PER_PAIR * shape.experts_per_token + ROUTER_BYTES_PER_EXPERT * shape.experts)
+        per += routing * shape.moe_layers / shape.layers
+    return per
+
+
+def _expert_bytes_at_2(shape: ModelShape) -> float:
+    """A mixture-of-experts block's saved activations per token, at 2-byte activations (routing aside)."""
+    pairs = shape.experts_per_token * (ACT_EXPERT_PAIR_BYTES_PER_H * shape.hidden
+                                       + ACT_EXPERT_PAIR_BYTES_PER_I * shape.expert_intermediate)
+    shared = ACT_MLP_BYTES * shape.shared_intermediate + SHARED_GATE_BYTES_PER_H * shape.hidden \
+        if shape.shared_intermediate else 0
+    return pairs + shared
 
 
 def activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) -> Tuple[float, float]:
@@ -68,7 +98,7 @@ def activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) ->
     layer's backward holds its gradient temporaries (with checkpointing, the recomputed layer too) once the head's
     buffers are gone."""
     tokens = train_tokens(candidate)
-    per_layer = activation_bytes_per_token_layer(shape, act_bytes, candidate.lora)
+    per_layer = activation_bytes_per_token_layer(shape, act_bytes, candidate.lora, candidate.algo)
     outside = ACT_OUTSIDE_LAYERS_BYTES_PER_H * shape.hidden * act_bytes / 2
     if candidate.checkpointing:
         saved = tokens * (shape.layers * shape.hidden * act_bytes + outside)
@@ -78,10 +108,13 @@ def activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) ->
         layer_moment = saved + tokens * BACKWARD_TEMP_LAYERS * per_layer
     if shape.eager_attention:
         seq = sequence_length(candidate)
-        scores = EAGER_SCORE_BYTES * act_bytes / 2 * shape.heads * seq * seq * sequences_per_micro_batch(candidate)
+        elements = shape.heads * seq * seq * sequences_per_micro_batch(candidate)
+        per_element = EAGER_SOFTMAX_BYTES + (act_bytes if act_bytes < 4 else 0) + \
+            (act_bytes if shape.attention_softcap else 0)
+        scores = per_element * elements
         if candidate.checkpointing:
-            layer_moment += scores  # only the recomputed layer's scores
+            layer_moment += scores + EAGER_BACKWARD_BYTES * elements  # only the recomputed layer's scores
         else:
             saved += scores * shape.layers
-            layer_moment += scores * shape.layers
+            layer_moment += scores * shape.layers + EAGER_BACKWARD_BYTES * elements
     return saved, layer_moment

@@ -55,6 +55,8 @@ class Calibration:
         return replace(max(scaled, key=lambda ledger: ledger.total), phase_totals=totals)
 
     def _scale(self, ledger: Ledger) -> Ledger:
+        if self.points == 0:  # the prior: its band is the family's (wider where unchecked)
+            return ledger
         return ledger.scaled(self.static_scale, self.dynamic_scale, self.uncertainty)
 
     def to_dict(self) -> Dict[str, Any]:

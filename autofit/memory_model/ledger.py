@@ -18,13 +18,14 @@ from typing import Dict, List, Optional
 from autofit.candidate import Candidate
 from autofit.memory_model.activations import activation_bytes
 from autofit.memory_model.allocator import context_bytes, reserved_factor
+from autofit.memory_model.checked import CHECKED_UNCERTAINTY, prior_uncertainty
 from autofit.memory_model.logits import generation_bytes, logit_bytes
 from autofit.memory_model.parameters import compute_bytes, state_bytes, weight_bytes
 from autofit.memory_model.shape import ModelShape
 
-# The error band of an uncalibrated prediction: the activation coefficient alone spans 8..16 B·h (2.4) and the
-# logits/loss costs are version-dependent (2.5) [A].
-PRIOR_UNCERTAINTY = 0.25
+# The error band of an uncalibrated prediction for a checked family: the activation coefficient alone spans
+# 8..16 B·h (2.4) and the logits/loss costs are version-dependent (2.5) [A]. Unchecked families: ``checked``.
+PRIOR_UNCERTAINTY = CHECKED_UNCERTAINTY
 
 STATIC_TERMS = ("weights", "gradients", "optimizer", "reference", "cuda_context")
 DYNAMIC_TERMS = ("activations", "logits", "generation")
@@ -150,7 +151,8 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
     context = context_bytes(device)
     phases = _phases(candidate, shape, device)
     totals = {p.name: rho * sum(p.terms.values()) + context for p in phases}
-    return [_ledger(p, rho, context, totals, PRIOR_UNCERTAINTY) for p in phases]
+    uncertainty = prior_uncertainty(shape, candidate.algo, candidate.quantization)
+    return [_ledger(p, rho, context, totals, uncertainty) for p in phases]
 
 
 def predict(candidate: Candidate, shape: Optional[ModelShape] = None, *, device: Optional[str] = None) -> Ledger:

@@ -19,6 +19,9 @@ FUSED_HEAD_GRAD_ACCUM_BYTES = 4
 # [min(N, 4096), min(V, 32768)] live at its peak: 7 fp32 tensors (2 mul, 2 sub, exp, zeros_like, a cast) and a bool
 # mask = 29 B per tile element [V: measured on the simulated meter, trl 1.16, tiny-qwen2: 463 MiB at 2044 x 8192].
 FUSED_HEAD_TORCH_TILE_BYTES = 29
+# gemma2's final logit softcapping (applied inside TRL's kernel): one more fp32 tile tensor in the torch fallback
+# [V: measured on the CPU meter, tiny gemma2: +32 MiB at 1023 x 8192].
+SOFTCAP_TILE_BYTES = 4
 
 # 2.6: generation (HF generate) keeps the KV cache of the whole generation batch, and at each step the last
 # position's logits: ``.to(float32, copy=True)`` + logits processors (min_new_tokens in probes) + softmax
@@ -76,7 +79,7 @@ def logit_bytes(candidate: Candidate, shape: ModelShape, device: str, act_bytes:
     tile_temporaries = 0.0
     if device != "cuda":  # no Triton: the torch fallback's whole-tile temporaries (freed before the cast)
         tile = min(n_logit, FUSED_HEAD_TOKEN_CHUNK) * min(shape.vocab, FUSED_HEAD_VOCAB_CHUNK)
-        tile_temporaries = tile * FUSED_HEAD_TORCH_TILE_BYTES
+        tile_temporaries = tile * (FUSED_HEAD_TORCH_TILE_BYTES + (SOFTCAP_TILE_BYTES if shape.final_softcap else 0))
     return logits + max(tile_temporaries, cast_copy)
 
 

@@ -1,6 +1,7 @@
 """Weights, gradients and optimizer states: what the trainable and frozen parameters cost (memory-facts 2.1-2.3).
 
-Parameter counts are computed from the configuration dict (this package never imports torch)."""
+Parameter counts come from the model's census (``census``: counted from the model built by transformers, or from the
+configuration's sizes); this package never imports torch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, List, Mapping, NamedTuple, Optional
 
 from autofit.candidate import Candidate
-from autofit.memory_model.shape import LINEAR_MODULES, ModelShape, dtype_bytes
+from autofit.memory_model.census import Census, lora_tensors
+from autofit.memory_model.shape import ModelShape, dtype_bytes
 
 # The dtype TRL loads the weights in. memory-facts 2.1 says recent TRL loads with dtype="auto"; the installed TRL 1.16
 # does not: ``trl.trainer.utils.create_model_from_path`` reads ``dtype = kwargs.get("dtype", "float32")``, so without
@@ -72,71 +74,36 @@ TRL_DEFAULT_BETA = {"grpo": 0.0, "rloo": 0.05}
 
 @dataclass(frozen=True)
 class ParamCounts:
-    per_layer_linear: int  # weights of the 7 linear layers of one decoder layer
-    per_layer_other: int  # biases and norms of one decoder layer
+    """Parameters by what the memory terms treat differently. ``linear``: what bitsandbytes quantizes (nn.Linear
+    layers but the output layer); ``experts``: fused mixture-of-experts tensors (never quantized nor adapted)."""
+
+    total: int
+    linear: int
     embedding: int
     lm_head: int  # 0 when tied to the embedding (or for a sequence-classification model)
     score_head: int  # reward models: the classification head (h x 1)
-    final_norm: int
-    layers: int
+    experts: int = 0
 
-    @property
-    def per_layer(self) -> int:
-        return self.per_layer_linear + self.per_layer_other
 
-    @property
-    def linear(self) -> int:
-        """What bitsandbytes quantizes: the decoder layers' linear weights (not the embedding, not the LM head)."""
-        return self.layers * self.per_layer_linear
-
-    @property
-    def total(self) -> int:
-        return self.layers * self.per_layer + self.embedding + self.lm_head + self.score_head + self.final_norm
+def census_for(shape: ModelShape, algo: str = "sft") -> Census:
+    """The parameters of the model ``algo`` trains: the causal LM, or a reward model's sequence classifier."""
+    return shape.parameters().for_algo(algo)
 
 
 def param_counts(shape: ModelShape, algo: str = "sft") -> ParamCounts:
-    """Parameter counts as transformers builds them from the config. ``algo="reward"``: a sequence-classification
-    model (a score head of h x 1 instead of the LM head). Small terms (norms, biases, gemma3's q/k norms) are
-    counted exactly here; they matter for the totals, not for memory."""
-    h = shape.hidden
-    linear = sum(d_in * d_out for d_in, d_out in shape.linear_shapes().values())
-    other = shape.norms_per_layer * h
-    if shape.qk_norm:
-        other += 2 * shape.head_dim
-    if shape.qkv_bias:
-        other += shape.q_dim + 2 * shape.kv_dim
-    if shape.o_bias:
-        other += h
-    if shape.mlp_bias:
-        other += 2 * shape.intermediate + h
-    embedding = shape.vocab * h
+    """Parameter counts as transformers builds the model (``algo="reward"``: a score head of h x 1 instead of the
+    LM head), from the census (``ModelShape.parameters``)."""
+    census = census_for(shape, algo)
     reward = algo == "reward"
-    return ParamCounts(
-        per_layer_linear=linear,
-        per_layer_other=other,
-        embedding=embedding,
-        lm_head=0 if (shape.tied_embeddings or reward) else embedding,
-        score_head=h if reward else 0,
-        final_norm=h,
-        layers=shape.layers,
-    )
+    return ParamCounts(total=census.total, linear=census.quantized, embedding=census.embedding,
+                       lm_head=0 if reward else census.head, score_head=census.head if reward else 0,
+                       experts=census.experts)
 
 
-def lora_targets(targets: Any) -> List[str]:
-    if targets is None or targets == "all-linear":
-        return list(LINEAR_MODULES)
-    names = [targets] if isinstance(targets, str) else list(targets)
-    unknown = [n for n in names if n not in LINEAR_MODULES]
-    if unknown:
-        raise ValueError(f"LoRA targets {unknown} are not modelled: accepted are 'all-linear' or {LINEAR_MODULES}")
-    return names
-
-
-def lora_params(shape: ModelShape, r: int, targets: Any = "all-linear") -> int:
-    """Trainable LoRA parameters: r·(d_in + d_out) per adapted linear layer, every decoder layer; never the LM head
-    (PEFT's "all-linear" excludes the output layer). memory-facts 2.2."""
-    linears = shape.linear_shapes()
-    return shape.layers * sum(r * (linears[n][0] + linears[n][1]) for n in lora_targets(targets))
+def lora_params(shape: ModelShape, r: int, targets: Any = "all-linear", algo: str = "sft") -> int:
+    """Trainable LoRA adapter parameters: r·(d_in + d_out) per adapted linear layer (peft's rule, see ``census``);
+    "all-linear" never adapts the output layer. memory-facts 2.2."""
+    return sum(r * (g.d_in + g.d_out) * g.count for g in census_for(shape, algo).lora_modules(targets))
 
 
 class Tensors(NamedTuple):
@@ -149,33 +116,10 @@ class Tensors(NamedTuple):
 
 def trainable_tensors(shape: ModelShape, candidate: Candidate) -> List[Tensors]:
     """Every trainable tensor, grouped by size: what the gradients and the optimizer states are made of."""
-    counts = param_counts(shape, candidate.algo)
-    h = shape.hidden
+    census = census_for(shape, candidate.algo)
     if candidate.lora is not None:
-        linears = shape.linear_shapes()
-        tensors = []
-        for name in lora_targets(candidate.lora.target_modules):
-            d_in, d_out = linears[name]
-            tensors += [(candidate.lora.r * d_in, shape.layers), (candidate.lora.r * d_out, shape.layers)]
-        if counts.score_head:  # PEFT SEQ_CLS: the score head is trained too (modules_to_save)
-            tensors.append((counts.score_head, 1))
-        return [Tensors(*t) for t in tensors]
-    tensors = [(d_in * d_out, shape.layers) for d_in, d_out in shape.linear_shapes().values()]
-    tensors.append((h, shape.layers * shape.norms_per_layer))
-    if shape.qk_norm:
-        tensors.append((shape.head_dim, 2 * shape.layers))
-    if shape.qkv_bias:
-        tensors += [(shape.q_dim, shape.layers), (shape.kv_dim, 2 * shape.layers)]
-    if shape.o_bias:
-        tensors.append((h, shape.layers))
-    if shape.mlp_bias:
-        tensors += [(shape.intermediate, 2 * shape.layers), (h, shape.layers)]
-    tensors += [(counts.embedding, 1, True), (h, 1)]
-    if counts.lm_head:
-        tensors.append((counts.lm_head, 1))
-    if counts.score_head:
-        tensors.append((counts.score_head, 1))
-    return [Tensors(*t) for t in tensors]
+        return [Tensors(n, c) for n, c in lora_tensors(census, candidate.lora.r, candidate.lora.target_modules)]
+    return [Tensors(p.numel, p.count, p.kind == "embedding") for p in census.params]
 
 
 def optimizer_state_bytes(tensors: Iterable[Any], optim: Optional[str], param_bytes: int) -> float:
@@ -265,8 +209,7 @@ def state_bytes(candidate: Candidate, shape: ModelShape, device: str) -> StateBy
     else:
         weights = counts.total * w_bytes
     if quant is not None:
-        largest = max(d_in * d_out for d_in, d_out in shape.linear_shapes().values())
-        weights += DEQUANT_TRANSIENT_LAYERS * largest * act_bytes
+        weights += DEQUANT_TRANSIENT_LAYERS * census_for(shape, candidate.algo).largest_quantized * act_bytes
     tensors = trainable_tensors(shape, candidate)
     trainable = sum(t.numel * t.count for t in tensors)
     if lora is not None:
@@ -277,6 +220,9 @@ def state_bytes(candidate: Candidate, shape: ModelShape, device: str) -> StateBy
     autocast_copy = 0.0
     if device == "cuda" and t_bytes == 4:  # fp32 trainable weights under bf16 autocast: a cached bf16 copy
         autocast_copy = AUTOCAST_WEIGHT_COPY_BYTES * (counts.linear if lora is None else trainable)
+    if lora is not None and lora.target_modules == "all-linear":
+        # peft wraps fused experts (and routers): W + BA is materialized at each forward and kept for the backward
+        autocast_copy += census_for(shape, candidate.algo).wrapped * max(act_bytes, w_bytes)
 
     # The end of the backward: with a trained, tied embedding, the LM head's gradient is already in ``.grad`` when
     # the embedding's backward returns its own (a new [V, h]) and the accumulation adds them (another) [V: measured

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional, Tuple
+
+from autofit.memory_model.census import Census, analytic_census, cached_census
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +50,25 @@ class ModelShape:
     qk_norm: bool = False
     norms_per_layer: int = 2
     eager_attention: bool = False
+    attention_softcap: bool = False  # gemma2: tanh-capped attention scores (transformers then picks eager)
+    final_softcap: bool = False  # gemma2: tanh-capped logits
+    nested: bool = False  # a multimodal wrapper: the sizes are its text model's, the census counts the whole model
+    # Mixture-of-experts: routed experts, experts per token, one expert's intermediate size, the shared experts'
+    # intermediate size (qwen2_moe, deepseek) and how many decoder layers route (the others are dense).
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    moe_layers: int = 0
+    # The parameters counted from the model built by transformers (None: not built here; see ``census``).
+    census: Optional[Census] = field(default=None, compare=False)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "ModelShape":
         """The shape of a decoder-only model from its HF configuration dict (a nested ``text_config`` is used)."""
-        if isinstance(config.get("text_config"), Mapping):  # multimodal wrappers (gemma3): the language model
+        census = cached_census(config)
+        nested = isinstance(config.get("text_config"), Mapping)
+        if nested:  # multimodal wrappers (gemma3): the language model
             config = {**config["text_config"], "torch_dtype": config.get("torch_dtype", config.get("dtype"))}
         missing = [k for k in REQUIRED_CONFIG_KEYS if not config.get(k)]
         if missing:
@@ -82,7 +98,12 @@ class ModelShape:
             mlp_bias=bool(config.get("mlp_bias", False)),
             qk_norm=model_type in QK_NORM_TYPES,
             norms_per_layer=NORMS_PER_LAYER.get(model_type, 2),
-            eager_attention=attn == "eager",
+            eager_attention=attn == "eager" or (census is not None and census.attn_implementation == "eager"),
+            nested=nested,
+            attention_softcap=bool(config.get("attn_logit_softcapping")),
+            final_softcap=bool(config.get("final_logit_softcapping")),
+            census=census,
+            **_experts(config, int(config["num_hidden_layers"])),
         )
 
     @classmethod
@@ -108,13 +129,52 @@ class ModelShape:
             "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h),
         }
 
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    def parameters(self) -> Census:
+        """The census counted from the model where it was built, else the one computed from the sizes."""
+        return self.census if self.census is not None else analytic_census(self)
+
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["census"] = self.census.to_dict() if self.census is not None else None
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelShape":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        if values.get("census") is not None:
+            values["census"] = Census.from_dict(values["census"])
+        return cls(**values)
+
+
+def _first(config: Mapping[str, Any], *keys: str) -> int:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return int(value)
+    return 0
+
+
+def _experts(config: Mapping[str, Any], layers: int) -> Dict[str, int]:
+    """The mixture-of-experts sizes of a configuration (mixtral, qwen2_moe, qwen3_moe, olmoe, granitemoe, deepseek
+    style keys); all zero for a dense model."""
+    experts = _first(config, "num_local_experts", "num_experts", "n_routed_experts")
+    top_k = _first(config, "num_experts_per_tok", "moe_topk", "top_k")
+    if experts <= 1 or not top_k:
+        return {}
+    intermediate = _first(config, "moe_intermediate_size", "intermediate_size")
+    shared = _first(config, "shared_expert_intermediate_size") or \
+        _first(config, "n_shared_experts", "num_shared_experts") * intermediate
+    dense = set(config.get("mlp_only_layers") or [])
+    step = _first(config, "decoder_sparse_step") or 1
+    first_dense = _first(config, "first_k_dense_replace")
+    moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0 and i >= first_dense)
+    return {"experts": experts, "experts_per_token": top_k, "expert_intermediate": intermediate,
+            "shared_intermediate": shared, "moe_layers": moe_layers}
 
 
 def shape_or_none(model: str) -> Optional[ModelShape]:

@@ -1,0 +1,120 @@
+"""The memory model against the CPU meter, family by family: tiny configurations of every decoder family that
+transformers ships and builds (dense and mixture-of-experts), one probe each for SFT, GRPO and a reward model.
+
+``python -m benchmarks.families [--write docs/benchmarks.md]`` prints the table (``make bench-families``);
+``tests/test_families.py`` runs the same probes for every (family, algorithm) ``memory_model.CHECKED`` claims.
+Configurations are written here, never downloaded; weights are random.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+# Small enough to probe in about a second, big enough that activations are a fair share of the peak.
+COMMON = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=8192, max_position_embeddings=4096, bos_token_id=8189,
+              eos_token_id=8190, pad_token_id=8191)
+FAMILIES: Dict[str, Dict] = {
+    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {"head_dim": 64}, "gemma": {}, "gemma2": {},
+    "gemma3_text": {}, "phi3": {}, "olmo2": {}, "granite": {}, "cohere": {}, "starcoder2": {}, "glm4": {},
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2),
+    "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+                      shared_expert_intermediate_size=256),
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128),
+    "olmoe": dict(num_experts=8, num_experts_per_tok=2),
+}
+ALGOS = ("sft", "grpo", "reward")
+MICRO_BATCH, LENGTH = 4, 256
+RL_COMPLETION, RL_PROMPT, RL_GENERATIONS = 64, 32, 2
+
+
+def family_config(family: str) -> Dict:
+    """The tiny configuration of ``family`` as transformers' config class completes it (float32, as on the CPU)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(family, **COMMON, **FAMILIES[family]).to_dict()
+    config.pop("dtype", None)
+    config["torch_dtype"] = "float32"
+    return config
+
+
+def write_family(family: str, root: Path) -> str:
+    folder = root / family
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(family_config(family)))
+    return str(folder)
+
+
+def family_candidate(model: str, algo: str, output_dir: str, qlora: bool = False):
+    from autofit.candidate import Candidate, LoraSettings, ProbeSettings
+
+    fields = dict(algo=algo, model=model, device="cpu", micro_batch=MICRO_BATCH, grad_accum=1, max_length=LENGTH,
+                  probe=ProbeSettings(steps=2, output_dir=output_dir))
+    if algo in ("grpo", "rloo"):
+        fields.update(max_length=RL_COMPLETION, prompt_length=RL_PROMPT, num_generations=RL_GENERATIONS)
+    if qlora:
+        fields.update(lora=LoraSettings(), quantization="4bit")
+    return Candidate(**fields)
+
+
+def measure(model: str, algo: str, output_dir: str, qlora: bool = False) -> Tuple[Optional[int], float, str]:
+    """(measured peak bytes or None, predicted bytes, the probe's error) of one probe in this process."""
+    from autofit.factory import prepare_factory
+    from autofit.memory_model import predict
+    from autofit.outcome import Outcome
+    from autofit.worker import run_probe
+
+    candidate = family_candidate(model, algo, output_dir, qlora)
+    result = run_probe(prepare_factory(algo).load(), candidate, None)
+    measured = result.peak_bytes if result.outcome == Outcome.OK else None
+    return measured, predict(candidate).total, result.error
+
+
+def table(root: Path) -> str:
+    from autofit.census import ensure_census
+    from autofit.memory_model import ModelShape, unchecked_reason
+
+    lines = ["| family | params (counted) | algo | measured MiB | predicted MiB | error | checked |",
+             "|---|---:|---|---:|---:|---:|---|"]
+    for family in FAMILIES:
+        model = write_family(family, root)
+        ensure_census(model)
+        shape = ModelShape.from_model(model)
+        for algo in ALGOS:
+            measured, predicted, error = measure(model, algo, str(root / "out"))
+            checked = "yes" if unchecked_reason(shape, algo) is None else "no (band ±50%)"
+            if measured is None:
+                why = "transformers has no sequence-classification class for it" \
+                    if "Unrecognized configuration class" in error else error[:60]
+                lines.append(f"| {family} | {shape.parameters().total:,} | {algo} | fails: {why} | "
+                             f"{predicted / 2**20:.2f} | | {checked} |")
+                continue
+            lines.append(f"| {family} | {shape.parameters().total:,} | {algo} | {measured / 2**20:.2f} | "
+                         f"{predicted / 2**20:.2f} | {predicted / measured - 1:+.1%} | {checked} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", help="replace the family table in this markdown file")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        text = table(Path(tmp))
+    print(text)
+    if args.write:
+        path = Path(args.write)
+        begin, end = "<!-- families:begin -->", "<!-- families:end -->"
+        doc = path.read_text()
+        head, rest = doc.split(begin, 1) if begin in doc else (doc.rstrip() + "\n\n", end)
+        tail = rest.split(end, 1)[1] if end in rest else ""
+        path.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+
+
+if __name__ == "__main__":
+    main()
