@@ -44,8 +44,9 @@ def loadable_name(candidate: Candidate) -> str:
     return str(checkpoint_folder(source.config, candidate.model))
 
 
-def model_args(candidate: Candidate) -> Dict[str, Any]:
-    """TRL ``ModelConfig`` fields (the CLI's model, LoRA and quantization flags)."""
+def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """TRL ``ModelConfig`` fields (the CLI's model, LoRA and quantization flags, the attention implementation the
+    probes measured)."""
     args: Dict[str, Any] = {"model_name_or_path": loadable_name(candidate)}
     if candidate.lora is not None:
         args.update(
@@ -61,6 +62,8 @@ def model_args(candidate: Candidate) -> Dict[str, Any]:
         args["load_in_8bit"] = True
     elif candidate.quantization == "4bit":
         args.update(load_in_4bit=True, bnb_4bit_quant_type="nf4", use_bnb_nested_quant=True)
+    if (observed or {}).get("attn_implementation"):
+        args["attn_implementation"] = observed["attn_implementation"]
     return args
 
 
@@ -152,8 +155,7 @@ def yaml_text(report: SearchReport) -> str:
         lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.algo)} does not "
                      "truncate prompts, so keep yours this short (or search with --max-prompt-length)")
     observed = report.verified.observed or fit.result.observed or {}
-    attention = {"attn_implementation": observed["attn_implementation"]} if observed.get("attn_implementation") else {}
-    for key, value in {**model_args(candidate), **attention, **train}.items():
+    for key, value in {**model_args(candidate, observed), **train}.items():
         lines.append(f"{key}: {_scalar(value)}  # {one_line(_why(key, candidate, spec.max_length, spec.maximize))}")
     if candidate.env:
         lines.append("env:")
@@ -245,11 +247,10 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
             generation_tokens_per_second=round(verified.generation_tokens_per_second, 1) or None,
             rungs=list(candidate.rungs),
             trades=trades(candidate, spec.max_length, memory_model.shape_or_none(spec.model)),
-            attn_implementation=(verified.observed or fit.result.observed or {}).get("attn_implementation"),
             cost_class=report.levels[fit.level].cost,
             config=candidate.training_args(),
             config_class=verified.config_class,
-            model_args=model_args(candidate),
+            model_args=model_args(candidate, verified.observed or fit.result.observed),
             peft=_peft_dict(candidate),
             quantization=_quantization_dict(candidate),
             env=dict(candidate.env),

@@ -72,6 +72,9 @@ def replay(best: dict, steps: int) -> dict:
     length_key = "max_completion_length" if algo in ("grpo", "rloo") else "max_length"
     length = config[length_key]
     vocab = AutoConfig.from_pretrained(path).vocab_size
+    if model_args.get("attn_implementation"):  # the attention the probes measured (TRL's --attn_implementation)
+        config["model_init_kwargs"] = {**(config.get("model_init_kwargs") or {}),
+                                       "attn_implementation": model_args["attn_implementation"]}
     kwargs = {}
     if best.get("peft"):
         from peft import LoraConfig

@@ -59,7 +59,7 @@ def test_grpo_search_end_to_end(tmp_path):
     # what the user trades and what was measured: the prompt length (GRPOConfig has no field for it), the attention
     assert "# measured with prompts of 32 tokens" in (tmp_path / "best.yaml").read_text()
     assert len(best["trades"]) == len(best["rungs"]) and all(best["trades"])
-    assert best["attn_implementation"] == "sdpa"
+    assert best["model_args"]["attn_implementation"] == "sdpa"
 
 
 def test_probe_sees_a_generation_phase_that_alone_exceeds_the_budget(tmp_path, big_vocab_model):

@@ -46,7 +46,7 @@ def test_generous_budget_applies_no_rung(generous):
     assert 0 < best["verified"]["peak_bytes"] <= best["budget_bytes"]
     assert best["tokens_per_second"] > 0
     assert best["versions"]["trl"]
-    assert best["trades"] == [] and best["attn_implementation"] == "sdpa"
+    assert best["trades"] == [] and best["model_args"]["attn_implementation"] == "sdpa"
 
 
 def test_best_yaml_loads_through_trl_parser(generous, tmp_path):
