@@ -5,6 +5,7 @@ Tiny configurations are written by ``benchmarks.families``; nothing is downloade
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,6 @@ def family_root(tmp_path_factory) -> Path:
 def prepared(family: str, root: Path) -> str:
     """The family's tiny model folder with its census in the cache, built in this process (faster than the child
     process the search starts, which ``test_mixtral_8x7b_is_counted_from_the_model_in_a_child_process`` covers)."""
-    import json
-
     from autofit.files import atomic_write_text
     from autofit.memory_model.census import census_file
     from autofit.registry import resolve_model
@@ -51,7 +50,6 @@ def counted(model: str) -> Census:
     source = resolve_model(model)
     folder = Path(source.local_path) if source.local_path else None
     if folder is None:
-        import json
         import tempfile
 
         folder = Path(tempfile.mkdtemp())
@@ -193,3 +191,16 @@ def test_a_multimodal_wrapper_is_counted_whole(tmp_path):
     assert shape.nested and shape.model_type == "gemma3_text" and census.source == "meta"
     assert census.total == 2_723_312_896 > analytic_census(shape).total
     assert unchecked_reason(shape, "sft") is None
+
+
+def test_a_damaged_census_in_the_cache_is_built_again(family_root):
+    from autofit.memory_model.census import census_file
+    from autofit.registry import resolve_model
+
+    model = write_family("qwen3_moe", family_root)
+    path = census_file(resolve_model(model).config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"params": [')  # a census cut short (a full disk, a killed writer)
+    census = ensure_census(model)
+    assert census is not None and census.source == "meta" and census.experts > 0
+    assert Census.from_dict({**json.loads(path.read_text()), "source": "meta"}) == census
