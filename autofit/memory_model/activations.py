@@ -14,8 +14,14 @@ from autofit.memory_model.shape import ModelShape
 # Split here so that models whose q width (heads·head_dim) differs from h (gemma3) and models with more norms
 # are counted per tensor:
 ACT_NORM_BYTES = 4  # per normalized element: 2 (fused) ... 6 (eager, fp32 upcast saved); prior = the middle
-ACT_Q_AND_ATTN_OUT_BYTES = 4  # Q (2 B) + attention output (2 B), per q element (heads·head_dim)
-ACT_KV_BYTES = 4  # K and V (2 B each), per kv element (kv_heads·head_dim)
+# Q (2 B) + attention output (2 B) per q element (heads·head_dim), K and V (2 B each) per kv element, derived;
+# measured on the CPU meter (SDPA) by varying head_dim and kv heads of a tiny llama reward model: 3.25 B for
+# both [V: 1,667 B per token-layer for +256 q elements, 820 B for +128 kv elements, at fp32].
+ACT_Q_AND_ATTN_OUT_BYTES = 3.25
+ACT_KV_BYTES = 3.25
+# q/k RMSNorms over head_dim (qwen3, gemma3, olmo2): cheaper than a hidden-size norm, their output goes to RoPE
+# [V: 3.1 to 3.7 B per element on the CPU meter, qwen3 and gemma3 reward models].
+ACT_QK_NORM_BYTES = 3.5
 ACT_MLP_BYTES = 8  # gate out, up out, act(gate), product: 4 tensors x 2 B, per intermediate element
 # Mixture-of-experts layers (transformers 5, ``grouped_mm`` experts): per (token, chosen expert) pair the gathered
 # input and the expert's output (2 tensors of h), its gate_up output (2·I_e), act(gate) and the product (I_e each);
@@ -27,7 +33,7 @@ ACT_EXPERT_PAIR_BYTES_PER_I = 8
 ROUTING_BYTES_PER_PAIR = 28  # 3 int64 indices + 1 fp32 weight
 ROUTER_BYTES_PER_EXPERT = 4
 SHARED_GATE_BYTES_PER_H = 2
-# ⇒ for a qwen2/llama layer: 4·2h (two norms) + 4h + 4·h_kv + 8·I = c_h 12 (the prior's middle) [D].
+# ⇒ for a qwen2/llama layer: 4·2h (two norms) + 3.25h + 3.25·h_kv + 8·I: c_h about 11 (8..16 in 2.4).
 # Outside the decoder layers, per token: embedding output, final norm, the hidden state handed to the LM head
 # (a compact copy on CUDA) [A]: a few h.
 ACT_OUTSIDE_LAYERS_BYTES_PER_H = 8
@@ -69,8 +75,9 @@ def activation_bytes_per_token_layer(shape: ModelShape, act_bytes: int, lora: Op
                                      algo: str = "sft") -> float:
     """Bytes saved for backward per token per decoder layer without checkpointing (memory-facts 2.4)."""
     scale = act_bytes / 2  # the coefficients are bytes at 2-byte activations
-    norm_elems = shape.norms_per_layer * shape.hidden + (shape.q_dim + shape.kv_dim if shape.qk_norm else 0)
-    per = (ACT_NORM_BYTES * norm_elems + ACT_Q_AND_ATTN_OUT_BYTES * shape.q_dim + ACT_KV_BYTES * shape.kv_dim
+    qk_norm_elems = shape.q_dim + shape.kv_dim if shape.qk_norm else 0
+    per = (ACT_NORM_BYTES * shape.norms_per_layer * shape.hidden + ACT_QK_NORM_BYTES * qk_norm_elems
+           + ACT_Q_AND_ATTN_OUT_BYTES * shape.q_dim + ACT_KV_BYTES * shape.kv_dim
            + (shape.dense_layers * ACT_MLP_BYTES * shape.intermediate
               + shape.moe_layers * _expert_bytes_at_2(shape)) / shape.layers)
     if lora is not None and lora.dropout > 0:

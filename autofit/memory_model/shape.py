@@ -22,7 +22,7 @@ LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
 # q/k RMSNorms over head_dim (gemma3, qwen3) and the number of hidden-size norms per decoder layer.
 QK_NORM_TYPES = ("gemma3", "gemma3_text", "qwen3", "qwen3_moe", "olmo2")
-NORMS_PER_LAYER = {"gemma2": 4, "gemma3": 4, "gemma3_text": 4}
+NORMS_PER_LAYER = {"gemma2": 4, "gemma3": 4, "gemma3_text": 4, "glm4": 4}
 # Qwen2's q/k/v projections always have a bias (modeling_qwen2: bias=True); others follow ``attention_bias``.
 QKV_BIAS_TYPES = ("qwen2",)
 
