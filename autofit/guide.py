@@ -28,6 +28,10 @@ class MemoryGuide:
         self.shape = shape  # None: no memory model (plain bisection)
         self.calibration: Optional[memory_model.Calibration] = None
         self.built: Dict[str, Any] = {}  # what the first probe's trainer runs (autofit.observe)
+        unchecked = memory_model.unchecked_reason(shape, spec.algo) if shape is not None else None
+        if unchecked:
+            report.notes.append(f"memory model: {unchecked}: its predictions carried a "
+                                f"±{memory_model.prior_uncertainty(shape, spec.algo):.0%} band until probes calibrated it")
 
     def observe(self, candidate: Candidate, result: ProbeResult) -> List[str]:
         """Learn what the trainer runs from the first probe that says; returns notes on what differs from the
@@ -127,8 +131,8 @@ class MemoryGuide:
 
 
 def model_shape(spec: SearchSpec) -> Optional[memory_model.ModelShape]:
-    """The model's shape with its parameters counted from the model (built once, cached), and a note in the report
-    when the prediction for it is not a checked one."""
+    """The model's shape with its parameters counted from the model (built once, cached), and a line in the log
+    when the prediction for it is not a checked one (``MemoryGuide`` notes it in the report)."""
     try:
         ensure_census(spec.model, trust_remote_code=spec.trust_remote_code)
     except NoCausalLM as exc:

@@ -204,3 +204,21 @@ def test_a_damaged_census_in_the_cache_is_built_again(family_root):
     census = ensure_census(model)
     assert census is not None and census.source == "meta" and census.experts > 0
     assert Census.from_dict({**json.loads(path.read_text()), "source": "meta"}) == census
+
+
+def test_the_search_notes_an_unchecked_family_in_its_report(family_root):
+    from autofit.search import Search
+    from autofit.spec import SearchSpec
+    from strategies import resolve_ladder
+
+    try:
+        from fakes import FormulaRunner
+    except ImportError:  # tests/ became a package
+        from tests.fakes import FormulaRunner
+
+    model = prepared("starcoder2", family_root)
+    spec = SearchSpec(model=model, algo="reward", budget_bytes=2**30, out_dir=family_root / "search", device="cpu",
+                      max_length=256)
+    search = Search(spec, FormulaRunner(spec.budget_bytes), resolve_ladder(spec.ladder))
+    assert any(note.startswith("memory model: the activation terms of starcoder2 are not checked") and "±50%" in note
+               for note in search.report.notes)
