@@ -247,7 +247,7 @@ def test_the_search_process_never_imports_torch(tmp_path):
 def test_a_full_fine_tune_out_of_memory_at_the_optimizer_step_keeps_full_fine_tuning(tmp_path, capsys):
     # The H100 case at tiny scale: full fine-tuning runs out of memory only at the first optimizer step (Adam's
     # states appear there). bf16 weights halve weights, gradients and states: full fine-tuning is kept instead of
-    # LoRA, and checkpointing, which bought nothing, is dropped.
+    # LoRA, and checkpointing, which buys nothing here, is dropped when it is not measured faster.
     from trl import ModelConfig, SFTConfig, TrlParser
 
     code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "80MiB", "--max-length",
@@ -258,9 +258,13 @@ def test_a_full_fine_tune_out_of_memory_at_the_optimizer_step_keeps_full_fine_tu
     first = best["candidates"][0]
     assert first["rungs"] == [] and first["outcome"] == "OOM" and first["error_phase"] == "optimizer_step"
     assert "OOM in optimizer_step" in table  # seen and named
-    assert best["rungs"] == ["bf16-weights"] and best["peft"] is None and best["quantization"] is None
+    assert best["rungs"][-1] == "bf16-weights" and best["peft"] is None and best["quantization"] is None
     assert best["config"]["model_init_kwargs"] == {"dtype": "bfloat16"} and best["model_args"]["dtype"] == "bfloat16"
-    assert any(note.startswith("checkpointing dropped") for note in best["notes"])
+    # Checkpointing was tried away: full fine-tuning without it fits, and it is dropped unless the timed steps said
+    # the recomputing run was faster (single timed steps on a shared 2-core CPU: either can happen).
+    assert any(c["rungs"] == ["bf16-weights"] and c["outcome"] == "OK" for c in best["candidates"])
+    dropped = any(note.startswith("checkpointing dropped") for note in best["notes"])
+    assert best["rungs"] == (["bf16-weights"] if dropped else ["checkpointing", "bf16-weights"])
     config, model = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
         ["--config", str(tmp_path / "best.yaml"), "--output_dir", str(tmp_path / "run")])
     assert config.model_init_kwargs == {"dtype": "bfloat16"} and model.dtype == "bfloat16"
