@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Dict, Optional, Union
 
 from autofit.census_build import NO_CAUSAL_LM_EXIT
-
 from autofit.files import atomic_write_text
 from autofit.memory_model.census import META, Census, cached_census, census_file
 from autofit.memory_model.checked import sizes_are_exact
@@ -31,6 +30,7 @@ log = logging.getLogger(__name__)
 
 class NoCausalLM(ValueError):
     """The architecture has no class AutoModelForCausalLM can build: TRL's trainers cannot load it by name."""
+
 
 BUILD_TIMEOUT_S = 300  # a 405B architecture on the meta device takes under a minute; a hung import does not end
 
@@ -44,7 +44,11 @@ def ensure_census(model: str, *, trust_remote_code: bool = False) -> Optional[Ce
     found = cached_census(source.config)
     if found is not None:
         return found
-    if sizes_are_exact(ModelShape.from_config(source.config)):
+    try:
+        exact = sizes_are_exact(ModelShape.from_config(source.config))
+    except (KeyError, ValueError, TypeError):  # sizes the memory model cannot read: the model may still build
+        exact = False
+    if exact:
         return None  # the configuration's sizes are exact for this family: nothing to build
     own_code = needs_own_code(source.config)
     if own_code and not (trust_remote_code and source.local_path):

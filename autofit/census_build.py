@@ -18,7 +18,9 @@ NO_CAUSAL_LM_EXIT = 3  # the architecture has no AutoModelForCausalLM class (a v
 
 
 class NoCausalLM(Exception):
-    pass
+    """AutoModelForCausalLM cannot build this configuration."""
+
+
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
 
 
@@ -122,10 +124,10 @@ def build(config_dir: str, trust_remote_code: bool = False) -> Dict[str, Any]:
 
 
 def _lora_per_rank(model):
-    """What peft's ``all-linear`` LoRA trains, at rank 1 (every adapter tensor is linear in the rank), and the
-    names of the parameters it wraps rather than a module: peft converts "all-linear" on transformers 5 mixture-of-experts models
-    to ``target_parameters`` (the fused experts and the router), whose adapted weight W + BA is materialized at every
-    forward. ([], []) without peft."""
+    """What peft's ``all-linear`` LoRA trains, at rank 1 (every adapter tensor is linear in the rank), and the names
+    of the parameters it wraps rather than a module: peft converts "all-linear" on transformers 5 mixture-of-experts
+    models to ``target_parameters`` (the fused experts and the router), whose adapted weight W + BA is materialized
+    at every forward. ([], []) without peft."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:

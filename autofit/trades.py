@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 from autofit.candidate import Candidate
+from autofit.memory_model import trainable_tensors
+from autofit.memory_model.parameters import census_for
 
 FIXED = {
     "expandable-segments": "PyTorch's expandable segments: less fragmentation, nothing traded",
@@ -40,9 +42,6 @@ def _lora(candidate: Candidate, shape: Optional[object]) -> str:
     text = f"LoRA r={lora.r} (alpha {lora.alpha}) on {lora.target_modules}: the base model is frozen"
     if shape is None:
         return text
-    from autofit.memory_model import trainable_tensors
-    from autofit.memory_model.parameters import census_for
-
     trained = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))
     total = census_for(shape, candidate.algo).total
     text += f", {trained:,} of {total:,} parameters trained ({trained / total:.2%})"

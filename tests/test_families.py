@@ -222,3 +222,49 @@ def test_the_search_notes_an_unchecked_family_in_its_report(family_root):
     search = Search(spec, FormulaRunner(spec.budget_bytes), resolve_ladder(spec.ladder))
     assert any(note.startswith("memory model: the activation terms of starcoder2 are not checked") and "±50%" in note
                for note in search.report.notes)
+
+
+# -- what could touch CUDA on a GPU machine --------------------------------------------------------------------------
+def test_estimate_of_a_moe_model_counts_it_in_a_child_and_never_imports_torch(tmp_path):
+    """On a GPU machine a parent that imports torch risks initializing CUDA before the probes fork: the census is
+    built in a child (GPU hidden) and the estimating process imports neither torch nor transformers."""
+    import os
+    import subprocess
+    import sys
+
+    try:
+        from test_memory_model import ESTIMATE, REPO
+    except ImportError:  # tests/ became a package
+        from tests.test_memory_model import ESTIMATE, REPO
+
+    env = {**os.environ, "AUTOFIT_CACHE": str(tmp_path / "cache")}  # nothing cached: the child must build it
+    done = subprocess.run([sys.executable, "-c", ESTIMATE, "estimate", "--model", MIXTRAL_8X7B, "--gpu-memory", "80GiB"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "46,702,792,704 parameters counted from the model" in done.stdout
+    assert list((tmp_path / "cache" / "census").glob("*.json"))
+
+
+def test_a_users_factory_may_load_a_model_without_a_causal_lm_class(tmp_path):
+    from transformers import AutoConfig
+
+    from autofit.guide import model_shape
+    from autofit.spec import SearchSpec
+
+    AutoConfig.for_model("qwen2_5_vl").save_pretrained(tmp_path / "vl")
+    spec = SearchSpec(model=str(tmp_path / "vl"), budget_bytes=2**34, out_dir=tmp_path / "out",
+                      factory="my_module:build")
+    shape = model_shape(spec)  # no InputError: the factory loads it its own way; the sizes are the text model's
+    assert shape is not None and shape.nested and shape.census is None
+
+
+def test_a_configuration_the_sizes_cannot_read_is_still_counted_from_the_model(tmp_path):
+    """transformers completes a config.json without intermediate_size from its defaults; the memory model's sizes
+    cannot, so the search runs by plain bisection, but the census is still built."""
+    config = json.loads(Path(write_family("mixtral", tmp_path)).joinpath("config.json").read_text())
+    del config["intermediate_size"]
+    folder = tmp_path / "partial"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    census = ensure_census(str(folder))
+    assert census is not None and census.source == "meta" and census.experts > 0

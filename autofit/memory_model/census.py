@@ -12,7 +12,9 @@ The rules it applies, read from the installed libraries:
   expert tensors of transformers 5 mixture-of-experts models are not linear layers and stay in the load dtype.
 - peft's ``all-linear`` (``_maybe_include_all_linear_layers``) adapts every ``nn.Linear``/``Conv1D`` but the output
   embedding (a reward model: but the score head, which ``modules_to_save`` trains whole); a list of names adapts
-  the modules whose name is, or ends with ``.`` + , one of them. Fused experts are never adapted by either.
+  the modules whose name is, or ends with ``.`` + , one of them. On transformers 5 mixture-of-experts models peft
+  0.21 also turns ``all-linear`` into ``target_parameters`` on the fused experts and the router: what it builds is
+  recorded at rank 1 by ``census_build`` (``lora_per_rank``, ``lora_wrapped``), since no rule here could say it.
 - A reward model is the causal LM with the LM head replaced by ``score``, ``nn.Linear(hidden, 1, bias=False)``.
 """
 

@@ -34,8 +34,8 @@ def sizes_are_exact(shape) -> bool:
     return shape.model_type in ANALYTIC_EXACT and not (shape.moe_layers or shape.eager_attention or shape.nested)
 
 
-def unchecked_reason(shape, algo: str, quantization: Optional[str] = None) -> Optional[str]:
-    """Why the prediction for this model and algorithm (and quantization) is not a checked one, or None."""
+def unchecked_reason(shape, algo: str) -> Optional[str]:
+    """Why the prediction for this model and algorithm is not a checked one, or None."""
     family = "gemma3_text" if shape.model_type == "gemma3" else shape.model_type
     algo = "grpo" if algo == "ppo" else algo
     census = shape.parameters()
@@ -46,5 +46,5 @@ def unchecked_reason(shape, algo: str, quantization: Optional[str] = None) -> Op
     return None
 
 
-def prior_uncertainty(shape, algo: str, quantization: Optional[str] = None) -> float:
-    return CHECKED_UNCERTAINTY if unchecked_reason(shape, algo, quantization) is None else UNCHECKED_UNCERTAINTY
+def prior_uncertainty(shape, algo: str) -> float:
+    return CHECKED_UNCERTAINTY if unchecked_reason(shape, algo) is None else UNCHECKED_UNCERTAINTY

@@ -151,7 +151,7 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
     context = context_bytes(device)
     phases = _phases(candidate, shape, device)
     totals = {p.name: rho * sum(p.terms.values()) + context for p in phases}
-    uncertainty = prior_uncertainty(shape, candidate.algo, candidate.quantization)
+    uncertainty = prior_uncertainty(shape, candidate.algo)
     return [_ledger(p, rho, context, totals, uncertainty) for p in phases]
 
 

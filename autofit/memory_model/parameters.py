@@ -75,7 +75,7 @@ TRL_DEFAULT_BETA = {"grpo": 0.0, "rloo": 0.05}
 @dataclass(frozen=True)
 class ParamCounts:
     """Parameters by what the memory terms treat differently. ``linear``: what bitsandbytes quantizes (nn.Linear
-    layers but the output layer); ``experts``: fused mixture-of-experts tensors (never quantized nor adapted)."""
+    layers but the output layer); ``experts``: fused mixture-of-experts tensors (never quantized; peft's all-linear adapts them, ``census``)."""
 
     total: int
     linear: int
