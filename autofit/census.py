@@ -37,7 +37,8 @@ BUILD_TIMEOUT_S = 300  # a 405B architecture on the meta device takes under a mi
 
 def ensure_census(model: str, *, trust_remote_code: bool = False) -> Optional[Census]:
     """The census of ``model`` (a bundled name, a folder or a hub id), built now if it is not cached; None when the
-    configuration's sizes are exact for its family, or (logged) when the architecture cannot be built here."""
+    configuration's sizes are exact for its family or unreadable (no memory model then), or (logged) when the
+    architecture cannot be built here."""
     from autofit.registry import needs_own_code, resolve_model
 
     source = resolve_model(model)
@@ -45,10 +46,10 @@ def ensure_census(model: str, *, trust_remote_code: bool = False) -> Optional[Ce
     if found is not None:
         return found
     try:
-        exact = sizes_are_exact(ModelShape.from_config(source.config))
-    except (KeyError, ValueError, TypeError):  # sizes the memory model cannot read: the model may still build
-        exact = False
-    if exact:
+        shape = ModelShape.from_config(source.config)
+    except (KeyError, ValueError, TypeError, ArithmeticError):
+        return None  # sizes the memory model cannot read: no ledger to count for (the search bisects plainly)
+    if sizes_are_exact(shape):
         return None  # the configuration's sizes are exact for this family: nothing to build
     own_code = needs_own_code(source.config)
     if own_code and not (trust_remote_code and source.local_path):

@@ -258,13 +258,18 @@ def test_a_users_factory_may_load_a_model_without_a_causal_lm_class(tmp_path):
     assert shape is not None and shape.nested and shape.census is None
 
 
-def test_a_configuration_the_sizes_cannot_read_is_still_counted_from_the_model(tmp_path):
+def test_a_configuration_the_sizes_cannot_read_means_plain_bisection_and_no_census_build(tmp_path):
     """transformers completes a config.json without intermediate_size from its defaults; the memory model's sizes
-    cannot, so the search runs by plain bisection, but the census is still built."""
+    cannot, so a user's factory is searched by plain bisection: no exception, and no census built for nothing."""
+    from autofit.guide import model_shape
+    from autofit.memory_model.census import census_file
+    from autofit.spec import SearchSpec
+
     config = json.loads(Path(write_family("mixtral", tmp_path)).joinpath("config.json").read_text())
     del config["intermediate_size"]
     folder = tmp_path / "partial"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
-    census = ensure_census(str(folder))
-    assert census is not None and census.source == "meta" and census.experts > 0
+    assert ensure_census(str(folder)) is None and not census_file(config).exists()
+    spec = SearchSpec(model=str(folder), budget_bytes=2**34, out_dir=tmp_path / "out", factory="my_module:build")
+    assert model_shape(spec) is None

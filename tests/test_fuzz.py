@@ -83,7 +83,9 @@ config_keys = st.fixed_dictionaries(
 )
 
 
-@FAST
+# No deadline: a config whose sizes read but whose family is not one the sizes describe exactly has its parameters
+# counted in a child process (a few seconds, longer on a loaded CI machine), by design.
+@settings(FAST, deadline=None)
 @given(config=st.one_of(json_values, config_keys))
 def test_crafted_config_json_is_one_line_or_an_estimate(tmp_path, capsys, config):
     folder = tmp_path / "model"
