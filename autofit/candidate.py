@@ -62,6 +62,8 @@ class Candidate:
     # The dtype the weights are loaded in (``model_init_kwargs["dtype"]``): None is TRL's default, float32.
     dtype: Optional[str] = None
     trust_remote_code: bool = False  # the model's own code runs (``--trust-remote-code``)
+    # The engine that offloads optimizer states to host memory (``autofit.engine_files``), None: plain TRL.
+    offload: Optional[str] = None
     env: Tuple[Tuple[str, str], ...] = ()
     rungs: Tuple[str, ...] = ()
     # Training arguments the user fixed (learning rate, ...): passed through untouched.
@@ -116,7 +118,10 @@ class Candidate:
         if self.num_generations is not None:
             args["num_generations"] = self.num_generations
         if self.device == "cpu":
-            args.update(use_cpu=True, bf16=False)
+            # DeepSpeed runs only where accelerate is not told use_cpu (the probe hides GPUs instead).
+            args.update(bf16=False)
+            if not self.offload:
+                args["use_cpu"] = True
         if self.probe is not None:
             args.update(
                 gradient_accumulation_steps=self.probe_accumulation,
@@ -188,8 +193,9 @@ class Candidate:
         """Stable identity of what is measured (the rung names that led here do not change the measurement)."""
         data = self.to_dict()
         data.pop("rungs")
-        if data.get("dtype") is None:  # added after studies were stored: keep their keys
-            data.pop("dtype")
+        for late in ("dtype", "offload"):  # added after studies were stored: keep their keys
+            if data.get(late) is None:
+                data.pop(late)
         if not data.get("trust_remote_code"):
             data.pop("trust_remote_code", None)
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -204,6 +210,8 @@ class Candidate:
             parts.append(self.dtype)
         if self.optim:
             parts.append(self.optim)
+        if self.offload:
+            parts.append(self.offload)
         if self.quantization:
             parts.append(f"q{self.quantization}")
         if self.lora:

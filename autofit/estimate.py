@@ -22,6 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from autofit.candidate import RL_ALGOS
 from autofit.files import one_line
+from autofit.ladder import usable_rungs
 from autofit.argtypes import positive_int
 from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
@@ -34,6 +35,7 @@ from autofit.memory_model import (
 )
 from autofit.memory_model.checked import sizes_are_exact
 from autofit.spec import InputError, SearchSpec, format_size, parse_size
+from strategies import resolve_ladder
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 ALGOS = ("sft", "grpo", "rloo", "reward")
@@ -182,8 +184,11 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     if unchecked and calibration is None:
         lines.append(f"note: {unchecked}: the band is widened; a search's probes calibrate it")
     lines += [f"note: {note}" for note in notes]
+    lines += [f"note: {note}" for note in usable_rungs(resolve_ladder(spec.ladder), spec.device)[1]]
     unit, scale = _unit(budget)
+    host = any(level.ledger.host for level in result.levels)  # an offloading level: its host memory, a column
     header = ["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in COLUMNS] + ["peak", "±", "phase", "fits"]
+    header += ["host"] if host else []
     rows = []
     for level in result.levels:
         ledger, candidate = level.ledger, level.candidate
@@ -192,9 +197,10 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
         cells += [f"{sum(getattr(ledger, term) for term in terms) / scale:.2f}" for _, terms in COLUMNS]
         cells += [f"{ledger.total / scale:.2f}", f"{ledger.total * ledger.uncertainty / scale:.2f}", ledger.phase,
                   _fits_cell(ledger, budget)]
+        cells += [f"{ledger.host / scale:.2f}" if ledger.host else "-"] if host else []
         rows.append(cells)
     widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
-    left = {1, len(header) - 2}  # rungs and phase read better left-aligned
+    left = {1, header.index("phase")}  # rungs and phase read better left-aligned
 
     def render(row):
         return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
@@ -202,6 +208,8 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     lines += ["", f"predicted peak by term ({unit}), at each level's peak phase:", render(header)]
     lines += [render(row) for row in rows]
     lines.append("fits: the point prediction against the budget; '?' when the budget lies inside the ± band")
+    if host:
+        lines.append("host: host memory (pinned RAM) the offloading engine holds, not counted in the device's peak")
     lines.append("")
     expected = result.expected
     if expected is None:

@@ -14,6 +14,13 @@ from autofit import memory_model
 from autofit.candidate import RL_ALGOS, Candidate
 from autofit.files import atomic_write_text, one_line
 from autofit.device import first_gpu
+from autofit.engine_files import (
+    ACCELERATE_YAML,
+    DEEPSPEED_JSON,
+    launch_line,
+    remove_stale_engine_files,
+    write_engine_files,
+)
 from autofit.probe_kit import checkpoint_folder
 from autofit.registry import resolve_model
 from autofit.report import SearchReport
@@ -125,11 +132,29 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
     return "yours"
 
 
-def usage(algo: str) -> str:
+def usage(algo: str, offload: Optional[str] = None) -> str:
     if algo == "ppo":
         return ("# TRL has no ppo command: build PPOConfig(**best.json['config']); PPO's loop does not enable "
                 "checkpointing from its config, so call model.gradient_checkpointing_enable() when it is set")
-    return f"# use: trl {algo} --config best.yaml --dataset_name YOUR_DATASET"
+    engine = f" --accelerate_config {ACCELERATE_YAML}" if offload else ""
+    return f"# use: trl {algo} --config best.yaml{engine} --dataset_name YOUR_DATASET"
+
+
+def engine_data(report: SearchReport, candidate: Candidate, out_dir: Optional[Path]) -> Optional[Dict[str, Any]]:
+    """best.json's account of the offloading engine: its files, the launch line, host memory measured and predicted."""
+    if not candidate.offload:
+        return None
+    folder = Path(out_dir or report.spec.out_dir).resolve()
+    shape = memory_model.shape_or_none(candidate.model)
+    predicted = memory_model.host_bytes(candidate, shape, candidate.device) if shape is not None else None
+    return {
+        "name": candidate.offload,
+        "accelerate_config": str(folder / ACCELERATE_YAML),
+        "deepspeed_config": str(folder / DEEPSPEED_JSON),
+        "launch": launch_line(candidate.algo, folder / "best.yaml", folder / ACCELERATE_YAML),
+        "host_bytes": report.verified.stats.get("host_bytes") or report.chosen.result.stats.get("host_bytes"),
+        "host_bytes_predicted": round(predicted) if predicted is not None else None,
+    }
 
 
 def _scalar(value: Any) -> str:
@@ -149,8 +174,13 @@ def yaml_text(report: SearchReport) -> str:
         f"{format_size(spec.budget_bytes)}",
         f"# verified peak {format_size(report.verified.peak_bytes)} over {report.verified.steps} steps; "
         f"rungs: {', '.join(candidate.rungs) or 'none'}",
-        usage(one_line(spec.algo)),
+        usage(one_line(spec.algo), candidate.offload),
     ]
+    if candidate.offload:
+        host = report.verified.stats.get("host_bytes") or fit.result.stats.get("host_bytes")
+        lines.append(f"# optimizer offload ({candidate.offload}, {ACCELERATE_YAML} + {DEEPSPEED_JSON}): fp32 master "
+                     "weights, gradients and AdamW states in host memory"
+                     + (f" ({format_size(host)} measured)" if host else "") + "; same math, slower steps")
     if candidate.is_rl and candidate.prompt_length:
         lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.algo)} does not "
                      "truncate prompts, so keep yours this short (or search with --max-prompt-length)")
@@ -179,7 +209,7 @@ def _quantization_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
     return None
 
 
-def json_data(report: SearchReport) -> Dict[str, Any]:
+def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str, Any]:
     spec = report.spec
     gpu = first_gpu() if spec.device == "cuda" else None
     data: Dict[str, Any] = {
@@ -254,6 +284,7 @@ def json_data(report: SearchReport) -> Dict[str, Any]:
             peft=_peft_dict(candidate),
             quantization=_quantization_dict(candidate),
             env=dict(candidate.env),
+            engine=engine_data(report, candidate, out_dir),
             phase_peaks=fit.result.phase_peaks,
             probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
             verified={"steps": verified.steps, "peak_bytes": verified.peak_bytes, "phase_peaks": verified.phase_peaks,
@@ -318,7 +349,12 @@ def table_text(report: SearchReport) -> str:
 def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "best.json", "yaml": out_dir / "best.yaml"}
-    atomic_write_text(paths["json"], json.dumps(json_data(report), indent=2, default=str) + "\n")
+    atomic_write_text(paths["json"], json.dumps(json_data(report, out_dir), indent=2, default=str) + "\n")
+    offload = report.chosen.candidate.offload if report.fits else None
+    if offload:
+        paths.update(write_engine_files(out_dir, offload))
+    else:
+        remove_stale_engine_files(out_dir)
     if report.fits:
         atomic_write_text(paths["yaml"], yaml_text(report))
     else:

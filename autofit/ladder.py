@@ -9,16 +9,20 @@ default order and ``resolve_ladder`` (rungs by name): this module never imports 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
-from typing import List, Optional, Protocol, Sequence
+from typing import List, Optional, Protocol, Sequence, Tuple
 
 from autofit.candidate import Candidate
+
+log = logging.getLogger(__name__)
 
 # Cost classes, from free to costly.
 FREE = "free"  # same math, same speed or faster
 SPEED = "speed"  # same math, slower
 QUALITY = "quality"  # different training
 COSTS = (FREE, SPEED, QUALITY)
+OFFLOAD_RUNG = "optimizer-offload"  # strategies.offload: taken off again by the quality rungs
 
 
 @dataclass(frozen=True)
@@ -34,9 +38,12 @@ class LadderState:
 
     def with_rung(self, rung: "Rung", **state_changes) -> "LadderState":
         candidate_changes = state_changes.pop("candidate_changes", {})
+        candidate = self.candidate
+        if rung.cost == QUALITY and candidate.offload:  # quality rungs shrink the level without optimizer offload
+            candidate = candidate.replace(offload=None, rungs=tuple(r for r in candidate.rungs if r != OFFLOAD_RUNG))
         return dataclasses.replace(
             self,
-            candidate=self.candidate.with_rung(rung.name, **candidate_changes),
+            candidate=candidate.with_rung(rung.name, **candidate_changes),
             cost=max(self.cost, rung.cost, key=COSTS.index),
             **state_changes,
         )
@@ -53,6 +60,8 @@ class Rung(Protocol):
 
     def apply(self, state: LadderState) -> Optional[LadderState]: ...
 
+    # Optional: ``unavailable(device) -> str | None``, why the rung cannot be probed on this machine.
+
 
 def climb(base: LadderState, rungs: Sequence[Rung]) -> List[LadderState]:
     """The levels of the ladder, base first; rungs that do not apply are skipped."""
@@ -62,3 +71,16 @@ def climb(base: LadderState, rungs: Sequence[Rung]) -> List[LadderState]:
         if nxt is not None:
             levels.append(nxt)
     return levels
+
+
+def usable_rungs(rungs: Sequence[Rung], device: str) -> Tuple[List[Rung], List[str]]:
+    """The rungs this machine can probe, and a note for each one left out (a rung may say why it cannot run)."""
+    usable, notes = [], []
+    for rung in rungs:
+        reason = rung.unavailable(device) if hasattr(rung, "unavailable") else None
+        if reason:
+            notes.append(f"rung {rung.name} left out: {reason}")
+            log.info("rung %s left out: %s", rung.name, reason)
+        else:
+            usable.append(rung)
+    return usable, notes

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 import weakref
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -66,15 +66,24 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
     Each storage is counted once, when an op first returns it, and released by a ``weakref.finalize`` when the
     storage is freed (PyTorch keeps the storage's Python object alive exactly as long as the memory).
     Tensors that existed before the mode was entered are added with ``track``.
+
+    ``host_aware``: an engine keeps some storages in host memory (optimizer offload), which on the CPU are not
+    told apart by device. Every allocation and release is then logged, the budget is checked after the run
+    (``check_budget``) rather than at each allocation, and the peaks are replayed without the storages named
+    by ``set_host`` (those live at the end of the run: the engine's persistent host state).
     """
 
-    def __init__(self, budget_bytes: Optional[int] = None, others: Optional[Callable[[], int]] = None) -> None:
+    def __init__(self, budget_bytes: Optional[int] = None, others: Optional[Callable[[], int]] = None,
+                 host_aware: bool = False) -> None:
         _PhaseLedger.__init__(self)
         TorchDispatchMode.__init__(self)
         self.budget_bytes = budget_bytes
         self.live = 0
         self._phase_peak = 0
         self._seen: Dict[int, int] = {}
+        self._events: Optional[List[Tuple[Optional[int], object]]] = [] if host_aware else None
+        self._host_keys: Set[int] = set()
+        self.host_bytes = 0
         # Memory another process holds on the simulated device (autofit.others), read again now and then.
         self._others = others
         self._others_bytes, self._others_read = 0, 0.0
@@ -93,11 +102,16 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         nbytes = storage.nbytes()
         self._seen[key] = nbytes
         self.live += nbytes
+        if self._events is not None:
+            self._events.append((key, nbytes))
         weakref.finalize(storage, self._release, key)
         return nbytes
 
     def _release(self, key: int) -> None:
-        self.live -= self._seen.pop(key, 0)
+        nbytes = self._seen.pop(key, 0)
+        self.live -= nbytes
+        if self._events is not None and nbytes:
+            self._events.append((key, -nbytes))
 
     def track(self, *modules_or_tensors) -> None:
         """Count tensors created outside the mode (for example loaded from disk)."""
@@ -119,7 +133,7 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
 
     def _bump(self, requested: int, op_name: str) -> None:
         self._phase_peak = max(self._phase_peak, self.live)
-        if self.budget_bytes is None:
+        if self.budget_bytes is None or self._events is not None:
             return
         limit = self.budget_bytes - self._others_now()
         if self.live > limit:
@@ -140,6 +154,61 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
             self._bump(added, str(func))
         return out
 
+    # -- host memory (optimizer offload) ------------------------------------------------------------------------
+    def set_host(self, tensors) -> None:
+        """The storages of ``tensors`` are host memory: left out of the replayed device peaks."""
+        keys = {t.untyped_storage()._cdata for t in tensors}
+        self._host_keys = {key for key in keys if key in self._seen}
+        self.host_bytes = sum(self._seen[key] for key in self._host_keys)
+
+    def set_phase(self, name: str) -> None:
+        if self._events is not None and name != self.phase:
+            self._events.append((None, name))
+        super().set_phase(name)
+
+    def peaks(self) -> Dict[str, int]:
+        if self._events is None:
+            return super().peaks()
+        return self._replayed_peaks()
+
+    def _replayed_peaks(self) -> Dict[str, int]:
+        # The storages still live under a host key were allocated by that key's last allocation event.
+        last_alloc = {key: index for index, (key, change) in enumerate(self._events)
+                      if key in self._host_keys and isinstance(change, int) and change > 0}
+        host_events = set(last_alloc.values())
+        phase, live, host_live, peaks = "setup", 0, set(), {}
+        peaks[phase] = 0
+        for index, (key, change) in enumerate(self._events):
+            if key is None:
+                phase = change
+                peaks[phase] = max(peaks.get(phase, 0), live)
+            elif change > 0:
+                if index in host_events:
+                    host_live.add(key)
+                else:
+                    live += change
+                    peaks[phase] = max(peaks[phase], live)
+            elif key in host_live:
+                host_live.discard(key)
+            else:
+                live += change
+        return peaks
+
+    def check_budget(self) -> None:
+        """After a host-aware run: the out-of-memory error the device would have raised, if any."""
+        if self.budget_bytes is None or self._events is None:
+            return
+        peaks = self._replayed_peaks()
+        phase, peak = max(peaks.items(), key=lambda item: item[1])
+        limit = self.budget_bytes - self._others_now()
+        if peak > limit:
+            self.phase = phase  # where the device would have run out, for the probe's report
+            raise torch.OutOfMemoryError(
+                f"Simulated device out of memory (checked after the run, {self.host_bytes / 2**20:.2f} MiB of "
+                f"offloaded state counted as host memory): device peak {peak / 2**20:.2f} MiB > budget "
+                f"{limit / 2**20:.2f} MiB (phase {phase})"
+            )
+
     # -- phase ledger -----------------------------------------------------------------------------------------
     def _read_peak(self) -> int:
         return max(self._phase_peak, self.live)
@@ -148,7 +217,10 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         self._phase_peak = self.live
 
     def stats(self) -> Dict[str, int]:
-        return {"live_bytes": self.live}
+        stats = {"live_bytes": self.live}
+        if self._events is not None:
+            stats["host_bytes"] = self.host_bytes
+        return stats
 
 
 class CudaMeter(_PhaseLedger):

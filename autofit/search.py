@@ -29,7 +29,8 @@ from autofit.memory_model import divisors, length_grid  # noqa: F401 - the searc
 from autofit.candidate import Candidate
 from autofit.faults import FaultWatch, check_no_fit_is_an_answer
 from autofit.guide import MemoryGuide, model_shape
-from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
+from autofit.host_memory import host_shortfall
+from autofit.ladder import FREE, OFFLOAD_RUNG, QUALITY, SPEED, LadderState, Rung, climb, usable_rungs
 from autofit.outcome import Outcome, ProbeResult
 from autofit.pruning import drop_unneeded
 from autofit.refine import refine
@@ -55,13 +56,19 @@ class Search:
         self.on_record = on_record
         base = memory_model.base_candidate(spec)
         self.start = LadderState(base, min_length=spec.min_length, maximize=spec.maximize)
-        self.rungs = list(rungs)
+        self.rungs, unavailable = usable_rungs(rungs, spec.device)
+        short = host_shortfall(self.start, self.rungs, memory_model.shape_or_none(spec.model), spec.device)
+        if short:
+            log.info("%s", short)
+            unavailable.append(short)
+            self.rungs = [rung for rung in self.rungs if rung.name != OFFLOAD_RUNG]
         self.levels = climb(self.start, self.rungs)
         self.ladder_len = len(self.levels)  # levels past it are rebuilt without a rung (autofit.pruning)
         self.store = store or ProbeStore(spec.out_dir, spec.study_name(), spec.budget_bytes,
                                          self.ladder_len + REBUILT_LEVELS, spec.effective_batch, spec.max_length)
         self.report = SearchReport(spec, self.levels, ladder_len=self.ladder_len)
         self.report.notes.extend(getattr(self.store, "notes", []))
+        self.report.notes.extend(unavailable)
         self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.predict else None)
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:

@@ -47,7 +47,7 @@ def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
     if candidate.device == "cpu":
         from autofit.meters import SimulatedMeter
 
-        return SimulatedMeter(budget_bytes, others=lambda: others_bytes("cpu"))
+        return SimulatedMeter(budget_bytes, others=lambda: others_bytes("cpu"), host_aware=bool(candidate.offload))
     from autofit.meters import CudaMeter
 
     return CudaMeter(budget_bytes)
@@ -83,6 +83,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
     try:
         if not candidate.real_weights:
             probe_kit.model_path(candidate)  # write the random-weight checkpoint (once) outside the meter
+        if candidate.offload:
+            enter_engine(candidate)
         meter = make_meter(candidate, budget_bytes)
         context = meter if candidate.device == "cpu" else contextlib.nullcontext()
         with context:
@@ -99,6 +101,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             instrument_rl_phases(trainer, meter, clock, candidate)
             meter.set_phase("train_setup")
             trainer.train()
+            if candidate.offload:
+                host = offloaded_state(trainer, candidate, meter)
         peaks = meter.peaks()
         return ProbeResult(
             Outcome.OK,
@@ -108,7 +112,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             steps=len(clock.step_times),
             seconds=time.perf_counter() - started,
             stats={**meter.stats(), "others_start_bytes": others_start,
-                   "others_end_bytes": others_bytes(candidate.device)},
+                   "others_end_bytes": others_bytes(candidate.device), **({"host_bytes": host} if candidate.offload else {})},
             config_class=f"{type(trainer.args).__module__}.{type(trainer.args).__qualname__}",
             config_defaults=config_defaults(type(trainer.args), candidate.training_args()),
             generation_tokens_per_second=clock.generation_tokens_per_second(),
@@ -134,6 +138,35 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             detail=user_frames(exc) if fault == USER else "",
             origin=error_origin(exc, stage, user_factory),
         )
+
+
+def enter_engine(candidate: Candidate) -> None:
+    """Write the engine's files (as the export will) and take the environment ``accelerate launch`` would give."""
+    import tempfile
+
+    from autofit.engine_files import launch_env, write_engine_files
+
+    folder = Path(candidate.probe.output_dir) / "engine" if candidate.probe else Path(tempfile.mkdtemp())
+    files = write_engine_files(folder, candidate.offload)
+    os.environ.update(launch_env(files["accelerate"], candidate.device))
+
+
+def offloaded_state(trainer, candidate: Candidate, meter) -> int:
+    """Bytes the engine holds in host memory; on the simulated meter they leave the device's peaks, and its budget
+    is checked now. A trainer that did not run under the engine measured something else: an error, not a fit."""
+    from autofit.offloaded import host_bytes, host_tensors
+
+    tensors = host_tensors(trainer)
+    if not tensors:
+        raise FactoryMisuse(
+            f"the candidate offloads the optimizer ({candidate.offload}) but the trainer did not run DeepSpeed's "
+            "ZeRO optimizer with offload_optimizer: build the trainer's config from candidate.training_args() "
+            "inside the factory, so it sees the engine's launch environment"
+        )
+    if hasattr(meter, "set_host"):
+        meter.set_host(tensors)
+        meter.check_budget()
+    return host_bytes(trainer)
 
 
 @contextlib.contextmanager

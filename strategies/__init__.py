@@ -11,6 +11,7 @@ from strategies.allocator import ExpandableSegments
 from strategies.checkpointing import GradientCheckpointing
 from strategies.lora import Lora
 from strategies.microbatch import MicroBatch
+from strategies.offload import OptimizerOffload
 from strategies.optimizer import EightBitOptimizer
 from strategies.precision import Bf16Weights
 from strategies.quantization import QuantizedBase
@@ -20,6 +21,7 @@ DEFAULT_LADDER = (
     ExpandableSegments(),  # free
     MicroBatch(),  # speed
     GradientCheckpointing(),  # speed
+    OptimizerOffload(),  # speed; taken off again by the quality rungs
     Bf16Weights(),  # quality, from here on
     EightBitOptimizer(),
     Lora(),
@@ -29,6 +31,7 @@ DEFAULT_LADDER = (
 )
 
 RUNGS = {rung.name: rung for rung in DEFAULT_LADDER}
+RUNGS[OptimizerOffload.name] = OptimizerOffload(on_simulated_device=True)  # named: probed on the CPU too
 
 
 def resolve_ladder(names: Optional[Iterable[str]]) -> List[Rung]:

@@ -11,6 +11,7 @@ Memory model (all integers, in bytes), with ``W = weight_bytes`` the 16-bit weig
     grads       = trainable
     optimizer   = 4 * trainable (AdamW: two fp32 states), 1 * trainable with optim "adamw_bnb_8bit"
     (dtype "bfloat16": weights, trainable and AdamW's states halved; 8-bit states stay 1 * the fp32-sized trainable)
+    (offload: gradients and optimizer states are host memory, not counted)
     activations = micro_batch * max_length * act_bytes_per_token, divided by ckpt_divisor with checkpointing
     peak        = weights + grads + optimizer + activations
                   (+ fragmentation_bytes unless the candidate's env sets expandable segments)
@@ -19,7 +20,8 @@ Memory model (all integers, in bytes), with ``W = weight_bytes`` the 16-bit weig
 A candidate whose peak is above ``budget_bytes`` returns ``Outcome.OOM`` with that peak (never an exception).
 Otherwise ``Outcome.OK`` with
 
-    tokens_per_second = base_tps * micro_batch / (micro_batch + 1), times ckpt_speed with checkpointing
+    tokens_per_second = base_tps * micro_batch / (micro_batch + 1), times ckpt_speed with checkpointing and
+                        offload_speed with optimizer offload
 
 so a bigger micro-batch is faster and checkpointing is slower.
 
@@ -61,6 +63,7 @@ class FormulaRunner:
         lora_divisor: int = 50,
         base_tps: float = 10_000.0,
         ckpt_speed: float = 0.7,
+        offload_speed: float = 0.5,
         fragmentation_bytes: int = 0,
         verify_extra_bytes: int = 0,
         verify_from_steps: int = 10,
@@ -74,6 +77,7 @@ class FormulaRunner:
         self.lora_divisor = lora_divisor
         self.base_tps = base_tps
         self.ckpt_speed = ckpt_speed
+        self.offload_speed = offload_speed
         self.fragmentation_bytes = fragmentation_bytes
         self.verify_extra_bytes = verify_extra_bytes
         self.verify_from_steps = verify_from_steps
@@ -93,6 +97,8 @@ class FormulaRunner:
         if candidate.dtype == "bfloat16":
             weights, trainable = weights // 2, trainable // 2
             optimizer = optimizer if candidate.optim == EIGHT_BIT_OPTIM else optimizer // 2
+        if candidate.offload:
+            return weights
         return weights + trainable + optimizer
 
     def activation_bytes(self, candidate: Candidate) -> int:
@@ -107,7 +113,8 @@ class FormulaRunner:
 
     def tokens_per_second(self, candidate: Candidate) -> float:
         mb = candidate.micro_batch
-        return self.base_tps * mb / (mb + 1) * (self.ckpt_speed if candidate.checkpointing else 1.0)
+        return (self.base_tps * mb / (mb + 1) * (self.ckpt_speed if candidate.checkpointing else 1.0)
+                * (self.offload_speed if candidate.offload else 1.0))
 
     def fits(self, candidate: Candidate, steps: int = 2) -> bool:
         return self.peak_bytes(candidate, steps) <= self.budget_bytes

@@ -55,6 +55,7 @@ from autofit.memory_model.logits import (
     fused_head_buffer_bytes,
     kv_cache_bytes,
 )
+from autofit.memory_model.offload import host_bytes
 from autofit.memory_model.parameters import (
     ParamCounts,
     Tensors,
@@ -71,6 +72,6 @@ __all__ = [
     "GEN_PREFILL_MLP_COPIES", "PRIOR_UNCERTAINTY", "SINGLE_POINT_UNCERTAINTY", "TERMS", "TERM_HELP", "Calibration",
     "LevelEstimate", "Ledger", "ModelShape", "ParamCounts", "RungEstimate", "Tensors", "activation_bytes_per_token_layer",
     "base_candidate", "calibrate", "divisors", "dtype_bytes", "expected_rung", "fused_head_buffer_bytes",
-    "kv_cache_bytes", "length_grid", "lora_params", "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict",
+    "host_bytes", "kv_cache_bytes", "length_grid", "lora_params", "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict",
     "predict_calibrated", "sequence_length", "shape_or_none", "train_tokens", "trainable_tensors",
 ]

@@ -20,6 +20,12 @@ from autofit.memory_model.activations import activation_bytes
 from autofit.memory_model.allocator import context_bytes, reserved_factor
 from autofit.memory_model.checked import CHECKED_UNCERTAINTY, prior_uncertainty
 from autofit.memory_model.logits import generation_bytes, logit_bytes
+from autofit.memory_model.offload import (
+    engine_setup_bytes,
+    gradient_transient_bytes,
+    host_bytes,
+    offloaded_state_bytes,
+)
 from autofit.memory_model.parameters import compute_bytes, state_bytes, weight_bytes
 from autofit.memory_model.shape import ModelShape
 
@@ -62,6 +68,7 @@ class Ledger:
     phase_totals: Dict[str, float] = field(default_factory=dict)
     uncertainty: float = PRIOR_UNCERTAINTY
     reserved_factor: float = 1.0
+    host: float = 0.0  # host memory an offloading engine holds: not device memory, not in ``total``
 
     @property
     def total(self) -> float:
@@ -117,17 +124,21 @@ class _Phase:
 
 def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase]:
     act_bytes = compute_bytes(candidate, shape, device)
-    state = state_bytes(candidate, shape, device)
+    state = (offloaded_state_bytes if candidate.offload else state_bytes)(candidate, shape, device)
     saved, layer_moment = activation_bytes(candidate, shape, act_bytes)
     logits = logit_bytes(candidate, shape, device, act_bytes, weight_bytes(candidate, shape))
+    resident_gradients = candidate.grad_accum >= 2 or candidate.offload  # offload: its staging buffers
     static = {"weights": state.weights + state.autocast_copy, "reference": state.reference,
-              "optimizer": state.optimizer, "gradients": state.gradients if candidate.grad_accum >= 2 else 0.0}
+              "optimizer": state.optimizer, "gradients": state.gradients if resident_gradients else 0.0}
     phases = [
         _Phase("train", {**static, "activations": saved, "logits": logits}),
-        _Phase("backward", {**static, "activations": layer_moment}),
+        _Phase("backward", {**static, "activations": layer_moment, "gradients": static["gradients"] + (
+            gradient_transient_bytes(candidate, shape, device) if candidate.offload else 0.0)}),
         _Phase("step", {"weights": state.weights, "reference": state.reference, "gradients": state.gradients,
                         "optimizer": state.optimizer + max(state.step_temporaries, state.embedding_temporaries)}),
     ]
+    if candidate.offload:
+        phases.append(_Phase("engine_setup", {"weights": engine_setup_bytes(candidate, shape, device)}))
     if candidate.is_rl:
         phases.append(_Phase("generation", {"weights": state.weights, "reference": state.reference,
                                             "optimizer": state.optimizer,
@@ -135,11 +146,12 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
     return phases
 
 
-def _ledger(phase: _Phase, rho: float, context: float, totals: Dict[str, float], uncertainty: float) -> Ledger:
+def _ledger(phase: _Phase, rho: float, context: float, totals: Dict[str, float], uncertainty: float,
+            host: float) -> Ledger:
     terms = {name: float(value) for name, value in phase.terms.items()}
     torch_part = sum(terms.values())
     return Ledger(**terms, allocator=(rho - 1) * torch_part, cuda_context=context, phase=phase.name,
-                  phase_totals=totals, uncertainty=uncertainty, reserved_factor=rho)
+                  phase_totals=totals, uncertainty=uncertainty, reserved_factor=rho, host=host)
 
 
 def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, device: Optional[str] = None
@@ -152,7 +164,8 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
     phases = _phases(candidate, shape, device)
     totals = {p.name: rho * sum(p.terms.values()) + context for p in phases}
     uncertainty = prior_uncertainty(shape, candidate.algo)
-    return [_ledger(p, rho, context, totals, uncertainty) for p in phases]
+    host = host_bytes(candidate, shape, device)
+    return [_ledger(p, rho, context, totals, uncertainty, host) for p in phases]
 
 
 def predict(candidate: Candidate, shape: Optional[ModelShape] = None, *, device: Optional[str] = None) -> Ledger:

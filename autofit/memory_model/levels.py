@@ -117,7 +117,7 @@ def expected_rung(spec: Any, budget_bytes: Optional[int] = None, *, calibration:
     with ``maximize="length"``); the first level with a fit is the rung the model expects to be needed.
     ``spec`` is a ``SearchSpec`` or any object with its fields (model, algo, device, effective_batch,
     max_length, min_length, maximize, num_generations, prompt_length, user_args, ladder)."""
-    from autofit.ladder import LadderState, climb
+    from autofit.ladder import LadderState, climb, usable_rungs
     from strategies import resolve_ladder
 
     budget = budget_bytes if budget_bytes is not None else spec.budget_bytes
@@ -126,6 +126,7 @@ def expected_rung(spec: Any, budget_bytes: Optional[int] = None, *, calibration:
     shape = shape or (calibration.shape if calibration is not None and calibration.shape is not None else None) \
         or ModelShape.from_model(spec.model)
     rungs = list(rungs) if rungs is not None else resolve_ladder(getattr(spec, "ladder", None))
+    rungs, _ = usable_rungs(rungs, spec.device)  # as the search would climb it
     start = LadderState(base_candidate(spec), min_length=getattr(spec, "min_length", None) or spec.max_length,
                         maximize=getattr(spec, "maximize", "batch"))
     predict_at = _predictor(calibration, shape)

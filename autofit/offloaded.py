@@ -1,0 +1,57 @@
+"""What an offloading engine keeps in host memory, read from the trainer after a probe (runs in the probe process).
+
+DeepSpeed ZeRO-1/2 with ``offload_optimizer`` keeps the fp32 master partition, its gradient, the CPU Adam states,
+a pinned copy of the weights in the device dtype (the updated weights on their way back), a pinned staging buffer
+of the largest parameter's gradient and (with gradient accumulation) an fp32 accumulation buffer per parameter in
+host memory. On a GPU they are not
+device memory by construction; the CPU's simulated meter cannot tell them apart by device, so it is told which
+storages they are (``SimulatedMeter.set_host``).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+
+def zero_optimizer(trainer):
+    """The DeepSpeed ZeRO optimizer behind the trainer's (accelerate-wrapped) optimizer, or None."""
+    optimizer = getattr(trainer, "optimizer", None)
+    inner = getattr(optimizer, "optimizer", None)
+    for candidate in (inner, optimizer):
+        if candidate is not None and hasattr(candidate, "single_partition_of_fp32_groups"):
+            return candidate
+    return None
+
+
+def host_tensors(trainer) -> List:
+    """Every tensor the engine holds in host memory (empty when nothing is offloaded)."""
+    import torch
+
+    zero = zero_optimizer(trainer)
+    if zero is None or not getattr(zero, "cpu_offload", False):
+        return []
+    found = []
+    for master in zero.single_partition_of_fp32_groups:
+        found.append(master)
+        if master.grad is not None:
+            found.append(master.grad)
+    for state in getattr(zero.optimizer, "state", {}).values():
+        found.extend(value for value in state.values() if isinstance(value, torch.Tensor))
+    staging = getattr(zero, "temp_grad_buffer_for_cpu_offload", None)  # the largest parameter's gradient, pinned
+    if isinstance(staging, torch.Tensor):
+        found.append(staging)
+    # the updated weights in the device dtype, pinned, before they are copied back to the device
+    found.extend(getattr(zero, "param_buffer_of_bit16_for_cpu_offload_groups", None) or [])
+    accumulated = getattr(zero, "accumulated_grads_in_cpu", None) or {}
+    found.extend(value for value in accumulated.values() if isinstance(value, torch.Tensor))
+    return found
+
+
+def host_bytes(trainer) -> int:
+    seen, total = set(), 0
+    for tensor in host_tensors(trainer):
+        storage = tensor.untyped_storage()
+        if storage._cdata not in seen:
+            seen.add(storage._cdata)
+            total += storage.nbytes()
+    return total
