@@ -7,9 +7,9 @@ would measure nothing useful), so the rung is left out with a note instead.
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
-from autofit.ladder import OFFLOAD_RUNG, LadderState, Rung, climb
+from autofit.ladder import OFFLOAD_RUNG, LadderState, Rung, climb, usable_rungs
 from autofit.spec import format_size
 
 log = logging.getLogger(__name__)
@@ -43,3 +43,18 @@ def host_shortfall(start: LadderState, rungs: Sequence[Rung], shape, device: str
         return None
     return (f"rung {OFFLOAD_RUNG} left out: its offloaded states need {format_size(need)} of host memory, "
             f"{format_size(available)} is available")
+
+
+def probeable_rungs(start: LadderState, rungs: Sequence[Rung], model: str, device: str
+                    ) -> Tuple[List[Rung], List[str]]:
+    """The rungs a search on this machine climbs, and a note for each one left out (a missing engine, too little
+    host memory for the offloaded states)."""
+    from autofit.memory_model import shape_or_none
+
+    usable, notes = usable_rungs(rungs, device)
+    short = host_shortfall(start, usable, shape_or_none(model), device)
+    if short:
+        log.info("%s", short)
+        notes.append(short)
+        usable = [rung for rung in usable if rung.name != OFFLOAD_RUNG]
+    return usable, notes

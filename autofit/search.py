@@ -29,8 +29,8 @@ from autofit.memory_model import divisors, length_grid  # noqa: F401 - the searc
 from autofit.candidate import Candidate
 from autofit.faults import FaultWatch, check_no_fit_is_an_answer
 from autofit.guide import MemoryGuide, model_shape
-from autofit.host_memory import host_shortfall
-from autofit.ladder import FREE, OFFLOAD_RUNG, QUALITY, SPEED, LadderState, Rung, climb, usable_rungs
+from autofit.host_memory import probeable_rungs
+from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.outcome import Outcome, ProbeResult
 from autofit.pruning import drop_unneeded
 from autofit.refine import refine
@@ -56,12 +56,7 @@ class Search:
         self.on_record = on_record
         base = memory_model.base_candidate(spec)
         self.start = LadderState(base, min_length=spec.min_length, maximize=spec.maximize)
-        self.rungs, unavailable = usable_rungs(rungs, spec.device)
-        short = host_shortfall(self.start, self.rungs, memory_model.shape_or_none(spec.model), spec.device)
-        if short:
-            log.info("%s", short)
-            unavailable.append(short)
-            self.rungs = [rung for rung in self.rungs if rung.name != OFFLOAD_RUNG]
+        self.rungs, unavailable = probeable_rungs(self.start, rungs, spec.model, spec.device)
         self.levels = climb(self.start, self.rungs)
         self.ladder_len = len(self.levels)  # levels past it are rebuilt without a rung (autofit.pruning)
         self.store = store or ProbeStore(spec.out_dir, spec.study_name(), spec.budget_bytes,

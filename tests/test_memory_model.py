@@ -14,6 +14,7 @@ import pytest
 
 from autofit import memory_model as mm
 from autofit.candidate import Candidate, LoraSettings
+from autofit.engine_files import deepspeed_missing
 from autofit.memory_model import (
     Calibration,
     ModelShape,
@@ -218,6 +219,31 @@ def test_activations_checkpointing_keeps_layer_inputs():
     assert phase_ledgers(c)[0].activations == pytest.approx(tokens * (24 * per_layer + outside))
 
 
+def test_activations_follow_the_layer_layout():
+    """torch LayerNorm and a non-gated MLP save less (starcoder2); a fused q/k/v projection and a concatenating
+    RoPE save copies (phi3, glm4), which add no backward temporaries of their own."""
+    from autofit.memory_model.activations import BACKWARD_TEMP_LAYERS, activation_bytes
+
+    base = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=8192, torch_dtype="float32")
+    h, q, kv, inter = 256, 256, 128, 512
+    llama = ModelShape.from_config({**base, "model_type": "llama"})
+    starcoder2 = ModelShape.from_config({**base, "model_type": "starcoder2"})
+    phi3 = ModelShape.from_config({**base, "model_type": "phi3", "rope_parameters": {"partial_rotary_factor": 1.0}})
+    assert (llama.layer_norm, llama.gated_mlp, llama.fused_qkv, llama.rope_concat) == (False, True, False, False)
+    assert (starcoder2.layer_norm, starcoder2.gated_mlp) == (True, False)
+    assert (phi3.fused_qkv, phi3.rope_concat) == (True, True)
+    per_llama = mm.activation_bytes_per_token_layer(llama, 4)
+    assert per_llama == pytest.approx(2 * (4 * 2 * h + 3.25 * q + 3.25 * kv + 8 * inter))
+    assert mm.activation_bytes_per_token_layer(starcoder2, 4) == pytest.approx(
+        2 * (2 * 2 * h + 3.25 * q + 3.25 * kv + 4 * inter))
+    copies = 2 * (2 * (q + kv) + 2 * q)
+    assert mm.activation_bytes_per_token_layer(phi3, 4) == pytest.approx(per_llama + copies)
+    c = cand(algo="reward", device="cpu", micro_batch=4, max_length=256)
+    saved, layer_moment = activation_bytes(c, phi3, 4)
+    assert layer_moment - saved == pytest.approx(2 * 4 * 256 * BACKWARD_TEMP_LAYERS * per_llama)
+
+
 # -- agreement with the simulated CPU meter (trl 1.16, transformers 5.23, torch 2.13; measured once, recorded) --------
 @pytest.mark.parametrize("changes, measured_mib", [
     (dict(micro_batch=1, max_length=64), 97.84),
@@ -361,8 +387,9 @@ def _spec(**changes) -> SearchSpec:
 def test_expected_rung_walks_the_default_ladder():
     result = expected_rung(_spec())
     names = [level.rungs[-1] if level.rungs else "baseline" for level in result.levels]
-    assert names[:6] == ["baseline", "expandable-segments", "micro-batch", "checkpointing", "bf16-weights",
-                         "optimizer-8bit"]
+    offload = [] if deepspeed_missing() else ["optimizer-offload"]  # a speed rung: before the quality rungs
+    assert names[:6 + len(offload)] == ["baseline", "expandable-segments", "micro-batch", "checkpointing", *offload,
+                                        "bf16-weights", "optimizer-8bit"]
     first = next(level for level in result.levels if level.ledger.total <= 24 * GiB)
     assert result.expected is first and result.rung == first.rungs[-1]
     assert all(not level.fits for level in result.levels[: first.level])

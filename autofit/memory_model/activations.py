@@ -14,6 +14,9 @@ from autofit.memory_model.shape import ModelShape
 # Split here so that models whose q width (heads·head_dim) differs from h (gemma3) and models with more norms
 # are counted per tensor:
 ACT_NORM_BYTES = 4  # per normalized element: 2 (fused) ... 6 (eager, fp32 upcast saved); prior = the middle
+# torch's LayerNorm saves its input (the residual stream, kept anyway) and a mean/rstd per token: only its output is
+# new (saved by the next linear) [V: CPU meter, tiny starcoder2, 1 element per h where llama's RMSNorm keeps 2].
+ACT_LAYER_NORM_BYTES = 2
 # Q (2 B) + attention output (2 B) per q element (heads·head_dim), K and V (2 B each) per kv element, derived;
 # measured on the CPU meter (SDPA) by varying head_dim and kv heads of a tiny llama reward model: 3.25 B for
 # both [V: 1,667 B per token-layer for +256 q elements, 820 B for +128 kv elements, at fp32].
@@ -23,6 +26,14 @@ ACT_KV_BYTES = 3.25
 # [V: 3.1 to 3.7 B per element on the CPU meter, qwen3 and gemma3 reward models].
 ACT_QK_NORM_BYTES = 3.5
 ACT_MLP_BYTES = 8  # gate out, up out, act(gate), product: 4 tensors x 2 B, per intermediate element
+ACT_UNGATED_MLP_BYTES = 4  # fc out (saved by the activation), act(fc) (saved by the down projection)
+# Copies that a family's layout adds to what a llama layer saves [V: CPU meter, reward models of tiny phi3 and glm4,
+# 2048 tokens x 2 layers]: a fused q/k/v projection keeps its whole output alive (v, a slice of it, is saved by
+# attention): q and k's share is extra (phi3, +3 MiB a layer); a partial-rotary RoPE concatenates the rotated part
+# back, so q is laid out head-major and the attention output is copied by ``transpose(1, 2).contiguous()`` before
+# o_proj (phi3 +2 MiB, glm4 +4 MiB a layer). Saved tensors, not computed ones: no backward temporaries of their own.
+ACT_FUSED_QKV_BYTES = 2  # per q and kv element
+ACT_ROPE_CONCAT_BYTES = 2  # per q element
 # Mixture-of-experts layers (transformers 5, ``grouped_mm`` experts): per (token, chosen expert) pair the gathered
 # input and the expert's output (2 tensors of h), its gate_up output (2·I_e), act(gate) and the product (I_e each);
 # the routing keeps int64 indices (top-k, sort permutation, its inverse) and the fp32 weights: bytes not scaled
@@ -41,8 +52,8 @@ ACT_OUTSIDE_LAYERS_BYTES_PER_H = 8
 # saved activations [V: measured on the CPU meter, tiny-qwen2 reward model, 9 KB/token over 18 KB per layer].
 BACKWARD_TEMP_LAYERS = 0.5
 # 2.4, HF gradient checkpointing: keeps every layer's input (h per token per layer) plus, during the backward, one
-# layer's full activations while it is recomputed plus that layer's backward temporaries [V concept].
-CKPT_LIVE_LAYERS = 1 + BACKWARD_TEMP_LAYERS
+# layer's full activations while it is recomputed plus that layer's backward temporaries [V concept]
+# (``activation_bytes``).
 # 2.4, eager attention materializes the scores (heads x s² x batch per layer). transformers' eager path keeps the
 # softmax in fp32 (``softmax(..., dtype=float32)``, saved: 4 B) and its cast to the compute dtype (saved by the
 # matmul with V; none when computing in fp32); dropout 0 keeps no mask; gemma2's score softcapping keeps the tanh
@@ -76,10 +87,12 @@ def activation_bytes_per_token_layer(shape: ModelShape, act_bytes: int, lora: Op
     """Bytes saved for backward per token per decoder layer without checkpointing (memory-facts 2.4)."""
     scale = act_bytes / 2  # the coefficients are bytes at 2-byte activations
     qk_norm_elems = shape.q_dim + shape.kv_dim if shape.qk_norm else 0
-    per = (ACT_NORM_BYTES * shape.norms_per_layer * shape.hidden + ACT_QK_NORM_BYTES * qk_norm_elems
+    norm = ACT_LAYER_NORM_BYTES if shape.layer_norm else ACT_NORM_BYTES
+    mlp = ACT_MLP_BYTES if shape.gated_mlp else ACT_UNGATED_MLP_BYTES
+    per = (norm * shape.norms_per_layer * shape.hidden + ACT_QK_NORM_BYTES * qk_norm_elems
            + ACT_Q_AND_ATTN_OUT_BYTES * shape.q_dim + ACT_KV_BYTES * shape.kv_dim
-           + (shape.dense_layers * ACT_MLP_BYTES * shape.intermediate
-              + shape.moe_layers * _expert_bytes_at_2(shape)) / shape.layers)
+           + (shape.dense_layers * mlp * shape.intermediate
+              + shape.moe_layers * _expert_bytes_at_2(shape)) / shape.layers) + _layout_copies_at_2(shape)
     if lora is not None and lora.dropout > 0:
         inputs = lora_inputs_per_layer(census_for(shape, algo), shape.layers, lora.target_modules)  # 6h + I
         per += LORA_DROPOUT_BYTES_PER_ELEMENT * inputs
@@ -88,6 +101,12 @@ def activation_bytes_per_token_layer(shape: ModelShape, act_bytes: int, lora: Op
         routing = (ROUTING_BYTES_PER_PAIR * shape.experts_per_token + ROUTER_BYTES_PER_EXPERT * shape.experts)
         per += routing * shape.moe_layers / shape.layers
     return per
+
+
+def _layout_copies_at_2(shape: ModelShape) -> float:
+    """The copies a fused q/k/v projection and a concatenating RoPE keep per token per layer, at 2-byte activations."""
+    return (ACT_FUSED_QKV_BYTES * (shape.q_dim + shape.kv_dim) if shape.fused_qkv else 0) + \
+        (ACT_ROPE_CONCAT_BYTES * shape.q_dim if shape.rope_concat else 0)
 
 
 def _expert_bytes_at_2(shape: ModelShape) -> float:
@@ -106,13 +125,14 @@ def activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) ->
     buffers are gone."""
     tokens = train_tokens(candidate)
     per_layer = activation_bytes_per_token_layer(shape, act_bytes, candidate.lora, candidate.algo)
+    temporaries = BACKWARD_TEMP_LAYERS * (per_layer - _layout_copies_at_2(shape) * act_bytes / 2)
     outside = ACT_OUTSIDE_LAYERS_BYTES_PER_H * shape.hidden * act_bytes / 2
     if candidate.checkpointing:
         saved = tokens * (shape.layers * shape.hidden * act_bytes + outside)
-        layer_moment = saved + tokens * CKPT_LIVE_LAYERS * per_layer
+        layer_moment = saved + tokens * (per_layer + temporaries)
     else:
         saved = tokens * (shape.layers * per_layer + outside)
-        layer_moment = saved + tokens * BACKWARD_TEMP_LAYERS * per_layer
+        layer_moment = saved + tokens * temporaries
     if shape.eager_attention:
         seq = sequence_length(candidate)
         elements = shape.heads * seq * seq * sequences_per_micro_batch(candidate)

@@ -25,6 +25,14 @@ QK_NORM_TYPES = ("gemma3", "gemma3_text", "qwen3", "qwen3_moe", "olmo2")
 NORMS_PER_LAYER = {"gemma2": 4, "gemma3": 4, "gemma3_text": 4, "glm4": 4}
 # Qwen2's q/k/v projections always have a bias (modeling_qwen2: bias=True); others follow ``attention_bias``.
 QKV_BIAS_TYPES = ("qwen2",)
+# Families whose decoder layers use torch's ``nn.LayerNorm`` (not an eager RMSNorm) and a non-gated MLP
+# (c_fc -> act -> c_proj); the census's linear names say it too where the model was built.
+LAYER_NORM_TYPES = ("starcoder2",)
+UNGATED_MLP_TYPES = ("starcoder2",)
+UNGATED_MLP_LINEARS = ("c_fc", "fc1", "fc_in", "dense_h_to_4h")
+# One fused q/k/v projection (phi3's ``qkv_proj``): q, k and v are slices of one output tensor.
+FUSED_QKV_TYPES = ("phi3",)
+FUSED_QKV_LINEARS = ("qkv_proj", "query_key_value", "Wqkv", "W_pack", "c_attn")
 
 
 def dtype_bytes(name: Any) -> int:
@@ -49,6 +57,10 @@ class ModelShape:
     mlp_bias: bool = False
     qk_norm: bool = False
     norms_per_layer: int = 2
+    layer_norm: bool = False  # torch's LayerNorm (saves mean/rstd, not a normalized copy) instead of an RMSNorm
+    gated_mlp: bool = True  # act(gate) * up; False: act(fc) (starcoder2)
+    fused_qkv: bool = False  # one q/k/v projection, sliced (phi3)
+    rope_concat: bool = False  # partial rotary: the rotated part is concatenated back (phi3, glm4)
     eager_attention: bool = False
     attention_softcap: bool = False  # gemma2: tanh-capped attention scores (transformers then picks eager)
     final_softcap: bool = False  # gemma2: tanh-capped logits
@@ -98,6 +110,10 @@ class ModelShape:
             mlp_bias=bool(config.get("mlp_bias", False)),
             qk_norm=model_type in QK_NORM_TYPES,
             norms_per_layer=NORMS_PER_LAYER.get(model_type, 2),
+            layer_norm=model_type in LAYER_NORM_TYPES,
+            gated_mlp=not (model_type in UNGATED_MLP_TYPES or _has_linear(census, nested, UNGATED_MLP_LINEARS)),
+            fused_qkv=model_type in FUSED_QKV_TYPES or _has_linear(census, nested, FUSED_QKV_LINEARS),
+            rope_concat=_rope_parameter(config, "partial_rotary_factor") is not None,
             eager_attention=attn == "eager" or (census is not None and census.attn_implementation == "eager"),
             nested=nested,
             attention_softcap=bool(config.get("attn_logit_softcapping")),
@@ -149,6 +165,21 @@ class ModelShape:
         if values.get("census") is not None:
             values["census"] = Census.from_dict(values["census"])
         return cls(**values)
+
+
+def _has_linear(census: Optional[Census], nested: bool, leaves: Tuple[str, ...]) -> bool:
+    """A linear layer of the counted model has this name. Not for a multimodal wrapper, whose census counts the
+    vision tower too (SigLIP's ``fc1``, fused ``qkv``)."""
+    return census is not None and not nested and any(g.leaf in leaves for g in census.linears)
+
+
+def _rope_parameter(config: Mapping[str, Any], key: str) -> Any:
+    """A RoPE parameter: in ``rope_parameters`` (transformers 5), ``rope_scaling`` or at the top level (4)."""
+    for nested in ("rope_parameters", "rope_scaling"):
+        value = config.get(nested)
+        if isinstance(value, Mapping) and value.get(key) is not None:
+            return value[key]
+    return config.get(key)
 
 
 def _first(config: Mapping[str, Any], *keys: str) -> int:
