@@ -13,6 +13,7 @@ import yaml
 from autofit import memory_model
 from autofit.candidate import RL_ALGOS, Candidate
 from autofit.files import atomic_write_text, one_line
+from autofit.margin import over_margin
 from autofit.device import first_gpu
 from autofit.engine_files import (
     ACCELERATE_YAML,
@@ -311,10 +312,14 @@ def prediction_error(report: SearchReport) -> Dict[str, Optional[float]]:
     return {"prior": errors("prior_bytes"), "calibrated": errors("predicted_bytes")}
 
 
-def _outcome_cell(result) -> str:
-    """OOM with the phase that ran out (the optimizer step, generation, ...): where the memory went."""
+def _outcome_cell(result, budget: Optional[int] = None, margin: float = 0.0) -> str:
+    """OOM with the phase that ran out (the optimizer step, generation, ...): where the memory went; a fit of the
+    budget that the margin rejected, with by how much."""
     if result.outcome.value == "OOM" and result.error_phase:
         return f"OOM in {result.error_phase}"
+    over = over_margin(result, budget, budget * (1 - margin)) if budget is not None else None
+    if over is not None:
+        return f"OK, over the margin by {format_size(over)}"
     return result.outcome.value
 
 
@@ -327,7 +332,8 @@ def table_text(report: SearchReport) -> str:
     for index, r in enumerate(report.records, 1):
         row = (
             str(index), ("refine" if r.stage == "refine" else r.kind) + ("*" if r.cached else ""),
-            "+".join(r.candidate.rungs) or "baseline", r.candidate.describe(), _outcome_cell(r.result),
+            "+".join(r.candidate.rungs) or "baseline", r.candidate.describe(),
+            _outcome_cell(r.result, report.spec.budget_bytes, report.margin),
             format_size(r.result.peak_bytes), f"{r.result.tokens_per_second:,.0f}" if r.result.fits else "-",
         )
         if generation:

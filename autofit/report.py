@@ -10,7 +10,7 @@ from autofit import memory_model
 from autofit.candidate import LENGTH_FIELD, Candidate
 from autofit.ladder import LadderState
 from autofit.outcome import Outcome, ProbeResult
-from autofit.spec import SearchSpec
+from autofit.spec import SearchSpec, format_size
 
 
 @dataclass
@@ -24,6 +24,22 @@ class Record:
     prior_bytes: Optional[float] = None  # the uncalibrated prediction
     stage: str = "walk"  # "walk", "refine" (the sampler's) or "verify"
     calibration: str = "prior"  # how predicted_bytes was calibrated: "prior" (not), "scale" or "two-term"
+
+    def log_line(self, index: int) -> str:
+        """The line the search logs for this probe."""
+        result = self.result
+        detail = f"peak {format_size(result.peak_bytes)}"
+        if self.predicted_bytes is not None:
+            detail += f" (predicted {format_size(self.predicted_bytes)})"
+        if result.fits:
+            detail += f", {result.tokens_per_second:,.0f} tok/s"
+        else:
+            where = result.error_phase or "?"
+            if result.origin and result.outcome is not Outcome.OOM:
+                where += f" ({result.origin})"
+            detail += f" in {where}: {result.error[:160]}"
+        return (f"{self.kind} {index:<5} [{'+'.join(self.candidate.rungs) or 'baseline'}] {self.candidate.describe()}: "
+                f"{result.outcome.value} {detail}{' (stored)' if self.cached else ''}")
 
     @property
     def calibrated(self) -> bool:

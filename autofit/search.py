@@ -10,7 +10,8 @@ Rules (see DESIGN.md, "The ladder"):
 - A candidate the memory model puts over the budget even at the low end of its error band is not probed (a
   whole level is passed over when its lightest candidate is); the skip is reported.
 - Fits are measured against the budget minus a margin: the headroom, or the memory model's measured error on this
-  search's probes when that is larger (up to ``MAX_MARGIN``).
+  search's probes when that is larger (up to ``MAX_MARGIN``). A better fit rejected only by the margin is verified,
+  and kept when the verification shows no drift or allocator retries that would break it (``autofit.margin``).
 - With ``--max-probes``, the probes the walk left unused go to an Optuna sampler that looks for a faster fit in
   the winning cost class (see ``autofit.refine``).
 - The chosen configuration is verified for ``verify_steps`` optimizer steps under the same budget; if that run
@@ -31,6 +32,7 @@ from autofit.faults import FaultWatch, check_no_fit_is_an_answer
 from autofit.guide import MemoryGuide, model_shape
 from autofit.host_memory import probeable_rungs
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
+from autofit.margin import best_margin_only_fit, evidence, within_margin
 from autofit.outcome import Outcome, ProbeResult
 from autofit.pruning import drop_unneeded
 from autofit.refine import refine
@@ -126,22 +128,7 @@ class Search:
         self.report.records.append(record)
         if kind == "probe":
             self.guide.learn(result)
-        rungs = "+".join(candidate.rungs) or "baseline"
-        detail = f"peak {format_size(result.peak_bytes)}"
-        if predicted is not None:
-            detail += f" (predicted {format_size(predicted)})"
-        if result.fits:
-            detail += f", {result.tokens_per_second:,.0f} tok/s"
-        else:
-            where = result.error_phase or "?"
-            if result.origin and result.outcome is not Outcome.OOM:
-                where += f" ({result.origin})"
-            detail += f" in {where}: {result.error[:160]}"
-        log.info(
-            "%s %-5s [%s] %s: %s %s%s",
-            kind, len(self.report.records), rungs, candidate.describe(), result.outcome.value, detail,
-            " (stored)" if cached else "",
-        )
+        log.info("%s", record.log_line(len(self.report.records)))
         if self.on_record is not None:
             self.on_record(record)
         return result
@@ -382,22 +369,28 @@ class Search:
             return sorted(fits, key=lambda f: (f.candidate.max_length, f.result.tokens_per_second), reverse=True)
         return sorted(fits, key=lambda f: f.result.tokens_per_second, reverse=True)
 
-    def _within_margin(self, primary: List[Fit], fallback: List[Fit]) -> Tuple[List[Fit], List[Fit]]:
-        """Drop fits the final margin rejects (it grows with the model's measured error during the search); a
-        level whose best fit is dropped is represented by its largest remaining one."""
-        kept = [f for f in primary if self.guide.fits(f.result)]
-        spare = [f for f in fallback if self.guide.fits(f.result)]
-        for dropped in (f for f in primary if f not in kept):
-            same_level = [f for f in spare if f.level == dropped.level]
-            if same_level:
-                promoted = max(same_level, key=lambda f: self._size(f.candidate))
-                kept.append(promoted)
-                spare.remove(promoted)
-        return kept, spare
+    def _choose_over_margin(self, best: Optional[Fit]) -> bool:
+        """A better fit the margin alone rejected is verified; the verification's evidence decides (``margin``)."""
+        budget, limit = self.spec.budget_bytes, self.guide.limit()
+        order = [rung.name for rung in self.rungs]
+        fit = best_margin_only_fit(self.report.records, best, self.levels, order, budget, limit)
+        if fit is None:
+            return False
+        verified = self._measure(fit.level, fit.candidate, kind="verify")
+        kept, note = evidence(fit.result, verified, budget, limit)
+        note = f"{fit.candidate.describe()} [{'+'.join(fit.candidate.rungs) or 'baseline'}] {note}"
+        if note not in self.report.notes:
+            self.report.notes.append(note)
+        if kept:
+            self.report.chosen, self.report.verified = fit, verified
+        return kept
 
     def _choose(self, primary: List[Fit], fallback: List[Fit]) -> bool:
-        primary, fallback = self._within_margin(primary, fallback)
-        for fit in self._rank(primary) + self._rank(fallback):
+        primary, fallback = within_margin(primary, fallback, self.guide.fits, self._size)
+        ranked = self._rank(primary) + self._rank(fallback)
+        if self._choose_over_margin(ranked[0] if ranked else None):
+            return True
+        for fit in ranked:
             verified = self._measure(fit.level, fit.candidate, kind="verify")
             if verified.fits:
                 self.report.chosen, self.report.verified = fit, verified

@@ -193,7 +193,7 @@ class NoisyLedgerRunner(LedgerRunner):
         return super().peak(candidate) * (1.06 if candidate.micro_batch == 1 else 1.0)
 
 
-def test_margin_grows_with_the_models_measured_error_and_the_choice_respects_it(tmp_path):
+def test_margin_grows_with_the_models_measured_error_and_a_fit_outside_it_needs_evidence(tmp_path):
     # 460 MiB: 4x4 fits at 98% of the budget; refinement (--max-probes) then measures micro-batch 1 about 6% over
     # the calibrated model's prediction, which leaves 4x4 inside the budget but outside the margin
     spec = SearchSpec(model="tiny-qwen2", budget_bytes=460 * MiB, out_dir=tmp_path, effective_batch=16,
@@ -205,12 +205,14 @@ def test_margin_grows_with_the_models_measured_error_and_the_choice_respects_it(
     assert report.margin == pytest.approx(worst) and report.margin > 0.04
     limit = spec.budget_bytes * (1 - report.margin)
     assert any(r.result.fits and limit < r.result.peak_bytes <= spec.budget_bytes for r in report.records)
-    # the choice: the fastest measured fit of the speed class within the margin, not one outside it
-    within = [r for r in report.records if r.kind == "probe" and r.result.fits and r.result.peak_bytes <= limit
-              and report.levels[r.level].cost == "speed"]
-    fastest = max(r.result.tokens_per_second for r in within)
-    assert report.chosen.result.peak_bytes <= limit
-    assert report.chosen.result.tokens_per_second == fastest
+    # the choice: the faster fit outside the margin was verified (autofit.margin): its verification shows no drift,
+    # so it is kept, and the note says by how much it missed the margin and why it stays
+    within_budget = [r for r in report.records if r.kind == "probe" and r.result.fits
+                     and r.result.peak_bytes <= spec.budget_bytes and report.levels[r.level].cost == "speed"]
+    assert report.chosen.result.tokens_per_second == max(r.result.tokens_per_second for r in within_budget)
+    assert limit < report.chosen.result.peak_bytes <= spec.budget_bytes
+    assert report.verified.peak_bytes <= spec.budget_bytes
+    assert any(n.startswith(report.chosen.candidate.describe()) and "kept on that evidence" in n for n in report.notes)
 
 
 def test_a_model_that_overestimates_adds_no_margin(tmp_path):
