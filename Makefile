@@ -25,7 +25,7 @@ DATASET ?=
 TRAIN_OUT ?= $(OUT)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families
+.PHONY: help search estimate train venv demo test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families bench-offload
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -38,6 +38,7 @@ help:
 	@echo "  make demo        a real search on the bundled tiny model, on the CPU"
 	@echo "  make test        the test suite (make test-fast: without real training; make bench: the benchmarks)"
 	@echo "  make bench-families  the memory model against the CPU meter, family by family (docs/benchmarks.md)"
+	@echo "  make bench-offload   optimizer offload against the quality rungs where it is the answer (docs/benchmarks.md)"
 	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
 
 search: venv
@@ -67,7 +68,10 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/autofit search --model tiny-qwen2 --device cpu --gpu-memory 300MiB --max-length 128 --out $(DEMO_OUT)
 
-test: test-main test-ppo test-floor
+# The floor environment and the PPO overlay install (network and disk) while the main lane runs (CPU).
+test: venv
+	$(MAKE) -j2 test-main $(FLOOR_VENV)/.installed $(PPO_OVERLAY)/.installed
+	$(MAKE) test-ppo test-floor
 
 test-main: venv
 	$(BIN)/python -m pytest -q
@@ -106,6 +110,7 @@ gpu-check: venv
 # not part of `make test`. Writes docs/benchmarks.md; probes and results.json go to /tmp/autofit-bench-<time>/.
 bench: venv
 	BENCH_COMMAND="make bench" $(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.offload --write docs/benchmarks.md
 
 clean:
 	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY) $(FLOOR_VENV)
@@ -114,3 +119,8 @@ clean:
 # docs/benchmarks.md between its "families" markers (about a minute).
 bench-families: venv
 	$(BIN)/python -m benchmarks.families --write docs/benchmarks.md
+
+# Optimizer offload where it is the answer (a full fine-tune that fits until its optimizer step), searched with and
+# without the rung on the CPU meter: the table between the "offload" markers of docs/benchmarks.md (part of bench).
+bench-offload: venv
+	$(BIN)/python -m benchmarks.offload --write docs/benchmarks.md

@@ -125,9 +125,14 @@ def test_lora_and_quantization_rules_match_peft_and_bitsandbytes(family, task, f
 
 # -- the prior against the CPU meter ----------------------------------------------------------------------------------
 CLAIMS = [(family, algo) for family in FAMILIES for algo in ALGOS if algo in CHECKED.get(family, ())]
+# GRPO's extra terms (generation: KV cache, last-position logits, prefill) follow the attention and MLP layouts the
+# SFT claims already check family by family; in CI its probes (the slowest: 64 generated tokens each) run for one
+# family of each layout, and ``make bench-families`` measures every claim.
+GRPO_IN_CI = ("llama", "gemma2", "qwen3", "phi3", "mixtral", "qwen2_moe")
+CI_CLAIMS = [(family, algo) for family, algo in CLAIMS if algo != "grpo" or family in GRPO_IN_CI]
 
 
-@pytest.mark.parametrize("family, algo", CLAIMS)
+@pytest.mark.parametrize("family, algo", CI_CLAIMS)
 def test_checked_families_are_predicted_within_5_percent(family, algo, family_root):
     model = prepared(family, family_root)
     measured, predicted, error = measure(model, algo, str(family_root / "out"))

@@ -171,6 +171,7 @@ def test_host_aware_meter_replays_peaks_without_host_storages():
 
 
 # -- the engine's files and launch ---------------------------------------------------------------------------
+@needs_deepspeed
 def test_engine_files_are_what_accelerate_launch_reads(tmp_path):
     files = write_engine_files(tmp_path / "out", ZERO2_OFFLOAD)
     ds = json.loads(files["deepspeed"].read_text())
