@@ -84,6 +84,7 @@ def test_without_deepspeed_the_rung_is_left_out_with_a_note(tmp_path, monkeypatc
 
 
 # -- the seed case, on the fake runner: a full fine-tune that fails only at the optimizer's states ----------------
+@needs_deepspeed
 def test_full_fine_tuning_kept_through_offload_not_lora(tmp_path):
     runner = FormulaRunner(0, weight_bytes=100 * MiB, act_bytes_per_token=1024)
     probe_spec = spec(tmp_path, 1, effective_batch=1, max_length=64)
@@ -98,6 +99,7 @@ def test_full_fine_tuning_kept_through_offload_not_lora(tmp_path):
 
 
 # -- host memory ------------------------------------------------------------------------------------------------
+@needs_deepspeed
 def test_host_shortfall_leaves_the_rung_out(tmp_path, monkeypatch):
     start = LadderState(candidate())
     rungs = resolve_ladder(["optimizer-offload", "lora"])
@@ -138,6 +140,7 @@ def test_ledger_moves_states_to_the_host():
     assert mm.host_bytes(plain, shape, "cuda") == 0
 
 
+@needs_deepspeed
 def test_estimate_shows_host_memory_of_the_offload_level():
     text = estimate_text(SearchSpec(model="meta-llama/Llama-3.1-8B", algo="sft", device="cuda",
                                     budget_bytes=80 * 10**9, max_length=128, effective_batch=1))
@@ -197,6 +200,7 @@ def test_stale_engine_files_removed_only_when_autofit_wrote_them(tmp_path):
     assert (tmp_path / ACCELERATE_YAML).read_text() == "distributed_type: MULTI_GPU\n"
 
 
+@needs_deepspeed
 def test_export_writes_the_engine_beside_best_yaml(tmp_path):
     runner = FormulaRunner(0, weight_bytes=100 * MiB, act_bytes_per_token=1024)
     base = spec(tmp_path, 1, effective_batch=1, max_length=64, ladder=["optimizer-offload", "lora"])
