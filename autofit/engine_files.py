@@ -30,11 +30,14 @@ def deepspeed_missing() -> Optional[str]:
     return None
 
 
-def deepspeed_config() -> Dict:
+def deepspeed_config(device: str = "cuda") -> Dict:
     """ZeRO-2 with the optimizer (fp32 master weights, gradients, Adam states) in host memory. "auto" values are
     filled by transformers' Trainer from the TRL config (batch, accumulation, clipping, bf16) and from the model
-    (the gradient bucket: hidden size squared; DeepSpeed's own default is 5e8 elements, a 1 GB buffer in bf16)."""
-    return {
+    (the gradient bucket: hidden size squared; DeepSpeed's own default is 5e8 elements, a 1 GB buffer in bf16).
+    On the simulated (CPU) device the step runs torch's AdamW on the host partition instead of DeepSpeed's CPU Adam:
+    the same states in the same place, without compiling DeepSpeed's C++ kernel (half a minute) for a step whose
+    speed means nothing there."""
+    config = {
         "zero_optimization": {
             "stage": 2,
             "offload_optimizer": {"device": "cpu", "pin_memory": True},
@@ -48,6 +51,9 @@ def deepspeed_config() -> Dict:
         "train_batch_size": "auto",
         "train_micro_batch_size_per_gpu": "auto",
     }
+    if device == "cpu":
+        config["zero_force_ds_cpu_optimizer"] = False
+    return config
 
 
 def accelerate_config(deepspeed_json: Path) -> Dict:
@@ -64,7 +70,7 @@ def accelerate_config(deepspeed_json: Path) -> Dict:
     }
 
 
-def write_engine_files(folder: Path, engine: str) -> Dict[str, Path]:
+def write_engine_files(folder: Path, engine: str, device: str = "cuda") -> Dict[str, Path]:
     """Write the DeepSpeed JSON and the accelerate config for ``engine`` into ``folder``; their paths by role."""
     import yaml
 
@@ -73,7 +79,7 @@ def write_engine_files(folder: Path, engine: str) -> Dict[str, Path]:
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     ds_path, acc_path = folder / DEEPSPEED_JSON, folder / ACCELERATE_YAML
-    atomic_write_text(ds_path, json.dumps(deepspeed_config(), indent=2) + "\n")
+    atomic_write_text(ds_path, json.dumps(deepspeed_config(device), indent=2) + "\n")
     atomic_write_text(acc_path, f"{MARKER} optimizer offload ({engine}), DeepSpeed config in {DEEPSPEED_JSON}\n"
                       + yaml.safe_dump(accelerate_config(ds_path), sort_keys=False))
     return {"deepspeed": ds_path, "accelerate": acc_path}

@@ -358,7 +358,7 @@ def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
     atomic_write_text(paths["json"], json.dumps(json_data(report, out_dir), indent=2, default=str) + "\n")
     offload = report.chosen.candidate.offload if report.fits else None
     if offload:
-        paths.update(write_engine_files(out_dir, offload))
+        paths.update(write_engine_files(out_dir, offload, report.chosen.candidate.device))
     else:
         remove_stale_engine_files(out_dir)
     if report.fits:

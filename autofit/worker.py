@@ -147,7 +147,7 @@ def enter_engine(candidate: Candidate) -> None:
     from autofit.engine_files import launch_env, write_engine_files
 
     folder = Path(candidate.probe.output_dir) / "engine" if candidate.probe else Path(tempfile.mkdtemp())
-    files = write_engine_files(folder, candidate.offload)
+    files = write_engine_files(folder, candidate.offload, candidate.device)
     os.environ.update(launch_env(files["accelerate"], candidate.device))
 
 

@@ -179,6 +179,9 @@ def test_engine_files_are_what_accelerate_launch_reads(tmp_path):
     files = write_engine_files(tmp_path / "out", ZERO2_OFFLOAD)
     ds = json.loads(files["deepspeed"].read_text())
     assert ds["zero_optimization"]["stage"] == 2 and ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert "zero_force_ds_cpu_optimizer" not in ds  # on a GPU: DeepSpeed's CPU Adam
+    simulated = json.loads(write_engine_files(tmp_path / "cpu", ZERO2_OFFLOAD, "cpu")["deepspeed"].read_text())
+    assert simulated["zero_force_ds_cpu_optimizer"] is False  # torch's AdamW on the host partition
     accelerate = yaml.safe_load(files["accelerate"].read_text())
     assert accelerate["distributed_type"] == "DEEPSPEED" and accelerate["num_processes"] == 1
     assert accelerate["deepspeed_config"]["deepspeed_config_file"] == str(files["deepspeed"])
