@@ -101,8 +101,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             instrument_rl_phases(trainer, meter, clock, candidate)
             meter.set_phase("train_setup")
             trainer.train()
-            if candidate.offload:
-                host = offloaded_state(trainer, candidate, meter)
+            host_stats = {"host_bytes": offloaded_state(trainer, candidate, meter)} if candidate.offload else {}
         peaks = meter.peaks()
         return ProbeResult(
             Outcome.OK,
@@ -112,7 +111,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             steps=len(clock.step_times),
             seconds=time.perf_counter() - started,
             stats={**meter.stats(), "others_start_bytes": others_start,
-                   "others_end_bytes": others_bytes(candidate.device), **({"host_bytes": host} if candidate.offload else {})},
+                   "others_end_bytes": others_bytes(candidate.device), **host_stats},
             config_class=f"{type(trainer.args).__module__}.{type(trainer.args).__qualname__}",
             config_defaults=config_defaults(type(trainer.args), candidate.training_args()),
             generation_tokens_per_second=clock.generation_tokens_per_second(),
