@@ -104,9 +104,13 @@ def run_scenario(scenario: Scenario, root: Path, extra: Sequence[str], replay_st
     env["PYTHONPATH"] = os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                         if p and Path(p).resolve() != REPO)  # the carried wheels, not this repo
     env["REPLAY_OUTPUT_DIR"] = str(out / "replay-trainer")
+    # an offloading answer is replayed the way it is launched: under accelerate with the exported engine config
+    engine = json.loads(best_path.read_text()).get("engine") or {}
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", engine["accelerate_config"]] \
+        if engine else [sys.executable]
     with open(out / "replay.log", "a") as log_file:
         try:
-            subprocess.run([sys.executable, str(REPLAY), str(best_path), "--steps", str(steps),
+            subprocess.run([*launcher, str(REPLAY), str(best_path), "--steps", str(steps),
                             "--out", str(out / "replay.json")], stdout=log_file, stderr=subprocess.STDOUT,
                            timeout=timeout_s, env=env, cwd=str(out))
         except subprocess.TimeoutExpired:
