@@ -146,8 +146,9 @@ def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optiona
     return calibration, [note]
 
 
-def parameters_line(shape: ModelShape) -> str:
-    census = shape.parameters()
+def parameters_line(shape: ModelShape, algo: str = "sft") -> str:
+    """The parameter count of the model ``algo`` trains (a reward model: the score head instead of the LM head)."""
+    census = shape.parameters().for_algo(algo)
     where = "counted from the model" if census.source == "meta" else "computed from the configuration"
     if census.source != "meta" and sizes_are_exact(shape):
         where += " (exact for this family)"
@@ -179,7 +180,7 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     shape = ModelShape.from_model(spec.model)
     if calibration is None:
         lines.append(f"memory model: analytic prior, uncalibrated (±{prior_uncertainty(shape, spec.algo):.0%}), "
-                     f"{parameters_line(shape)}")
+                     f"{parameters_line(shape, spec.algo)}")
     unchecked = unchecked_reason(shape, spec.algo)
     if unchecked and calibration is None:
         lines.append(f"note: {unchecked}: the band is widened; a search's probes calibrate it")

@@ -485,3 +485,14 @@ def test_trades_name_each_rungs_cost_with_loras_share_of_parameters():
                         f"7,615,616,512 parameters trained ({lora_params(qwen, 16) / 7_615_616_512:.2%})")
     assert "NF4" in lines[2] and "512 tokens instead of 1024" in lines[3]
     assert trades(c, 1024)[1].endswith("the base model is frozen")  # no memory model: no numbers
+
+
+def test_estimate_counts_the_model_the_algorithm_trains():
+    from autofit.estimate import estimate_text
+
+    shape = ModelShape.from_model("tiny-qwen2")
+    texts = {algo: estimate_text(_spec(model="tiny-qwen2", algo=algo, budget_bytes=GiB, max_length=64))
+             for algo in ("sft", "reward")}
+    for algo, text in texts.items():
+        assert f"{mm.param_counts(shape, algo).total:,} parameters" in text
+    assert mm.param_counts(shape, "reward").total < mm.param_counts(shape, "sft").total  # no untied LM head
