@@ -96,11 +96,14 @@ def test_absurd_budget_exits_3_with_a_clear_message(tmp_path, capsys):
 
 
 def test_absurd_budget_without_the_model_probes_and_reports_the_lightest_oom(tmp_path, capsys):
-    code, best = search(tmp_path, "8MiB", "--no-predict")
+    # the lightest rungs only: every level runs out of memory the same way, at loading, so the whole ladder adds time
+    code, best = search(tmp_path, "8MiB", "--no-predict", "--ladder", "micro-batch,checkpointing,quant-4bit")
     err = capsys.readouterr().err
     assert code == 3
     assert "nothing fits in 8.00 MiB" in err and "needed more than" in err and "--gpu-memory" in err
     assert best["smallest_oom_peak_bytes"] > 8 * 2**20 and best["skipped"] == []
+    assert {tuple(c["rungs"]) for c in best["candidates"]} == {(), ("micro-batch",), ("micro-batch", "checkpointing"),
+                                                              ("micro-batch", "checkpointing", "quant-4bit")}
 
 
 def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
