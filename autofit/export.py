@@ -13,7 +13,6 @@ import yaml
 from autofit import memory_model
 from autofit.candidate import RL_ALGOS, Candidate
 from autofit.files import atomic_write_text, one_line
-from autofit.margin import over_margin
 from autofit.device import first_gpu
 from autofit.engine_files import (
     ACCELERATE_YAML,
@@ -22,6 +21,7 @@ from autofit.engine_files import (
     remove_stale_engine_files,
     write_engine_files,
 )
+from autofit.margin import over_margin
 from autofit.probe_kit import checkpoint_folder
 from autofit.registry import resolve_model
 from autofit.report import SearchReport

@@ -36,8 +36,8 @@ def host_shortfall(start: LadderState, rungs: Sequence[Rung], shape, device: str
     offloading = [state.candidate for state in climb(start, rungs) if state.candidate.offload]
     if not offloading or shape is None:
         return None
-    # the most the level can need: with gradient accumulation (a micro-batch below the effective batch)
-    need = max(host_bytes(c.replace(grad_accum=max(2, c.grad_accum)), shape, device) for c in offloading)
+    # the most the level can need: with gradient accumulation, where the effective batch can be split
+    need = max(host_bytes(c.replace(grad_accum=2) if c.effective_batch > 1 else c, shape, device) for c in offloading)
     available = available if available is not None else available_host_bytes()
     if available is None or need <= available:
         return None

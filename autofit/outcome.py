@@ -180,6 +180,11 @@ def _infrastructure_cause(exc: BaseException, text: str) -> Optional[str]:
     return None
 
 
+# The cause of a probe that failed under the optimizer-offload engine (DeepSpeed not building or starting): an
+# INVALID result of that rung, so the search leaves the rung and goes on instead of calling the machine broken.
+ENGINE_FAILURE = "engine"
+
+
 def classify_exception(exc: BaseException, *, stage: str = "train", user_factory: bool = False
                        ) -> Tuple[Outcome, str, str]:
     """(outcome, fault, cause) of an exception raised in a probe.

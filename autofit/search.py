@@ -33,7 +33,7 @@ from autofit.guide import MemoryGuide, model_shape
 from autofit.host_memory import probeable_rungs
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.margin import best_margin_only_fit, evidence, within_margin
-from autofit.outcome import Outcome, ProbeResult
+from autofit.outcome import ENGINE_FAILURE, Outcome, ProbeResult
 from autofit.pruning import drop_unneeded
 from autofit.refine import refine
 from autofit.report import Fit, Record, SearchReport, Skip, truncation_note, undominated
@@ -68,6 +68,7 @@ class Search:
         self.report.notes.extend(unavailable)
         self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.predict else None)
         self.faults = FaultWatch(user_factory=spec.factory is not None)
+        self.engine_failed = False  # the offload engine could not run here: its other candidates are not probed
         if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:
             self.report.notes.append(
                 "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
@@ -117,6 +118,10 @@ class Search:
             result, cached = self.store.measure(candidate, kind, key, level, run, fresh=True)
         if not cached:
             self.faults.observe(candidate, result)
+        if candidate.offload and result.cause == ENGINE_FAILURE and not self.engine_failed:
+            self.engine_failed = True
+            self.report.notes.append(f"optimizer offload could not run here ({result.error[:200]}); its other "
+                                     "candidates were not probed")
         self.report.notes.extend(self.guide.observe(candidate, result))
         if not self.report.records and result.outcome is Outcome.INVALID and result.error_phase == "load":
             # The trainer rejected the very first configuration (TRL validates its own invariants): bad input.
@@ -153,7 +158,7 @@ class Search:
         def fits_at(index: int) -> bool:
             tried.add(index)
             candidate = make(values[index])
-            if self._ruled_out(level, candidate) is not None:
+            if self._ruled_out(level, candidate) is not None or (candidate.offload and self.engine_failed):
                 return False
             result = self._measure(level, candidate)
             if self.guide.fits(result):
@@ -383,6 +388,9 @@ class Search:
             self.report.notes.append(note)
         if kept:
             self.report.chosen, self.report.verified = fit, verified
+            truncation = truncation_note(self.spec, fit.candidate)
+            if truncation:
+                self.report.notes.append(truncation)
         return kept
 
     def _choose(self, primary: List[Fit], fallback: List[Fit]) -> bool:

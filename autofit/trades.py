@@ -13,6 +13,8 @@ FIXED = {
     "micro-batch": "smaller micro-batches with more accumulation: the same effective batch, more steps of less work",
     "checkpointing": "activation checkpointing: the same math, the forward recomputed in the backward (about a third "
                      "more compute)",
+    "optimizer-offload": "optimizer offload (DeepSpeed ZeRO-2): fp32 master weights, gradients and AdamW states in "
+                         "host memory, the same math; slower steps and pinned host RAM",
     "bf16-weights": "pure bf16 training: weights, gradients and optimizer states in bfloat16, no float32 master "
                     "weights (small updates can round away)",
     "optimizer-8bit": "8-bit AdamW (bitsandbytes): both moments stored block-wise in 8 bits",

@@ -28,6 +28,7 @@ from autofit.others import others_bytes
 from autofit.outdir import record_probe_process
 from autofit.outcome import (
     BAD_FORK,
+    ENGINE_FAILURE,
     INFRASTRUCTURE,
     USER,
     BuildTimeout,
@@ -84,6 +85,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         if not candidate.real_weights:
             probe_kit.model_path(candidate)  # write the random-weight checkpoint (once) outside the meter
         if candidate.offload:
+            stage = "load"  # the engine's failures belong to the rung (below), not to the machine
             enter_engine(candidate)
         meter = make_meter(candidate, budget_bytes)
         context = meter if candidate.device == "cpu" else contextlib.nullcontext()
@@ -119,6 +121,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         )
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a classified result
         outcome, fault, cause = classify_exception(exc, stage=stage, user_factory=user_factory)
+        if candidate.offload and outcome is Outcome.CRASH and fault != USER and fault != INFRASTRUCTURE:
+            outcome, cause = Outcome.INVALID, ENGINE_FAILURE  # the rung's, like a config TRL rejects: not the search's
         log.error("probe ended with %s\n%s", outcome.value, "".join(traceback.format_exception(exc)))
         peaks = _safe_peaks(meter)
         phase = meter.phase if meter is not None and stage != "setup" else stage

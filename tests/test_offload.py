@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import yaml
 
 import strategies.offload as offload_module
 from autofit import memory_model as mm
-from autofit.candidate import Candidate, LoraSettings
+from autofit.candidate import Candidate, LoraSettings, ProbeSettings
 from autofit.engine_files import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,
@@ -29,6 +30,7 @@ from autofit.export import write as export_write
 from autofit.host_memory import available_host_bytes, host_shortfall
 from autofit.ladder import LadderState, climb
 from autofit.meters import SimulatedMeter
+from autofit.outcome import ENGINE_FAILURE, Outcome, ProbeResult
 from autofit.search import Search
 from autofit.spec import SearchSpec
 from strategies import RUNGS, resolve_ladder
@@ -98,16 +100,52 @@ def test_full_fine_tuning_kept_through_offload_not_lora(tmp_path):
     assert report.levels[report.chosen.level].cost == "speed"
 
 
+def test_an_engine_that_cannot_run_leaves_its_rung_after_one_probe(tmp_path):
+    """DeepSpeed failing to build or start (on a GPU box: its CPU Adam without the CUDA headers) is the rung's
+    failure: one probe, a note, and the search answers with the next rungs instead of stopping."""
+    runner = FormulaRunner(0, weight_bytes=100 * MiB, act_bytes_per_token=1024)
+    runner.fail_if = lambda c, steps: ProbeResult(Outcome.INVALID, steps=steps, error="RuntimeError: Error building "
+                                                  "extension 'cpu_adam'", cause=ENGINE_FAILURE) if c.offload else None
+    full = candidate(micro_batch=1, grad_accum=8, max_length=64, checkpointing=True)
+    runner.budget_bytes = runner.peak_bytes(full) - MiB  # too much for plain AdamW; offload or bf16 would fit
+    report = Search(spec(tmp_path, runner.budget_bytes, max_length=64), runner, resolve_ladder(None)).run()
+    assert len([c for c in runner.candidates if c.offload]) == 1
+    assert any(n.startswith("optimizer offload could not run here (RuntimeError: Error building") for n in report.notes)
+    assert report.chosen.candidate.offload is None and report.chosen.candidate.dtype == "bfloat16"
+
+
+@needs_deepspeed
+def test_a_failure_under_the_engine_is_the_rungs_not_the_machines(tmp_path):
+    from autofit.worker import run_probe
+
+    def broken(candidate):
+        raise RuntimeError("Error building extension 'cpu_adam'")
+
+    saved = dict(os.environ)  # the probe takes accelerate's launch environment: not this test process's to keep
+    try:
+        result = run_probe(broken, candidate(device="cpu", offload=ZERO2_OFFLOAD,
+                                             probe=ProbeSettings(steps=1, output_dir=str(tmp_path))), None)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert result.outcome is Outcome.INVALID and result.cause == ENGINE_FAILURE
+    assert "Error building extension" in result.error
+
+
 # -- host memory ------------------------------------------------------------------------------------------------
 @needs_deepspeed
 def test_host_shortfall_leaves_the_rung_out(tmp_path, monkeypatch):
     start = LadderState(candidate())
     rungs = resolve_ladder(["optimizer-offload", "lora"])
     shape = mm.ModelShape.from_model("tiny-qwen2")
-    need = mm.host_bytes(candidate(offload=ZERO2_OFFLOAD, grad_accum=2), shape, "cuda")
+    need = mm.host_bytes(candidate(offload=ZERO2_OFFLOAD), shape, "cuda")  # effective batch 1: no accumulation
     assert host_shortfall(start, rungs, shape, "cuda", available=int(need)) is None
     note = host_shortfall(start, rungs, shape, "cuda", available=int(need) - 1)
     assert note.startswith("rung optimizer-offload left out: its offloaded states need")
+    # an effective batch of 8 may be split into micro-batches: the fp32 accumulation buffer is counted
+    split = mm.host_bytes(candidate(offload=ZERO2_OFFLOAD, micro_batch=4, grad_accum=2), shape, "cuda")
+    assert split == need + 4 * mm.param_counts(shape).total
+    assert host_shortfall(LadderState(candidate(micro_batch=8)), rungs, shape, "cuda", available=int(need)) is not None
     assert host_shortfall(start, resolve_ladder(["lora"]), shape, "cuda", available=1) is None
 
     monkeypatch.setattr("autofit.host_memory.available_host_bytes", lambda: 1)
@@ -214,7 +252,9 @@ def test_export_writes_the_engine_beside_best_yaml(tmp_path):
     assert (tmp_path / ACCELERATE_YAML).read_text().startswith(MARKER)
     best_yaml = paths["yaml"].read_text()
     assert "# use: trl sft --config best.yaml --accelerate_config accelerate.yaml" in best_yaml
-    engine = json.loads(paths["json"].read_text())["engine"]
+    data = json.loads(paths["json"].read_text())
+    assert any(t.startswith("optimizer offload (DeepSpeed ZeRO-2)") for t in data["trades"])
+    engine = data["engine"]
     assert engine["launch"] == (f"trl sft --config {tmp_path.resolve() / 'best.yaml'} --accelerate_config "
                                 f"{tmp_path.resolve() / ACCELERATE_YAML}")
     assert engine["host_bytes_predicted"] > 0
