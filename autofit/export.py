@@ -22,7 +22,7 @@ from autofit.engine_files import (
     write_engine_files,
 )
 from autofit.margin import over_margin
-from autofit.probe_kit import checkpoint_folder
+from autofit.probe_kit import trainable_checkpoint
 from autofit.registry import resolve_model
 from autofit.report import SearchReport
 from autofit.spec import format_size
@@ -45,11 +45,11 @@ def versions(packages=PACKAGES) -> Dict[str, Optional[str]]:
 
 def loadable_name(candidate: Candidate) -> str:
     """The model as TRL should load it: a hub id or folder as given; for a bundled toy model without a hub id
-    (tiny-qwen2), the random-weight checkpoint that the probes used."""
+    (tiny-qwen2), a random-weight checkpoint of it (the probes loaded a weightless one)."""
     source = resolve_model(candidate.model)
     if source.local_path or "/" in candidate.model:
         return source.local_path or candidate.model
-    return str(checkpoint_folder(source.config, candidate.model))
+    return str(trainable_checkpoint(source.config, candidate.model))
 
 
 def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

@@ -1,8 +1,9 @@
 """Building blocks for trainer factories: a loadable model, a synthesized tokenizer, worst-case data.
 
-Random weights by default: peak memory does not depend on weight values. A random-weight checkpoint (weights in
-the configuration's dtype, plus a synthesized tokenizer) is written once per configuration to a cache folder, so
-TRL loads the model from a path exactly as ``trl sft --model_name_or_path`` would, quantization included.
+Random weights by default: peak memory does not depend on weight values. A checkpoint of the configuration (its
+weights a hole in the file, see ``autofit.virtual_checkpoint``, plus a synthesized tokenizer) is written once per
+configuration to a cache folder, so TRL loads the model from a path exactly as ``trl sft --model_name_or_path``
+would, quantization included; the probe fills the loaded weights with finite values.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import hashlib
 import json
 import logging
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from autofit import virtual_checkpoint
 from autofit.candidate import Candidate
 from autofit.files import cache_dir
 from autofit.registry import resolve_model
@@ -68,7 +72,7 @@ def _config_hash(config: Dict) -> str:
 
 
 def model_path(candidate: Candidate) -> str:
-    """A path TRL can load: the user's folder with ``--real-weights``, else a cached random-weight checkpoint."""
+    """A path TRL can load: the user's folder with ``--real-weights``, else a cached weightless checkpoint."""
     source = resolve_model(candidate.model)
     if candidate.real_weights:
         return source.local_path or candidate.model
@@ -77,11 +81,11 @@ def model_path(candidate: Candidate) -> str:
 
 
 def checkpoint_folder(config: Dict, name: str) -> Path:
-    return cache_dir() / "random-checkpoints" / f"{name.replace('/', '--')}-{_config_hash(config)}"
+    return cache_dir() / "weightless-checkpoints" / f"{name.replace('/', '--')}-{_config_hash(config)}"
 
 
 def random_checkpoint(config: Dict, name: str, code_from: Optional[str] = None) -> Path:
-    """Write (once, under a lock) a checkpoint with random weights and a synthesized tokenizer. ``code_from``: the
+    """Write (once, under a lock) a weightless checkpoint and a synthesized tokenizer. ``code_from``: the
     folder (or hub id) of a model that runs its own code (``--trust-remote-code``); its code goes along."""
     folder = checkpoint_folder(config, name)
     if (folder / ".complete").exists():
@@ -96,76 +100,56 @@ def random_checkpoint(config: Dict, name: str, code_from: Optional[str] = None) 
 
 
 def _write_random_checkpoint(config: Dict, folder: Path, code_from: Optional[str] = None) -> None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     settings = dict(config)
     model_type = settings.pop("model_type")
     trust = code_from is not None
     hf_config = AutoConfig.from_pretrained(code_from, trust_remote_code=True) if trust else \
         AutoConfig.for_model(model_type, **settings)
-    dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
-    log.info("writing a random-weight checkpoint of %s to %s", model_type, folder)
     started = time.perf_counter()
-    # Built on the CPU (the device and its meter see only what the trainer itself loads), without the model's
-    # weight initialization: its random draws took 350 s for a 7B model on 16 cores, and peak memory does not
-    # depend on the values. fill_finite then gives every weight a cheap finite value.
-    with no_weight_init():
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype, **({"trust_remote_code": True} if trust else {}))
-    model.tie_weights()  # skipped with the initialization; the checkpoint must hold tied weights once
-    fill_finite(model)
-    model.save_pretrained(folder)
+    # The weights are a hole in the file (autofit.virtual_checkpoint): a 70B checkpoint is a few hundred KB on disk
+    # and is written in seconds; every probe fills what it loads with finite values on its own device.
+    written = virtual_checkpoint.write(hf_config, folder, trust_remote_code=trust)
     if trust and Path(code_from).is_dir():  # the model's code beside its weights, where from_pretrained looks
         for module in Path(code_from).glob("*.py"):
             shutil.copy(module, folder / module.name)
     synthesize_tokenizer(config).save_pretrained(folder)
-    log.info("random-weight checkpoint written in %.1f s", time.perf_counter() - started)
+    log.info("weightless checkpoint of %s (%.2f GB of tensors, %.1f MB on disk) written to %s in %.1f s",
+             model_type, written["tensor_bytes"] / 1e9, written["allocated_bytes"] / 1e6, folder,
+             time.perf_counter() - started)
 
 
-def no_weight_init():
-    """transformers' context that skips weight initialization (torch.nn.init and the models' ``init_weights``)."""
-    try:
-        from transformers.initialization import no_init_weights  # transformers 5
-    except ImportError:
-        from transformers.modeling_utils import no_init_weights  # transformers 4
-    return no_init_weights()
+def trainable_checkpoint(config: Dict, name: str) -> Path:
+    """A checkpoint of a bundled toy model (one without a hub id) with finite values stored, for the user's own
+    training run after the search: written once, beside the weightless one the probes load, by a child process
+    (the search process never imports torch)."""
+    folder = checkpoint_folder(config, name + "-filled")
+    if not (folder / ".complete").exists():
+        done = subprocess.run([sys.executable, "-c", "import sys; from autofit import probe_kit; from autofit.registry "
+                               "import resolve_model; probe_kit.write_trainable_checkpoint("
+                               "resolve_model(sys.argv[1]).config, sys.argv[1])", name], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"could not write a random-weight checkpoint of {name} to {folder}: "
+                               f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    return folder
 
 
-FILL_PATTERN_ELEMENTS = 1 << 20
-FILL_STD = 0.02  # the usual initializer range of decoder configs
+def write_trainable_checkpoint(config: Dict, name: str) -> Path:
+    from transformers import AutoModelForCausalLM
 
-
-def fill_finite(model) -> None:
-    """Give every floating-point parameter a finite value, fast: matrices are tiled with one fixed block of
-    N(0, 0.02) draws (a copy, not a draw per element), norm weights are 1 and other vectors 0. The values are
-    never all zero in a 4-bit block (an all-zero block quantizes to NaN). Buffers the model computed itself
-    (rotary frequencies) are kept; a buffer left uninitialized and not finite is zeroed."""
-    import torch
-
-    pattern = torch.randn(FILL_PATTERN_ELEMENTS, generator=torch.Generator().manual_seed(0)) * FILL_STD
-    by_dtype = {}
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if not param.is_floating_point():
-                continue
-            if param.ndim <= 1:
-                param.fill_(1.0 if "norm" in name.lower() else 0.0)
-                continue
-            block = by_dtype.setdefault(param.dtype, pattern.to(param.dtype))
-            _tile(param.data.view(-1), block)
-        for _, buffer in model.named_buffers():
-            if buffer.is_floating_point() and not bool(torch.isfinite(buffer).all()):
-                buffer.zero_()
-
-
-def _tile(flat, block) -> None:
-    size = block.numel()
-    whole = flat.numel() // size
-    if whole:
-        flat[: whole * size].view(whole, size).copy_(block.expand(whole, size))
-    rest = flat.numel() - whole * size
-    if rest:
-        flat[whole * size:].copy_(block[:rest])
+    source = random_checkpoint(config, name)
+    folder = checkpoint_folder(config, name + "-filled")
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".complete").exists():
+            with virtual_checkpoint.fill_on_load():
+                model = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
+            model.save_pretrained(folder)
+            synthesize_tokenizer(config).save_pretrained(folder)
+            (folder / ".complete").touch()
+    return folder
 
 
 def load_tokenizer(candidate: Candidate, **kwargs):

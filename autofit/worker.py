@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from autofit import probe_kit
+from autofit import probe_kit, virtual_checkpoint
 from autofit.candidate import Candidate
 from autofit.factory import FactoryPayload
 from autofit.files import atomic_write_text
@@ -83,7 +83,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
     others_start = others_bytes(candidate.device)
     try:
         if not candidate.real_weights:
-            probe_kit.model_path(candidate)  # write the random-weight checkpoint (once) outside the meter
+            probe_kit.model_path(candidate)  # write the weightless checkpoint (once) outside the meter
         if candidate.offload:
             stage = "load"  # the engine's failures belong to the rung (below), not to the machine
             enter_engine(candidate)
@@ -92,7 +92,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         with context:
             stage = "load"
             meter.set_phase("load")
-            with build_deadline(candidate.probe.build_timeout_s if candidate.probe is not None else None):
+            fill = contextlib.nullcontext() if candidate.real_weights else virtual_checkpoint.fill_on_load()
+            with fill, build_deadline(candidate.probe.build_timeout_s if candidate.probe is not None else None):
                 trainer = factory(candidate)
             _check_trainer(trainer, candidate)
             observed = describe_trainer(trainer)

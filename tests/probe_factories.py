@@ -113,3 +113,21 @@ def another_process_grows_once(candidate):
         with open(os.environ["AUTOFIT_SIMULATED_OTHERS_FILE"], "w") as handle:
             handle.write(f"{10 * 2**30} {time.time() + 2}")
     return trainer
+
+
+def checks_its_weights(candidate):
+    """The built-in GRPO trainer, refused unless every weight matrix of the policy it loaded has random values
+    (the probe's weightless checkpoint filled on load) and generation produces finite logits."""
+    import torch
+
+    from autofit.algos.rl import build_grpo_trainer
+
+    trainer = build_grpo_trainer(candidate)
+    for name, param in trainer.model.named_parameters():
+        if param.ndim == 2 and not 0.01 < float(param.detach().float().std()) < 0.03:
+            raise ValueError(f"{name} was not filled: std {float(param.detach().float().std())}")
+    with torch.no_grad():
+        logits = trainer.model(torch.tensor([[5, 6, 7]], device=trainer.model.device)).logits
+    if not bool(torch.isfinite(logits).all()) or float(logits.float().std()) == 0:
+        raise ValueError("the loaded model computes no logits")
+    return trainer
