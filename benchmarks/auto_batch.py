@@ -82,7 +82,7 @@ def _run(job: Dict[str, Any]) -> Dict[str, Any]:
     import torch
     from transformers import TrainerCallback
 
-    from autofit import probe_kit
+    from autofit import probe_kit, virtual_checkpoint
     from autofit.candidate import Candidate, ProbeSettings
     from autofit.meters import SimulatedMeter
 
@@ -101,13 +101,14 @@ def _run(job: Dict[str, Any]) -> Dict[str, Any]:
         prompt_length=job.get("prompt_length"),
         probe=ProbeSettings(steps=job["steps"], output_dir=job["output_dir"]),
     )
-    probe_kit.model_path(candidate)  # the random-weight checkpoint is written outside the meter, as in probes
+    probe_kit.model_path(candidate)  # the weightless checkpoint is written outside the meter, as in probes
     meter = SimulatedMeter(job["budget_bytes"])
     attempts = []
     with meter:
         meter.set_phase("load")
         try:
-            trainer = factory(candidate)
+            with virtual_checkpoint.fill_on_load():  # the model gets values as in autofit's probes
+                trainer = factory(candidate)
         except Exception as exc:  # TRL validates its config in the constructor (GRPO refuses this option)
             refused = "auto_find_batch_size" in str(exc)
             return {"status": "refused" if refused else "failed", "error": _message(exc), "attempts": []}

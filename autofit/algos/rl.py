@@ -3,7 +3,7 @@
 Prompts are synthetic and exactly ``prompt_length`` tokens long; completions are forced to the full
 ``max_completion_length`` (``min_new_tokens`` during probes), so the KV cache, the log-prob passes and the loss see
 the worst case. The reward is a rule (no reward model), so it costs no device memory. With ``beta > 0`` TRL loads
-the reference model from the policy's path (the random-weight checkpoint), and it is measured like the rest.
+the reference model from the policy's path (the weightless checkpoint), and it is measured like the rest.
 """
 
 from __future__ import annotations
