@@ -22,6 +22,7 @@ from autofit.runner import ProcessRunner
 from autofit.options import check_model_code, check_model_sizes, search_spec
 from autofit.others import free_bytes, other_processes
 from autofit.outdir import exclusive
+from autofit.progress import make_progress
 from autofit.report import Record, SearchReport
 from autofit.search import Search
 from autofit.spec import InputError, SearchSpec, format_size
@@ -45,12 +46,17 @@ class NoFitError(RuntimeError):
 class FitResult:
     """What ``fit`` found: the chosen ``candidate`` (``training_args`` for your config class, ``peft_config()``,
     ``quantization_config()``), the whole ``report`` (every probe, skip and note), and the files written:
-    ``best_yaml`` (for ``trl <algo> --config``) and ``best_json`` (the same, structured, with the measurements)."""
+    ``best_yaml`` (for ``trl <algo> --config``), ``best_json`` (the same, structured, with the measurements) and
+    ``report_html`` (the answer, why, and the plots)."""
 
     candidate: Candidate
     report: SearchReport
     best_json: Path
     best_yaml: Path
+
+    @property
+    def report_html(self) -> Path:
+        return self.best_json.with_name("report.html")
 
     @property
     def training_args(self) -> Dict[str, Any]:
@@ -87,23 +93,43 @@ def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None, factory
 
 def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callback, notes: List[str]) -> SearchReport:
     notes = notes + check_device_is_free(spec)
+    # The live line goes with the probes' log lines: not under -q (quiet=True), nor when stderr is not a terminal.
+    progress = make_progress(quiet=not logging.getLogger("autofit.search").isEnabledFor(logging.INFO))
     runner = ProcessRunner(payload, spec.budget_bytes, spec.out_dir, timeout_s=spec.probe_timeout_s,
-                           build_timeout_s=spec.build_timeout_s)
+                           build_timeout_s=spec.build_timeout_s, progress=progress)
     log.info(
         "autofit: %s %s on %s, budget %s, effective batch %d, max_length %d, maximize %s%s",
         one_line(spec.algo), one_line(spec.model), spec.device, format_size(spec.budget_bytes), spec.effective_batch,
         spec.max_length, spec.maximize, f", your factory {one_line(payload.name)}" if not payload.builtin else "",
     )
-    with quiet_optuna():
-        search = Search(spec, runner, rungs, on_record=callback)
-        search.report.notes[:0] = notes
-        try:
-            search.run()
-        except (FactoryError, InfrastructureError):
-            export.write(search.report, spec.out_dir)  # best.json says what was measured and why it stopped
-            raise
+    try:
+        with quiet_optuna():
+            search = Search(spec, runner, rungs, on_record=callback, progress=progress)
+            search.report.notes[:0] = notes
+            try:
+                search.run()
+            except (FactoryError, InfrastructureError):
+                export.write(search.report, spec.out_dir)  # best.json says what was measured and why it stopped
+                raise
+    finally:
+        progress.close()
     export.write(search.report, spec.out_dir)
+    write_report(spec.out_dir)
     return search.report
+
+
+def write_report(out_dir: Path) -> Optional[Path]:
+    """report.html beside best.json. A by-product: a failure to draw it is logged, and the search's answer stands."""
+    from autofit import report_html
+
+    try:
+        path = report_html.write(out_dir)
+    except Exception as exc:  # noqa: BLE001 - matplotlib, a damaged study: the answer is already written
+        log.warning("report.html was not written (%s: %s); `autofit report %s` draws it again",
+                    type(exc).__name__, one_line(exc), out_dir)
+        return None
+    log.debug("report: %s", path)
+    return path
 
 
 # An idle card's free memory is a little under its total (driver reservations): not "busy".

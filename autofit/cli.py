@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 from autofit import __version__
@@ -80,7 +81,25 @@ def build_parser() -> argparse.ArgumentParser:
     from autofit import estimate
 
     estimate.add_parser(commands)
+    report = commands.add_parser("report", help="draw DIR/report.html again from a search's best.json and study",
+                                 description="Render report.html from the best.json and the Optuna study that "
+                                             "`autofit search --out DIR` left in DIR.")
+    report.add_argument("out_dir", metavar="DIR", help="the --out folder of a search")
     return parser
+
+
+def report_command(args) -> int:
+    from autofit.files import one_line
+    from autofit.report_html import write
+    from autofit.spec import InputError
+
+    try:
+        path = write(Path(args.out_dir))
+    except InputError as exc:
+        print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"wrote {path}")
+    return EXIT_OK
 
 
 def search_options(args) -> dict:
@@ -97,6 +116,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from autofit import estimate
 
         return estimate.run(args)
+    if args.command == "report":
+        return report_command(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from autofit.api import no_fit_message, run_search
     from autofit.export import table_text
@@ -141,6 +162,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"{report.probes_run} new probes, {sum(r.cached for r in report.records)} reused from {spec.out_dir}"
     )
     print(f"wrote {spec.out_dir / 'best.yaml'} and {spec.out_dir / 'best.json'}")
+    if (spec.out_dir / "report.html").exists():
+        print(f"report: {spec.out_dir / 'report.html'}")
     return EXIT_OK
 
 

@@ -78,8 +78,33 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="estimate a model that needs its own code (auto_map) from its configuration")
     parser.add_argument("--from", dest="from_dir", metavar="DIR",
                         help="use the calibrated memory model of an earlier search (DIR/best.json, key memory_model)")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="also draw the ledger of every level against the budget (.svg, .png or .pdf)")
     parser.set_defaults(handler=run)
     return parser
+
+
+def plot_levels(spec: SearchSpec, result: RungEstimate, path: str) -> None:
+    """Stacked bars of the ledger's terms, one per ladder level, and the budget line."""
+    from autofit import plots
+    from autofit.memory_model import TERMS
+
+    rows = [(f"{level.level}: {'+' + level.rungs[-1] if level.rungs else 'baseline'} "
+             f"({level.candidate.micro_batch}x{level.candidate.grad_accum}, len {level.candidate.max_length})",
+             {term: float(getattr(level.ledger, term)) for term in TERMS}) for level in result.levels]
+    title = f"autofit estimate: {spec.algo} {spec.model}, budget {format_size(spec.budget_bytes)}"
+    plots.save(plots.ledger_figure(rows, spec.budget_bytes, title), path)
+
+
+def _check_plot_path(path: Optional[str]) -> None:
+    from autofit.plots import PLOT_SUFFIXES
+
+    if path is None:
+        return
+    if Path(path).suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError(f"--plot '{path}': the file must end in {', '.join(PLOT_SUFFIXES)}")
+    if not Path(path).resolve().parent.is_dir():
+        raise InputError(f"--plot '{path}': the folder {Path(path).resolve().parent} does not exist")
 
 
 def spec_from_args(args) -> SearchSpec:
@@ -247,8 +272,13 @@ def run(args) -> int:
             ModelShape.from_model(spec.model)
         except UnknownModelError as exc:
             raise InputError(str(exc)) from None
+        _check_plot_path(getattr(args, "plot", None))
         calibration, notes = load_calibration(args.from_dir, spec)
-        text = estimate_text(spec, calibration, notes)
+        result = expected_rung(spec, spec.budget_bytes, calibration=calibration)
+        text = estimate_text(spec, calibration, notes, result)
+        if getattr(args, "plot", None):
+            plot_levels(spec, result, args.plot)
+            text += f"\nplot: {args.plot}"
     except (InputError, ValueError) as exc:
         print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT

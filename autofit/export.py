@@ -26,6 +26,7 @@ from autofit.probe_kit import trainable_checkpoint
 from autofit.registry import resolve_model
 from autofit.report import SearchReport
 from autofit.spec import format_size
+from autofit.store import STUDY_FILE
 from autofit.trades import trades
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
             "prompt_length": spec.prompt_length if spec.algo in RL_ALGOS else None,
         },
         "notes": report.notes,
+        "study": {"name": spec.study_name(), "journal": STUDY_FILE},
         "candidates": [
             {
                 "kind": r.kind,

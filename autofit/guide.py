@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from autofit import memory_model
 from autofit.census import NoCausalLM, ensure_census
@@ -112,6 +112,19 @@ class MemoryGuide:
     def limit(self) -> float:
         budget = self.spec.budget_bytes
         return math.inf if budget is None else budget * (1 - self.margin())
+
+    def predicted_start(self, values: Sequence[int], make: Callable[[int], Candidate]) -> int:
+        """Index of the largest value predicted to fit; without a prediction, the smallest value."""
+        if self.spec.budget_bytes is None:
+            return len(values) - 1
+        start = 0
+        for index, value in enumerate(values):
+            predicted = self.predict(make(value))
+            if predicted is None:
+                return 0
+            if predicted <= self.limit():
+                start = index
+        return start
 
     def fits(self, result: ProbeResult) -> bool:
         """Measured within the budget minus the margin kept for what a short probe cannot see."""

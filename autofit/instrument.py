@@ -3,8 +3,10 @@ time cap of a verification run. Runs in the probe process only."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Optional, Tuple
 
 from autofit.candidate import Candidate, ProbeSettings
@@ -26,6 +28,41 @@ class ProbeClock:
         timed = self.generations[1:] or self.generations
         seconds = sum(s for s, _ in timed)
         return sum(n for _, n in timed) / seconds if seconds else 0.0
+
+
+PHASE_FILE = "phase"  # in the probe's folder: its current phase, for the search's progress display
+
+
+class PhaseFile:
+    """Writes the probe's current phase name to ``path`` when it changes (a new file, then ``os.replace``: a reader
+    sees a whole name). Best effort: a folder that cannot be written costs the display its phase, not the probe."""
+
+    def __init__(self, path: Optional[Path]):
+        self.path = Path(path) if path is not None else None  # None: write nothing
+        self.written: Optional[str] = None
+
+    def write(self, name: str) -> None:
+        if self.path is None or name == self.written:
+            return
+        self.written = name
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(name)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+    def follow(self, meter) -> None:
+        """Write every phase the meter is switched to from now on."""
+        set_phase = meter.set_phase
+
+        def set_and_write(name: str) -> None:
+            set_phase(name)
+            self.write(name)
+
+        meter.set_phase = set_and_write
 
 
 def phase_callback(meter, clock: ProbeClock, plan: Optional[ProbeSettings]):

@@ -22,14 +22,17 @@ from typing import Optional, Protocol, Sequence, Union
 
 from autofit.candidate import Candidate, ProbeSettings
 from autofit.factory import FactoryPayload, prepare_factory
+from autofit.instrument import PHASE_FILE
 from autofit.outdir import PID_FILE
 from autofit.others import DISTURBED_RETRY_WAIT_S, disturbed
 from autofit.outcome import BAD_FORK, INFRASTRUCTURE, Outcome, ProbeResult, classify_exit
+from autofit.progress import PlainProgress, ProbeProgress
 from autofit.spec import format_size
 
 log = logging.getLogger(__name__)
 
 PRELOAD = ("autofit.preload",)
+POLL_S = 0.5  # how often a running probe's phase is read for the progress display
 
 
 class Runner(Protocol):
@@ -46,7 +49,7 @@ class Runner(Protocol):
 class ProcessRunner:
     def __init__(self, factory: Union[str, FactoryPayload], budget_bytes: Optional[int], workdir: Path,
                  timeout_s: float = 900.0, *, preload: Sequence[str] = PRELOAD, start_method: str = "forkserver",
-                 build_timeout_s: Optional[float] = None):
+                 build_timeout_s: Optional[float] = None, progress: Optional[ProbeProgress] = None):
         self.factory = factory if isinstance(factory, FactoryPayload) else prepare_factory(factory)
         self.build_timeout_s = build_timeout_s
         self.budget_bytes = budget_bytes
@@ -56,6 +59,7 @@ class ProcessRunner:
         if start_method == "forkserver":
             self._context.set_forkserver_preload(list(preload))
         self._count = 0
+        self.progress = progress or PlainProgress()
 
     @property
     def start_method(self) -> str:
@@ -96,6 +100,7 @@ class ProcessRunner:
         probe_dir.mkdir(parents=True, exist_ok=True)
         result_path = probe_dir / "result.json"
         result_path.unlink(missing_ok=True)
+        (probe_dir / PHASE_FILE).unlink(missing_ok=True)  # an earlier run's last phase
         for name in ("probe.log", PID_FILE):  # a link planted here is removed, never written through
             if (probe_dir / name).is_symlink():
                 (probe_dir / name).unlink()
@@ -109,7 +114,7 @@ class ProcessRunner:
         with _main_module_left_alone():
             process.start()
         try:
-            process.join(self.timeout_s)
+            self._wait(process, probe_dir)
             timed_out = process.is_alive()
             if timed_out:
                 process.kill()
@@ -125,6 +130,18 @@ class ProcessRunner:
         result = classify_exit(process.exitcode, timed_out)
         result.log_path = str(probe_dir / "probe.log")
         return result
+
+    def _wait(self, process, probe_dir: Path) -> None:
+        """``process.join(self.timeout_s)``, in slices, showing the probe's progress between them."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            process.join(min(POLL_S, left))
+            if not process.is_alive():
+                return
+            self.progress.poll(probe_dir)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from autofit.host_memory import probeable_rungs
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.margin import best_margin_only_fit, evidence, within_margin
 from autofit.outcome import ENGINE_FAILURE, Outcome, ProbeResult
+from autofit.progress import PlainProgress, ProbeProgress
 from autofit.pruning import drop_unneeded
 from autofit.refine import refine
 from autofit.report import Fit, Record, SearchReport, Skip, truncation_note, undominated
@@ -52,9 +53,10 @@ class ProbeLimitReached(Exception):
 
 class Search:
     def __init__(self, spec: SearchSpec, runner: Runner, rungs: Sequence[Rung], store: Optional[ProbeStore] = None,
-                 on_record: Optional[Callable[[Record], None]] = None):
+                 on_record: Optional[Callable[[Record], None]] = None, progress: Optional[ProbeProgress] = None):
         self.spec = spec
         self.runner = runner
+        self.progress = progress or PlainProgress()  # shows each probe while it runs
         self.on_record = on_record
         base = memory_model.base_candidate(spec)
         self.start = LadderState(base, min_length=spec.min_length, maximize=spec.maximize)
@@ -112,7 +114,9 @@ class Search:
             raise ProbeLimitReached()
         predicted, prior = self.guide.predict(candidate), self.guide.predict(candidate, calibrated=False)
         calibration = self.guide.calibration.method if self.guide.calibration is not None else "prior"
-        run = lambda: self.runner.run(candidate, steps, min_steps=min_steps, time_cap_s=cap)  # noqa: E731
+        run = self.progress.around(lambda: self.runner.run(candidate, steps, min_steps=min_steps, time_cap_s=cap),
+                                   len(self.report.records) + 1, level, kind, candidate, predicted,
+                                   self.spec.budget_bytes)
         result, cached = self.store.measure(candidate, kind, key, level, run)
         if cached and self.guide.implausible(candidate, result):
             result, cached = self.store.measure(candidate, kind, key, level, run, fresh=True)
@@ -167,7 +171,7 @@ class Search:
             return False
 
         top = len(values) - 1
-        start = self._predicted_start(values, make)
+        start = self.guide.predicted_start(values, make)
         if fits_at(start):
             low, high = start, None
             if start < top:
@@ -191,20 +195,6 @@ class Search:
         if top_apart and self.guide.shape is not None and top not in tried:
             fits_at(top)
         return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
-
-    def _predicted_start(self, values: Sequence[int], make: Callable[[int], Candidate]) -> int:
-        """Index of the largest value predicted to fit; without a prediction, the smallest value."""
-        budget = self.spec.budget_bytes
-        if budget is None:
-            return len(values) - 1
-        start = 0
-        for index, value in enumerate(values):
-            predicted = self.guide.predict(make(value))
-            if predicted is None:
-                return 0
-            if predicted <= self.guide.limit():
-                start = index
-        return start
 
     def _size(self, candidate: Candidate) -> Tuple[int, int]:
         if self.spec.maximize == "length":

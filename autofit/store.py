@@ -152,6 +152,8 @@ class ProbeStore:
             self.study.enqueue_trial(params, user_attrs={"key": candidate.key(), "kind": kind, "steps": steps})
             trial = self.study.ask(fixed_distributions=self.distributions)
             trial.set_user_attr("candidate", candidate.to_dict())
+            trial.set_user_attr("config", candidate.describe())  # flat attributes: what optuna-dashboard lists
+            trial.set_user_attr("rungs", "+".join(candidate.rungs) or "baseline")
         result = run()
         with deferred_interrupt():
             self._record(trial, result)
@@ -161,6 +163,10 @@ class ProbeStore:
 
     def _record(self, trial, result: ProbeResult) -> None:
         trial.set_user_attr("result", result.to_dict())
+        trial.set_user_attr("outcome", result.outcome.value)
+        trial.set_user_attr("peak_bytes", int(result.peak_bytes or 0))
+        trial.set_user_attr("phase_peaks", {phase: int(peak) for phase, peak in (result.phase_peaks or {}).items()})
+        trial.set_user_attr("tokens_per_second", round(result.tokens_per_second or 0.0, 1))
         if self.budget_bytes is not None:
             over = result.peak_bytes - self.budget_bytes
             if result.outcome is Outcome.OOM:

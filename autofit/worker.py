@@ -22,7 +22,7 @@ from autofit import probe_kit, virtual_checkpoint
 from autofit.candidate import Candidate
 from autofit.factory import FactoryPayload
 from autofit.files import atomic_write_text
-from autofit.instrument import ProbeClock, instrument_rl_phases, models_of, phase_callback
+from autofit.instrument import PHASE_FILE, PhaseFile, ProbeClock, instrument_rl_phases, models_of, phase_callback
 from autofit.observe import describe_trainer
 from autofit.others import others_bytes
 from autofit.outdir import record_probe_process
@@ -71,9 +71,12 @@ def inherited_cuda() -> Optional[str]:
     return None
 
 
-def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[int], *, user_factory: bool = False
-              ) -> ProbeResult:
-    """Build and train; return the measured result. Runs in the probe process."""
+def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[int], *, user_factory: bool = False,
+              phase_path: Optional[Path] = None) -> ProbeResult:
+    """Build and train; return the measured result. Runs in the probe process. ``phase_path``: a file kept holding
+    the current phase's name (``instrument.PhaseFile``)."""
+    phases = PhaseFile(phase_path)
+    phases.write("setup")
     for key, value in candidate.env:
         os.environ[key] = value
     started = time.perf_counter()
@@ -88,6 +91,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             stage = "load"  # the engine's failures belong to the rung (below), not to the machine
             enter_engine(candidate)
         meter = make_meter(candidate, budget_bytes)
+        phases.follow(meter)
         context = meter if candidate.device == "cpu" else contextlib.nullcontext()
         with context:
             stage = "load"
@@ -296,7 +300,7 @@ def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Opti
     """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically."""
     record_probe_process(Path(log_path).parent)
     detach_into_log(log_path)
-    result = _main(factory, candidate, budget_bytes)
+    result = _main(factory, candidate, budget_bytes, Path(result_path).parent / PHASE_FILE)
     result.log_path = log_path
     atomic_write_text(Path(result_path), json.dumps(result.to_dict()))
     sys.stdout.flush()
@@ -307,7 +311,8 @@ def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Opti
     os._exit(0)  # skip interpreter teardown: a broken CUDA context can hang it
 
 
-def _main(payload: FactoryPayload, candidate: Candidate, budget_bytes: Optional[int]) -> ProbeResult:
+def _main(payload: FactoryPayload, candidate: Candidate, budget_bytes: Optional[int], phase_path: Path
+          ) -> ProbeResult:
     inherited = inherited_cuda()
     if inherited is not None:
         log.error("probe not run, bad fork: %s", inherited)
@@ -320,4 +325,4 @@ def _main(payload: FactoryPayload, candidate: Candidate, budget_bytes: Optional[
         log.error("the trainer factory %s cannot be loaded\n%s", payload.name, "".join(traceback.format_exception(exc)))
         outcome, fault, cause = classify_exception(exc, stage="import", user_factory=user_factory)
         return ProbeResult(outcome, error=_one_line(exc), error_phase="import", fault=fault, cause=cause)
-    return run_probe(factory, candidate, budget_bytes, user_factory=user_factory)
+    return run_probe(factory, candidate, budget_bytes, user_factory=user_factory, phase_path=phase_path)

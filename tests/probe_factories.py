@@ -131,3 +131,9 @@ def checks_its_weights(candidate):
     if not bool(torch.isfinite(logits).all()) or float(logits.float().std()) == 0:
         raise ValueError("the loaded model computes no logits")
     return trainer
+
+
+def sleeps_then_fails(candidate):
+    """Takes 1.5 s to build (the probe sits in its "load" phase), then fails as a user's bug would."""
+    time.sleep(1.5)
+    raise RuntimeError("slept, then failed")

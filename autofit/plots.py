@@ -1,0 +1,146 @@
+"""The figures of the report and of ``autofit estimate --plot``: matplotlib, drawn without pyplot (no global state,
+no display), as SVG whose text stays text (searchable in the page, readable by tests)."""
+
+from __future__ import annotations
+
+import io
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# (label, ledger terms summed into it), in the order the memory model's ledger lists them
+TERM_GROUPS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("weights", ("weights",)),
+    ("gradients", ("gradients",)),
+    ("optimizer states", ("optimizer",)),
+    ("activations", ("activations",)),
+    ("logits", ("logits",)),
+    ("KV cache / generation", ("generation",)),
+    ("reference model", ("reference",)),
+    ("context and allocator", ("cuda_context", "allocator")),
+)
+COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974",
+          "#64b5cd"]
+
+
+def unit_for(budget: Optional[float]) -> Tuple[str, float]:
+    return ("GiB", 2**30) if budget and budget >= 2 * 2**30 else ("MiB", 2**20)
+
+
+def _figure(width: float = 7.5, height: float = 4.0):
+    import matplotlib
+
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text as text
+    matplotlib.rcParams["svg.hashsalt"] = "autofit"  # stable element ids: the same study renders the same file
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), layout="constrained")
+    return figure, figure.add_subplot()
+
+
+def svg(figure) -> str:
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    return text[text.index("<svg"):]  # inline in HTML: no XML prolog, no doctype
+
+
+def _budget_lines(axes, budget: Optional[float], margin: float, scale: float, unit: str, vertical: bool = False):
+    if not budget:
+        return
+    line = axes.axvline if vertical else axes.axhline
+    line(budget / scale, color="black", linewidth=1.2, label=f"budget {budget / scale:,.2f} {unit}")
+    if margin > 0:
+        line(budget * (1 - margin) / scale, color="black", linestyle="--", linewidth=1,
+             label=f"budget minus the margin ({margin:.1%})")
+
+
+def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float], margin: float):
+    """Measured peak against micro-batch (or length), one colour per ladder level, with the calibrated model's
+    curve. ``series``: {"label", "points": [(x, peak, outcome)], "curve": [(x, predicted)]}."""
+    unit, scale = unit_for(budget)
+    figure, axes = _figure()
+    for index, level in enumerate(series):
+        color = COLORS[index % len(COLORS)]
+        if level["curve"]:
+            xs, ys = zip(*sorted(level["curve"]))
+            axes.plot(xs, [y / scale for y in ys], color=color, linewidth=1, alpha=0.6)
+        for marker, outcome in (("o", "OK"), ("x", "OOM")):
+            points = [(x, peak) for x, peak, kind in level["points"] if kind == outcome]
+            if points:
+                axes.scatter([x for x, _ in points], [peak / scale for _, peak in points], marker=marker, color=color,
+                             label=f"{level['label']} ({outcome})", zorder=3)
+    _budget_lines(axes, budget, margin, scale, unit)
+    measured = [peak for level in series for _, peak, _ in level["points"]]
+    if budget and measured:  # the curves run far past the budget at large batches: keep the budget's region in view
+        axes.set_ylim(top=max(1.5 * budget, 1.1 * max(measured)) / scale)
+    xs = sorted({x for level in series for x, *_ in list(level["points"]) + list(level["curve"])})
+    axes.set_xscale("log", base=2)
+    if xs:
+        from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+        axes.xaxis.set_major_locator(FixedLocator(xs if len(xs) <= 12 else xs[::max(1, len(xs) // 8)]))
+        axes.xaxis.set_minor_locator(NullLocator())
+        axes.xaxis.set_major_formatter(ScalarFormatter())
+    axes.set_xlabel(axis_name)
+    axes.set_ylabel(f"peak ({unit})")
+    axes.set_title("Measured peak per ladder level (lines: the calibrated memory model)")
+    axes.legend(fontsize=7, loc="best")
+    return figure
+
+
+def phases_figure(phase_peaks: Dict[str, float], budget: Optional[float], margin: float):
+    unit, scale = unit_for(budget)
+    figure, axes = _figure(height=max(2.0, 0.35 * len(phase_peaks) + 1.2))
+    names = list(phase_peaks)
+    axes.barh(names, [phase_peaks[name] / scale for name in names], color=COLORS[0])
+    axes.invert_yaxis()  # in the order the step goes through them
+    _budget_lines(axes, budget, margin, scale, unit, vertical=True)
+    axes.set_xlabel(f"peak ({unit})")
+    axes.set_title("The chosen configuration's peak by phase (verification run)")
+    axes.legend(fontsize=7, loc="lower right")
+    return figure
+
+
+def ledger_figure(rows: Sequence[Tuple[str, Dict[str, float]]], budget: Optional[float], title: str):
+    """Stacked bars of the memory model's terms: one bar per row (a ladder level, or the chosen configuration)."""
+    unit, scale = unit_for(budget)
+    figure, axes = _figure(width=9.5, height=max(2.4, 0.4 * len(rows) + 1.8))
+    labels = [label for label, _ in rows]
+    left = [0.0] * len(rows)
+    for index, (name, terms) in enumerate(TERM_GROUPS):
+        widths = [sum(ledger.get(term, 0.0) for term in terms) / scale for _, ledger in rows]
+        if any(widths):
+            axes.barh(labels, widths, left=left, color=COLORS[index], label=name)
+            left = [a + b for a, b in zip(left, widths)]
+    axes.invert_yaxis()
+    _budget_lines(axes, budget, 0.0, scale, unit, vertical=True)
+    axes.set_xlabel(f"predicted peak ({unit})")
+    axes.set_title(title, fontsize=10)
+    figure.legend(fontsize=7, loc="outside lower center", ncol=5, frameon=False)
+    return figure
+
+
+def throughput_figure(fits: Sequence[Tuple[str, float, float]], chosen: Optional[str], budget: Optional[float]):
+    """tokens/s against peak for every fit; ``fits``: (label, peak, tokens/s)."""
+    unit, scale = unit_for(budget)
+    figure, axes = _figure()
+    others = [(peak, speed) for label, peak, speed in fits if label != chosen]
+    if others:
+        axes.scatter([p / scale for p, _ in others], [s for _, s in others], color=COLORS[0], label="fits")
+    mine = [(peak, speed) for label, peak, speed in fits if label == chosen]
+    if mine:
+        axes.scatter([p / scale for p, _ in mine], [s for _, s in mine], color=COLORS[3], marker="*", s=160,
+                     label=f"chosen: {chosen}", zorder=3)
+    _budget_lines(axes, budget, 0.0, scale, unit, vertical=True)
+    axes.set_xlabel(f"peak ({unit})")
+    axes.set_ylabel("tokens/s")
+    axes.set_title("Throughput against peak, every configuration that fitted")
+    axes.legend(fontsize=7, loc="best")
+    return figure
+
+
+def save(figure, path) -> None:
+    figure.savefig(path, bbox_inches="tight",
+                   metadata=None if str(path).lower().endswith((".png", ".pdf")) else {"Date": None})
+
+
+PLOT_SUFFIXES: List[str] = [".svg", ".png", ".pdf"]
