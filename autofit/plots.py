@@ -73,11 +73,11 @@ def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float]
     if budget and measured:  # the curves run far past the budget at large batches: keep the budget's region in view
         axes.set_ylim(top=max(1.5 * budget, 1.1 * max(measured)) / scale)
     xs = sorted({x for level in series for x, *_ in list(level["points"]) + list(level["curve"])})
-    axes.set_xscale("log", base=2)
-    if xs:
+    if len(xs) > 1 and all(b >= 1.5 * a for a, b in zip(xs, xs[1:])):  # divisors of the batch: a log axis, each labelled
         from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
-        axes.xaxis.set_major_locator(FixedLocator(xs if len(xs) <= 12 else xs[::max(1, len(xs) // 8)]))
+        axes.set_xscale("log", base=2)
+        axes.xaxis.set_major_locator(FixedLocator(xs))
         axes.xaxis.set_minor_locator(NullLocator())
         axes.xaxis.set_major_formatter(ScalarFormatter())
     axes.set_xlabel(axis_name)

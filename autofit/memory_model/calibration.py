@@ -107,28 +107,46 @@ def calibrate(points: Sequence[Tuple[Candidate, float]], shape: Optional[ModelSh
     shape = shape or ModelShape.from_model(first.model)
     phases = [phase_ledgers(c, shape, device=device) for c, _ in points]
     measured = [y for _, y in points]
-    a = b = 1.0
-    method = "scale"
-    for _ in range(4):
-        chosen = [max(ledgers, key=lambda l: a * l.static + b * l.dynamic) for ledgers in phases]
-        parts = [(l.static, l.dynamic) for l in chosen]
-        solved = _solve(parts, measured) if len({train_tokens(c) for c, _ in points}) >= 2 else None
-        if solved is not None:
-            new, method = solved, "two-term"
-        else:  # one scale on the whole prediction
-            totals = [s + d for s, d in parts]
-            k = sum(p / y for p, y in zip(totals, measured)) / sum((p / y) ** 2 for p, y in zip(totals, measured))
-            new, method = (k, k), "scale"
-        if abs(new[0] - a) <= 1e-12 * a and abs(new[1] - b) <= 1e-12 * b:
-            break
-        a, b = new
-    fitted = [max(a * l.static + b * l.dynamic for l in ledgers) for ledgers in phases]
-    residual = max(abs(p - y) / y for p, y in zip(fitted, measured))
+    (a, b), method = _fit(phases, measured, two_term=False), "scale"
+    if len({train_tokens(c) for c, _ in points}) >= 2:
+        # Both scales when the points separate them, unless the solution is not a model of memory (a scale at or
+        # under zero: static parts that barely differ, dynamic parts out of order, as checkpointing's recompute
+        # model can put them) or it fits the points worse than one scale does.
+        two = _fit(phases, measured, two_term=True)
+        if two is not None and _residual(phases, measured, *two) <= _residual(phases, measured, a, b):
+            (a, b), method = two, "two-term"
+    residual = _residual(phases, measured, a, b)
     devices = {device or c.device for c, _ in points}
     return Calibration(
         static_scale=a, dynamic_scale=b, method=method, points=len(points), max_residual=residual,
         model=first.model, algo=first.algo, device=devices.pop() if len(devices) == 1 else None, shape=shape,
     )
+
+
+def _fit(phases, measured: Sequence[float], two_term: bool) -> Optional[Tuple[float, float]]:
+    """The scales, each point decomposed at the phase that peaks under them (chosen again until it is stable);
+    None when the two-term fit is degenerate or not positive."""
+    a = b = 1.0
+    for _ in range(6):
+        parts = [max(ledgers, key=lambda l: a * l.static + b * l.dynamic) for ledgers in phases]
+        parts = [(l.static, l.dynamic) for l in parts]
+        if two_term:
+            new = _solve(parts, measured)
+            if new is None or min(new) <= 0:
+                return None
+        else:  # one scale on the whole prediction
+            ratios = [(s + d) / y for (s, d), y in zip(parts, measured)]
+            k = sum(ratios) / sum(r * r for r in ratios)
+            new = (k, k)
+        if abs(new[0] - a) <= 1e-12 * a and abs(new[1] - b) <= 1e-12 * b:
+            break
+        a, b = new
+    return a, b
+
+
+def _residual(phases, measured: Sequence[float], a: float, b: float) -> float:
+    fitted = [max(a * l.static + b * l.dynamic for l in ledgers) for ledgers in phases]
+    return max(abs(p - y) / y for p, y in zip(fitted, measured))
 
 
 def predict_calibrated(candidate: Candidate, calibration: Optional[Calibration] = None,
