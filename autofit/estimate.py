@@ -26,6 +26,7 @@ from autofit.ladder import usable_rungs
 from autofit.argtypes import positive_int
 from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
+    TERM_GROUPS,
     Calibration,
     ModelShape,
     RungEstimate,
@@ -43,16 +44,7 @@ DEVICES = ("cuda", "cpu")
 MEMORY_MODEL_KEY = "memory_model"  # best.json key of a calibrated model (Calibration.to_dict())
 
 # Columns of the table: (header, ledger terms summed into it).
-COLUMNS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ("weights", ("weights",)),
-    ("grads", ("gradients",)),
-    ("optim", ("optimizer",)),
-    ("activ", ("activations",)),
-    ("logits", ("logits",)),
-    ("gen", ("generation",)),
-    ("ref", ("reference",)),
-    ("ctx+alloc", ("cuda_context", "allocator")),
-)
+COLUMNS: Tuple[Tuple[str, Tuple[str, ...]], ...] = tuple((header, terms) for header, _, terms in TERM_GROUPS)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -6,17 +6,8 @@ from __future__ import annotations
 import io
 from typing import Dict, List, Optional, Sequence, Tuple
 
-# (label, ledger terms summed into it), in the order the memory model's ledger lists them
-TERM_GROUPS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ("weights", ("weights",)),
-    ("gradients", ("gradients",)),
-    ("optimizer states", ("optimizer",)),
-    ("activations", ("activations",)),
-    ("logits", ("logits",)),
-    ("KV cache / generation", ("generation",)),
-    ("reference model", ("reference",)),
-    ("context and allocator", ("cuda_context", "allocator")),
-)
+from autofit.memory_model import TERM_GROUPS
+
 COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974",
           "#64b5cd"]
 
@@ -106,7 +97,7 @@ def ledger_figure(rows: Sequence[Tuple[str, Dict[str, float]]], budget: Optional
     figure, axes = _figure(width=9.5, height=max(2.4, 0.4 * len(rows) + 1.8))
     labels = [label for label, _ in rows]
     left = [0.0] * len(rows)
-    for index, (name, terms) in enumerate(TERM_GROUPS):
+    for index, (_, name, terms) in enumerate(TERM_GROUPS):
         widths = [sum(ledger.get(term, 0.0) for term in terms) / scale for _, ledger in rows]
         if any(widths):
             axes.barh(labels, widths, left=left, color=COLORS[index], label=name)

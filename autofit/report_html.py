@@ -10,6 +10,7 @@ from typing import List, Optional
 
 from autofit import plots
 from autofit.files import atomic_write_text
+from autofit.memory_model import TERM_GROUPS
 from autofit.report_data import ReportData, gather
 from autofit.spec import format_size
 from autofit.store import STUDY_FILE
@@ -91,7 +92,7 @@ def figures_section(data: ReportData) -> List[str]:
 
 def _ledger_table(data: ReportData) -> str:
     rows = "".join(f"<tr><td>{_e(label)}</td><td class='num'>{_e(format_size(sum(data.ledger.get(t, 0.0) for t in terms)))}"
-                   f"</td></tr>" for label, terms in plots.TERM_GROUPS if sum(data.ledger.get(t, 0.0) for t in terms))
+                   f"</td></tr>" for _, label, terms in TERM_GROUPS if sum(data.ledger.get(t, 0.0) for t in terms))
     return f"<table><tr><th>term</th><th>predicted</th></tr>{rows}</table>"
 
 

@@ -39,7 +39,15 @@ from autofit.memory_model.calibration import (
 )
 from autofit.memory_model.census import Census, analytic_census
 from autofit.memory_model.checked import CHECKED, prior_uncertainty, unchecked_reason
-from autofit.memory_model.ledger import PRIOR_UNCERTAINTY, TERM_HELP, TERMS, Ledger, phase_ledgers, predict
+from autofit.memory_model.ledger import (
+    PRIOR_UNCERTAINTY,
+    TERM_GROUPS,
+    TERM_HELP,
+    TERMS,
+    Ledger,
+    phase_ledgers,
+    predict,
+)
 from autofit.memory_model.levels import (
     LevelEstimate,
     RungEstimate,
@@ -69,7 +77,7 @@ from autofit.memory_model.shape import ModelShape, dtype_bytes, shape_or_none
 __all__ = [
     "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CHECKED", "Census", "analytic_census", "prior_uncertainty", "unchecked_reason",
     "CALIBRATED_UNCERTAINTY_FLOOR", "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES",
-    "GEN_PREFILL_MLP_COPIES", "PRIOR_UNCERTAINTY", "SINGLE_POINT_UNCERTAINTY", "TERMS", "TERM_HELP", "Calibration",
+    "GEN_PREFILL_MLP_COPIES", "PRIOR_UNCERTAINTY", "SINGLE_POINT_UNCERTAINTY", "TERMS", "TERM_GROUPS", "TERM_HELP", "Calibration",
     "LevelEstimate", "Ledger", "ModelShape", "ParamCounts", "RungEstimate", "Tensors", "activation_bytes_per_token_layer",
     "base_candidate", "calibrate", "divisors", "dtype_bytes", "expected_rung", "fused_head_buffer_bytes",
     "host_bytes", "kv_cache_bytes", "length_grid", "lora_params", "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict",

@@ -37,6 +37,17 @@ STATIC_TERMS = ("weights", "gradients", "optimizer", "reference", "cuda_context"
 DYNAMIC_TERMS = ("activations", "logits", "generation")
 TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "generation", "reference", "allocator",
          "cuda_context")
+# The terms as a reader groups them: (column header of `autofit estimate`, label in plots, ledger terms summed).
+TERM_GROUPS = (
+    ("weights", "weights", ("weights",)),
+    ("grads", "gradients", ("gradients",)),
+    ("optim", "optimizer states", ("optimizer",)),
+    ("activ", "activations", ("activations",)),
+    ("logits", "logits", ("logits",)),
+    ("gen", "KV cache / generation", ("generation",)),
+    ("ref", "reference model", ("reference",)),
+    ("ctx+alloc", "context and allocator", ("cuda_context", "allocator")),
+)
 TERM_HELP = {
     "weights": "model weights (quantized linears at 0.516/1 B, adapters, autocast copy, dequant transient)",
     "gradients": "gradients of the trainable parameters (resident in forward when grad_accum >= 2)",
