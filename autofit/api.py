@@ -125,6 +125,7 @@ def write_report(out_dir: Path) -> Optional[Path]:
     try:
         path = report_html.write(out_dir)
     except Exception as exc:  # noqa: BLE001 - matplotlib, a damaged study: the answer is already written
+        (out_dir / report_html.REPORT_FILE).unlink(missing_ok=True)  # an earlier search's page would mislead
         log.warning("report.html was not written (%s: %s); `autofit report %s` draws it again",
                     type(exc).__name__, one_line(exc), out_dir)
         return None

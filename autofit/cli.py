@@ -151,6 +151,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not report.fits:
         print(f"autofit: {no_fit_message(report)}", file=sys.stderr)
         print(f"details: {spec.out_dir / 'best.json'}")
+        if (spec.out_dir / "report.html").exists():
+            print(f"report: {spec.out_dir / 'report.html'}")
         return EXIT_NO_FIT
     chosen, verified = report.chosen.candidate, report.verified
     print(

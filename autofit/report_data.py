@@ -71,16 +71,22 @@ def read_probes(out_dir: Path, study_name: Optional[str]) -> List[Probe]:
     if not path.is_file():
         raise InputError(f"{path} does not exist: the report is drawn from the study a search leaves there")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = JournalStorage(JournalFileBackend(str(path)))
-    names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
-    if study_name not in names:
-        if len(names) != 1:
-            raise InputError(f"{path} holds {len(names)} studies and best.json names none of them: run the search "
-                             "again to write a report")
-        study_name = names[0]
-    study = optuna.load_study(study_name=study_name, storage=storage)
+    try:
+        storage = JournalStorage(JournalFileBackend(str(path)))
+        names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
+        if study_name not in names:
+            if len(names) != 1:
+                raise InputError(f"{path} holds {len(names)} studies and best.json names none of them: run the "
+                                 "search again to write a report")
+            study_name = names[0]
+        trials = optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False)
+    except InputError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:  # a damaged journal (JSONDecodeError is a ValueError)
+        raise InputError(f"the study {path} cannot be read ({type(exc).__name__}: {exc}): run the search again "
+                         "(it repairs the journal) to write a report") from None
     probes = []
-    for trial in study.get_trials(deepcopy=False):
+    for trial in trials:
         result, candidate = trial.user_attrs.get("result"), trial.user_attrs.get("candidate")
         if not result or not candidate:
             continue  # interrupted: no result

@@ -131,3 +131,11 @@ def test_a_report_that_cannot_be_drawn_leaves_the_answer_standing(tmp_path, monk
     with caplog.at_level("WARNING", logger="autofit"):
         assert api.write_report(tmp_path) is None
     assert f"report.html was not written (RuntimeError: no renderer); `autofit report {tmp_path}`" in caplog.text
+
+
+def test_report_of_a_damaged_study_is_one_line_exit_2(tmp_path, capsys):
+    (tmp_path / "best.json").write_text(json.dumps({"candidates": [], "model": "tiny-qwen2", "algo": "sft"}))
+    (tmp_path / "study.journal").write_text("{not json\n")
+    assert cli.main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot be read" in err and "study.journal" in err
