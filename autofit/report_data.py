@@ -75,7 +75,9 @@ def read_probes(out_dir: Path, study_name: Optional[str]) -> List[Probe]:
         storage = JournalStorage(JournalFileBackend(str(path)))
         names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
         if study_name not in names:
-            if len(names) != 1:
+            if not names:
+                raise InputError(f"{path} holds no study (empty, or damaged): run the search again to write a report")
+            if len(names) > 1:
                 raise InputError(f"{path} holds {len(names)} studies and best.json names none of them: run the "
                                  "search again to write a report")
             study_name = names[0]

@@ -138,4 +138,4 @@ def test_report_of_a_damaged_study_is_one_line_exit_2(tmp_path, capsys):
     (tmp_path / "study.journal").write_text("{not json\n")
     assert cli.main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "cannot be read" in err and "study.journal" in err
+    assert len(err.splitlines()) == 1 and "study.journal holds no study (empty, or damaged)" in err
