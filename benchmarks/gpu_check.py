@@ -61,6 +61,12 @@ SCENARIOS = (
                                      "--maximize", "length", "--max-length", "32768", "--min-length", "1024",
                                      "--effective-batch", "1"],
              "gemma-3-1b-it reward model at 16 GiB, longest sequence up to 32768"),
+    # Big models (issue 18): probed from weightless checkpoints, so neither the disk nor the host holds the model.
+    Scenario("sft-32b", ["--model", "Qwen/Qwen2.5-32B", "--gpu-memory", "80GB", "--max-length", "2048"],
+             "Qwen2.5-32B SFT at 80 GB, 2048 tokens: which rungs, verified, in minutes", replay_steps=3),
+    Scenario("sft-70b-qlora", ["--model", "meta-llama/Llama-3.1-70B", "--gpu-memory", "80GB", "--max-length", "2048",
+                               "--ladder", "micro-batch,checkpointing,lora,quant-4bit"],
+             "Llama-3.1-70B at 80 GB, 2048 tokens, on the QLoRA rungs only", replay_steps=3),
 )
 
 
@@ -111,10 +117,24 @@ def run_scenario(scenario: Scenario, root: Path, extra: Sequence[str], replay_st
     with open(out / "replay.log", "a") as log_file:
         try:
             subprocess.run([*launcher, str(REPLAY), str(best_path), "--steps", str(steps),
-                            "--out", str(out / "replay.json")], stdout=log_file, stderr=subprocess.STDOUT,
+                            "--out", str(out / "replay.json"), *offline_model(best_path)],
+                           stdout=log_file, stderr=subprocess.STDOUT,
                            timeout=timeout_s, env=env, cwd=str(out))
         except subprocess.TimeoutExpired:
             (out / "replay.json").write_text(json.dumps({"outcome": "TIMEOUT", "steps": steps, "peak_bytes": None}))
+
+
+def offline_model(best_path: Path) -> List[str]:
+    """A hub id cannot be downloaded on the GPU machines: the replay loads the weightless checkpoint the probes
+    loaded (its weights stay zeros there, with no autofit code to fill them: the same memory)."""
+    from autofit import probe_kit
+    from autofit.registry import resolve_model
+
+    best = json.loads(best_path.read_text())
+    name = best["model_args"]["model_name_or_path"]
+    if Path(name).is_dir():
+        return []
+    return ["--model-path", str(probe_kit.random_checkpoint(resolve_model(best["model"]).config, best["model"]))]
 
 
 def _gib(value: Optional[float]) -> str:

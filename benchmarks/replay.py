@@ -126,9 +126,13 @@ def main(argv=None) -> int:
     parser.add_argument("best_json")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", required=True, help="where to write the replay's result (JSON)")
+    parser.add_argument("--model-path", help="load the model from this folder instead of best.json's "
+                                             "model_name_or_path (offline: the checkpoint the probes loaded)")
     args = parser.parse_args(argv)
     with open(args.best_json) as handle:
         best = json.load(handle)
+    if args.model_path:
+        best["model_args"]["model_name_or_path"] = args.model_path
     result = replay(best, args.steps)
     with open(args.out, "w") as handle:
         json.dump(result, handle, indent=2)

@@ -146,3 +146,17 @@ def test_gpu_check_page_from_a_cpu_scenario(tmp_path):
     assert gpu_check.main(["--out", str(tmp_path / "runs"), "--page", str(page)], scenarios=[scenario]) == 0
     runs = json.loads((tmp_path / "runs" / "tiny-sft" / "runs.json").read_text())
     assert len(runs) == 2 and runs[1]["exit"] == 0
+
+
+def test_gpu_check_replays_a_hub_model_from_the_probes_checkpoint(tmp_path):
+    # The GPU machines cannot download: a replay of Qwen2.5-0.5B's answer loads the weightless checkpoint the probes
+    # loaded; a folder the user gave stays as it is.
+    from autofit import virtual_checkpoint
+    from benchmarks import gpu_check
+
+    best = tmp_path / "best.json"
+    best.write_text(json.dumps({"model": "Qwen/Qwen2.5-0.5B", "model_args": {"model_name_or_path": "Qwen/Qwen2.5-0.5B"}}))
+    flag, folder = gpu_check.offline_model(best)
+    assert flag == "--model-path" and virtual_checkpoint.is_virtual(folder) and "Qwen--Qwen2.5-0.5B" in folder
+    best.write_text(json.dumps({"model": str(tmp_path), "model_args": {"model_name_or_path": str(tmp_path)}}))
+    assert gpu_check.offline_model(best) == []
