@@ -69,10 +69,11 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/autofit search --model tiny-qwen2 --device cpu --gpu-memory 300MiB --max-length 128 --out $(DEMO_OUT)
 
-# The floor environment and the PPO overlay install (network and disk) while the main lane runs (CPU).
+# The floor environment and the PPO overlay install (network and disk) while the main lane runs (CPU); then the
+# PPO and floor lanes run side by side.
 test: venv
 	$(MAKE) -j2 test-main $(FLOOR_VENV)/.installed $(PPO_OVERLAY)/.installed
-	$(MAKE) test-ppo test-floor
+	$(MAKE) -j2 --output-sync=target test-ppo test-floor
 
 test-main: venv
 	$(BIN)/python -m pytest -q

@@ -32,7 +32,7 @@ MAIN = textwrap.dedent("""
     ROW_LENGTH = 16
     rows = [[(7 * i + j) % 400 + 1 for j in range(ROW_LENGTH)] for i in range(64)]
     result = autofit.fit(make_trainer, model="tiny-qwen2", device="cpu", gpu_memory="2GiB", max_length=ROW_LENGTH,
-                         effective_batch=2, out_dir=OUT, quiet=True)
+                         effective_batch=2, verify_steps=3, out_dir=OUT, quiet=True)
     print("RESULT " + json.dumps({"rungs": list(result.candidate.rungs), "fits": result.report.fits,
                                   "peak": result.report.verified.peak_bytes}))
 """)

@@ -10,7 +10,7 @@ from autofit import cli
 from autofit.spec import format_size
 
 SEARCH = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "143MiB", "--max-length", "64",
-          "-q"]
+          "--verify-steps", "3", "-q"]
 
 
 @pytest.fixture(scope="module")
