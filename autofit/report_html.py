@@ -41,7 +41,7 @@ def answer_section(data: ReportData) -> List[str]:
     parts = [f"<h1>autofit: {_e(best['algo'])} {_e(best['model'])} on {_e(best.get('gpu') or best['device'])}, "
              f"budget {_e(_size(budget))}</h1>"]
     if best.get("fits"):
-        verify = [r for r in best["candidates"] if r["kind"] == "verify"][-1]
+        verify = _verified(best)
         rungs = ", ".join(best.get("rungs") or []) or "no rung needed"
         speed = best.get("tokens_per_second") or 0
         parts.append(f"<p class='answer'>Best: <b>{_e(verify['candidate'])}</b> [{_e(rungs)}], verified peak "
@@ -63,6 +63,11 @@ def answer_section(data: ReportData) -> List[str]:
     return parts
 
 
+def _verified(best) -> dict:
+    """best.json's record of the verification run of the chosen configuration."""
+    return [record for record in best["candidates"] if record["kind"] == "verify"][-1]
+
+
 def figures_section(data: ReportData) -> List[str]:
     best = data.best
     budget, margin = best.get("budget_bytes"), float(best.get("margin") or 0.0)
@@ -81,11 +86,10 @@ def figures_section(data: ReportData) -> List[str]:
         parts += [f"<h2>The memory model's ledger for it (at its peak phase, {_e(data.ledger_phase)})</h2>",
                   plots.svg(plots.ledger_figure([("chosen", data.ledger)], budget, "Predicted peak by term")),
                   _ledger_table(data)]
-    fits = [(p.candidate.describe() + " [" + ("+".join(p.candidate.rungs) or "baseline") + "]", p.peak_bytes,
-             p.tokens_per_second) for p in data.probes if p.outcome == "OK" and p.tokens_per_second > 0]
+    fits = [(p.candidate.describe(), p.peak_bytes, p.tokens_per_second) for p in data.probes
+            if p.outcome == "OK" and p.tokens_per_second > 0]
     if fits:
-        chosen = next((label for label, *_ in fits if best.get("fits") and label.startswith(
-            [r for r in best["candidates"] if r["kind"] == "verify"][-1]["candidate"] + " [")), None)
+        chosen = _verified(best)["candidate"] if best.get("fits") else None
         parts += ["<h2>Throughput against peak</h2>", plots.svg(plots.throughput_figure(fits, chosen, budget))]
     return parts
 

@@ -9,12 +9,12 @@ Configurations are written here, never downloaded; weights are random.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Tuple
+
+from benchmarks.page import table_main
 
 # Small enough to probe in about a second, big enough that activations are a fair share of the peak.
 COMMON = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -101,20 +101,7 @@ def table(root: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", help="replace the family table in this markdown file")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.ERROR)
-    with tempfile.TemporaryDirectory() as tmp:
-        text = table(Path(tmp))
-    print(text)
-    if args.write:
-        path = Path(args.write)
-        begin, end = "<!-- families:begin -->", "<!-- families:end -->"
-        doc = path.read_text()
-        head, rest = doc.split(begin, 1) if begin in doc else (doc.rstrip() + "\n\n", end)
-        tail = rest.split(end, 1)[1] if end in rest else ""
-        path.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
+    table_main(__doc__.splitlines()[0], "families", table, log_level=logging.ERROR)
 
 
 if __name__ == "__main__":

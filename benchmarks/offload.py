@@ -9,12 +9,11 @@ trains, its verified peak, the host memory the offloaded states took (measured a
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
-import tempfile
 from pathlib import Path
 from typing import Dict, List
+
+from benchmarks.page import table_main
 
 MODELS = Path(__file__).resolve().parent / "models"
 QUALITY = ["bf16-weights", "optimizer-8bit", "lora"]
@@ -54,24 +53,8 @@ def table(root: Path) -> str:
     return "\n".join(lines)
 
 
-def replace_between(text: str, begin: str, end: str, body: str) -> str:
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        return head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
-    return text.rstrip("\n") + f"\n\n{begin}\n{body}\n{end}\n"
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", help="replace the offload table in this markdown file")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    with tempfile.TemporaryDirectory(prefix="autofit-offload-") as folder:
-        body = table(Path(folder))
-    print(body)
-    if args.write:
-        path = Path(args.write)
-        path.write_text(replace_between(path.read_text(), "<!-- offload:begin -->", "<!-- offload:end -->", body))
+    table_main(__doc__.splitlines()[0], "offload", table)
 
 
 if __name__ == "__main__":

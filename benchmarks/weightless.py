@@ -9,14 +9,12 @@ checkpoint as TRL loads it (``from_pretrained``, weights filled on load) to time
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from benchmarks.offload import replace_between
+from benchmarks.page import table_main
 
 MODELS = ["Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-32B", "meta-llama/Llama-3.1-70B",
           "Qwen/Qwen2.5-72B"]
@@ -66,16 +64,7 @@ def table(root: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", help="replace the weightless-checkpoint table in this markdown file")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="autofit-weightless-") as folder:
-        body = table(Path(folder))
-    print(body)
-    if args.write:
-        path = Path(args.write)
-        path.write_text(replace_between(path.read_text(), "<!-- weightless:begin -->", "<!-- weightless:end -->",
-                                        body))
+    table_main(__doc__.splitlines()[0], "weightless", table)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ def test_the_report_shows_the_answer_and_the_studys_numbers(searched):
     for phase in best["verified"]["phase_peaks"]:
         assert f">{phase}<" in page
     assert "Predicted peak by term" in page and "optimizer states" in page
+    assert f"chosen: {verify['candidate']}" in page  # marked among the fits on the throughput figure
     assert f"optuna-dashboard {out / 'study.journal'}" in page
     assert not re.search(r"(src|href)=['\"]?https?:", page)  # self-contained: nothing fetched from the network
 
