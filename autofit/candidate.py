@@ -64,6 +64,8 @@ class Candidate:
     trust_remote_code: bool = False  # the model's own code runs (``--trust-remote-code``)
     # The engine that offloads optimizer states to host memory (``autofit.engine_files``), None: plain TRL.
     offload: Optional[str] = None
+    # TRL's ``activation_offloading`` (SFT, reward): saved activations wait in host memory for the backward pass.
+    activation_offload: bool = False
     env: Tuple[Tuple[str, str], ...] = ()
     rungs: Tuple[str, ...] = ()
     # Training arguments the user fixed (learning rate, ...): passed through untouched.
@@ -113,6 +115,8 @@ class Candidate:
         if self.dtype is not None:
             user_init = args.get("model_init_kwargs")
             args["model_init_kwargs"] = {**(user_init if isinstance(user_init, dict) else {}), "dtype": self.dtype}
+        if self.activation_offload:
+            args["activation_offloading"] = True
         if self.trust_remote_code:  # a TRL config field: TRL passes it on to the model, config and tokenizer loading
             args["trust_remote_code"] = True
         if self.num_generations is not None:
@@ -196,8 +200,9 @@ class Candidate:
         for late in ("dtype", "offload"):  # added after studies were stored: keep their keys
             if data.get(late) is None:
                 data.pop(late)
-        if not data.get("trust_remote_code"):
-            data.pop("trust_remote_code", None)
+        for flag in ("trust_remote_code", "activation_offload"):
+            if not data.get(flag):
+                data.pop(flag, None)
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
@@ -206,6 +211,8 @@ class Candidate:
             parts.append(f"gen={self.num_generations}")
         if self.checkpointing:
             parts.append("ckpt")
+        if self.activation_offload:
+            parts.append("act-offload")
         if self.dtype:
             parts.append(self.dtype)
         if self.optim:

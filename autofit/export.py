@@ -104,6 +104,8 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
         return "micro-batch (effective batch kept)" if "micro-batch" in rungs else "effective batch"
     if key in ("activation_checkpointing", "gradient_checkpointing"):
         return "checkpointing" if candidate.checkpointing else "baseline: off is fastest and fits"
+    if key == "activation_offloading":
+        return "activation-offload: saved activations wait in host memory for the backward pass"
     if key == "optim":
         return "optimizer-8bit"
     if key in ("num_generations", "beta"):
@@ -159,6 +161,21 @@ def engine_data(report: SearchReport, candidate: Candidate, out_dir: Optional[Pa
     }
 
 
+def host_memory_data(report: SearchReport, candidate: Candidate) -> Optional[Dict[str, Any]]:
+    """best.json's host memory the offloading rungs need (pinned on a GPU machine): measured and predicted."""
+    if not (candidate.offload or candidate.activation_offload):
+        return None
+    measured = {}
+    for key in ("host_bytes", "activation_host_bytes"):
+        value = report.verified.stats.get(key) or report.chosen.result.stats.get(key)
+        if value:
+            measured[key] = value
+    shape = memory_model.shape_or_none(candidate.model)
+    predicted = memory_model.host_bytes(candidate, shape, candidate.device) if shape is not None else None
+    return {"bytes": sum(measured.values()) or None, "predicted_bytes": round(predicted) if predicted else None,
+            "optimizer_bytes": measured.get("host_bytes"), "activation_bytes": measured.get("activation_host_bytes")}
+
+
 def _scalar(value: Any) -> str:
     """One YAML line: strings as double-quoted JSON (escapes keep a newline in a value from starting a key)."""
     if isinstance(value, str):
@@ -183,6 +200,10 @@ def yaml_text(report: SearchReport) -> str:
         lines.append(f"# optimizer offload ({candidate.offload}, {ACCELERATE_YAML} + {DEEPSPEED_JSON}): fp32 master "
                      "weights, gradients and AdamW states in host memory"
                      + (f" ({format_size(host)} measured)" if host else "") + "; same math, slower steps")
+    if candidate.activation_offload:
+        host = report.verified.stats.get("activation_host_bytes") or fit.result.stats.get("activation_host_bytes")
+        lines.append("# activation offloading: saved activations in host memory until the backward pass"
+                     + (f" (at most {format_size(host)} measured)" if host else "") + "; same math, slower steps")
     if candidate.is_rl and candidate.prompt_length:
         lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.algo)} does not "
                      "truncate prompts, so keep yours this short (or search with --max-prompt-length)")
@@ -288,6 +309,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
             quantization=_quantization_dict(candidate),
             env=dict(candidate.env),
             engine=engine_data(report, candidate, out_dir),
+            host_memory=host_memory_data(report, candidate),
             phase_peaks=fit.result.phase_peaks,
             probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
             verified={"steps": verified.steps, "peak_bytes": verified.peak_bytes, "phase_peaks": verified.phase_peaks,

@@ -27,34 +27,46 @@ def available_host_bytes(meminfo: str = "/proc/meminfo") -> Optional[int]:
     return None
 
 
-def host_shortfall(start: LadderState, rungs: Sequence[Rung], shape, device: str,
-                   available: Optional[int] = None) -> Optional[str]:
-    """A note when the ladder's offloading levels need more host memory than is available; None when they fit (or
-    nothing offloads, or the model's sizes or the machine's RAM are unknown)."""
+ACTIVATION_OFFLOAD_RUNG = "activation-offload"
+
+
+def _least_need(candidate, shape, device) -> float:
+    """The least host memory a level can get by with: optimizer offload with gradient accumulation where the
+    effective batch can be split (its fp32 buffer counted), offloaded activations at micro-batch 1."""
     from autofit.memory_model import host_bytes
 
-    offloading = [state.candidate for state in climb(start, rungs) if state.candidate.offload]
-    if not offloading or shape is None:
-        return None
-    # the most the level can need: with gradient accumulation, where the effective batch can be split
-    need = max(host_bytes(c.replace(grad_accum=2) if c.effective_batch > 1 else c, shape, device) for c in offloading)
+    if candidate.effective_batch > 1:
+        candidate = candidate.replace(micro_batch=1, grad_accum=candidate.effective_batch)
+    return host_bytes(candidate, shape, device)
+
+
+def host_shortfalls(start: LadderState, rungs: Sequence[Rung], shape, device: str,
+                    available: Optional[int] = None) -> List[Tuple[str, str]]:
+    """(rung, note) for each offloading rung whose levels need more host memory than is available, even at their
+    smallest micro-batch; empty when they fit (or nothing offloads, or the sizes or the machine's RAM are unknown)."""
+    if shape is None:
+        return []
     available = available if available is not None else available_host_bytes()
-    if available is None or need <= available:
-        return None
-    return (f"rung {OFFLOAD_RUNG} left out: its offloaded states need {format_size(need)} of host memory, "
-            f"{format_size(available)} is available")
+    rungs, found = list(rungs), []
+    for name, what in ((ACTIVATION_OFFLOAD_RUNG, "offloaded activations"), (OFFLOAD_RUNG, "offloaded states")):
+        needs = [_least_need(state.candidate, shape, device) for state in climb(start, rungs) if name in state.rungs]
+        if not needs or available is None or min(needs) <= available:
+            continue
+        rungs = [rung for rung in rungs if rung.name != name]
+        found.append((name, f"rung {name} left out: its {what} need {format_size(min(needs))} of host memory, "
+                            f"{format_size(available)} is available"))
+    return found
 
 
 def probeable_rungs(start: LadderState, rungs: Sequence[Rung], model: str, device: str
                     ) -> Tuple[List[Rung], List[str]]:
     """The rungs a search on this machine climbs, and a note for each one left out (a missing engine, too little
-    host memory for the offloaded states)."""
+    host memory for what is offloaded)."""
     from autofit.memory_model import shape_or_none
 
     usable, notes = usable_rungs(rungs, device)
-    short = host_shortfall(start, usable, shape_or_none(model), device)
-    if short:
-        log.info("%s", short)
-        notes.append(short)
-        usable = [rung for rung in usable if rung.name != OFFLOAD_RUNG]
+    for name, note in host_shortfalls(start, usable, shape_or_none(model), device):
+        log.info("%s", note)
+        notes.append(note)
+        usable = [rung for rung in usable if rung.name != name]
     return usable, notes

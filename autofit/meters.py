@@ -70,7 +70,8 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
     ``host_aware``: an engine keeps some storages in host memory (optimizer offload), which on the CPU are not
     told apart by device. Every allocation and release is then logged, the budget is checked after the run
     (``check_budget``) rather than at each allocation, and the peaks are replayed without the storages named
-    by ``set_host`` (those live at the end of the run: the engine's persistent host state).
+    by ``set_host`` (those live at the end of the run: the engine's persistent host state) and ``mark_host``
+    (a storage the moment it is allocated in host memory: activation offloading's copies, freed during the run).
     """
 
     def __init__(self, budget_bytes: Optional[int] = None, others: Optional[Callable[[], int]] = None,
@@ -84,6 +85,10 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         self._events: Optional[List[Tuple[Optional[int], object]]] = [] if host_aware else None
         self._host_keys: Set[int] = set()
         self.host_bytes = 0
+        self._last_alloc: Dict[int, int] = {}  # storage key -> index of its allocation event
+        self._host_events: Set[int] = set()  # allocation events of storages marked as host memory when made
+        self._host_now: Set[int] = set()
+        self.host_peak_bytes = 0
         # Memory another process holds on the simulated device (autofit.others), read again now and then.
         self._others = others
         self._others_bytes, self._others_read = 0, 0.0
@@ -103,6 +108,7 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         self._seen[key] = nbytes
         self.live += nbytes
         if self._events is not None:
+            self._last_alloc[key] = len(self._events)
             self._events.append((key, nbytes))
         weakref.finalize(storage, self._release, key)
         return nbytes
@@ -110,6 +116,7 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
     def _release(self, key: int) -> None:
         nbytes = self._seen.pop(key, 0)
         self.live -= nbytes
+        self._host_now.discard(key)
         if self._events is not None and nbytes:
             self._events.append((key, -nbytes))
 
@@ -161,6 +168,21 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         self._host_keys = {key for key in keys if key in self._seen}
         self.host_bytes = sum(self._seen[key] for key in self._host_keys)
 
+    def mark_host(self, tensor: torch.Tensor) -> None:
+        """``tensor``'s storage, just allocated, is host memory for as long as it lives (needs ``host_aware``)."""
+        key = tensor.untyped_storage()._cdata
+        if self._events is None or key not in self._seen:
+            return
+        self._host_events.add(self._last_alloc[key])
+        self._host_now.add(key)
+
+    def is_host(self, tensor: torch.Tensor) -> bool:
+        """``tensor``'s storage was marked as host memory and is still live."""
+        try:
+            return tensor.untyped_storage()._cdata in self._host_now
+        except (RuntimeError, NotImplementedError):
+            return False
+
     def set_phase(self, name: str) -> None:
         if self._events is not None and name != self.phase:
             self._events.append((None, name))
@@ -175,8 +197,9 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         # The storages still live under a host key were allocated by that key's last allocation event.
         last_alloc = {key: index for index, (key, change) in enumerate(self._events)
                       if key in self._host_keys and isinstance(change, int) and change > 0}
-        host_events = set(last_alloc.values())
-        phase, live, host_live, peaks = "setup", 0, set(), {}
+        host_events = set(last_alloc.values()) | self._host_events
+        phase, live, host_live, peaks = "setup", 0, {}, {}
+        host, host_peak = 0, 0
         peaks[phase] = 0
         for index, (key, change) in enumerate(self._events):
             if key is None:
@@ -184,14 +207,17 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
                 peaks[phase] = max(peaks.get(phase, 0), live)
             elif change > 0:
                 if index in host_events:
-                    host_live.add(key)
+                    host_live[key] = change
+                    host += change
+                    host_peak = max(host_peak, host)
                 else:
                     live += change
                     peaks[phase] = max(peaks[phase], live)
             elif key in host_live:
-                host_live.discard(key)
+                host -= host_live.pop(key)
             else:
                 live += change
+        self.host_peak_bytes = host_peak
         return peaks
 
     def check_budget(self) -> None:
@@ -220,6 +246,8 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         stats = {"live_bytes": self.live}
         if self._events is not None:
             stats["host_bytes"] = self.host_bytes
+            if self._host_events:
+                stats["host_peak_bytes"] = self.host_peak_bytes
         return stats
 
 

@@ -35,7 +35,7 @@ from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.margin import best_margin_only_fit, evidence, within_margin
 from autofit.outcome import ENGINE_FAILURE, Outcome, ProbeResult
 from autofit.progress import PlainProgress, ProbeProgress
-from autofit.pruning import drop_unneeded
+from autofit.pruning import prune
 from autofit.refine import refine
 from autofit.report import Fit, Record, SearchReport, Skip, truncation_note, undominated
 from autofit.runner import Runner
@@ -280,21 +280,17 @@ class Search:
         return primary, fallback, self.ladder_len
 
     def _prune(self, primary: List[Fit], fallback: List[Fit]) -> Tuple[List[Fit], List[Fit]]:
-        """A quality-class fit without the earlier rungs it does not need (``autofit.pruning``); the fit with them
-        stays as the fallback."""
-        if not primary or self.report.probe_limit_reached or self._class(self.levels[primary[0].level]) != QUALITY:
+        """Fits without the rungs they do not need (``autofit.pruning``); the fits with them stay as fallbacks."""
+        if not primary or self.report.probe_limit_reached:
             return primary, fallback
         try:
-            best, dropped, others = drop_unneeded(primary[0], self.levels, self.rungs, self.start, self._search_level)
+            primary, fallback, notes = prune(primary, fallback, self._class(self.levels[primary[0].level]),
+                                             self.levels, self.rungs, self.start, self._search_level)
         except ProbeLimitReached:
             self.report.probe_limit_reached = True
             return primary, fallback
-        if not dropped:
-            return primary, others + fallback
-        self.report.notes.append(
-            f"{', '.join(dropped)} dropped: {best.candidate.describe()} fits without "
-            + ("it" if len(dropped) == 1 else "them") + f" (the level that first fitted: {primary[0].candidate.describe()})")
-        return [best], others + primary + fallback
+        self.report.notes.extend(notes)
+        return primary, fallback
 
     # -- refining ---------------------------------------------------------------------------------------------
     def _refine(self, primary: List[Fit], stop: int) -> List[Fit]:

@@ -13,6 +13,8 @@ FIXED = {
     "micro-batch": "smaller micro-batches with more accumulation: the same effective batch, more steps of less work",
     "checkpointing": "activation checkpointing: the same math, the forward recomputed in the backward (about a third "
                      "more compute)",
+    "activation-offload": "activation offloading: saved activations wait in host memory for the backward pass, the "
+                          "same math; slower steps where the copies do not overlap the compute, and pinned host RAM",
     "optimizer-offload": "optimizer offload (DeepSpeed ZeRO-2): fp32 master weights, gradients and AdamW states in "
                          "host memory, the same math; slower steps and pinned host RAM",
     "bf16-weights": "pure bf16 training: weights, gradients and optimizer states in bfloat16, no float32 master "

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from autofit import probe_kit, virtual_checkpoint
+from autofit import activation_offload, probe_kit, virtual_checkpoint
 from autofit.candidate import Candidate
 from autofit.factory import FactoryPayload
 from autofit.files import atomic_write_text
@@ -48,7 +48,7 @@ def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
     if candidate.device == "cpu":
         from autofit.meters import SimulatedMeter
 
-        return SimulatedMeter(budget_bytes, others=lambda: others_bytes("cpu"), host_aware=bool(candidate.offload))
+        return SimulatedMeter(budget_bytes, others=lambda: others_bytes("cpu"), host_aware=bool(candidate.offload or candidate.activation_offload))
     from autofit.meters import CudaMeter
 
     return CudaMeter(budget_bytes)
@@ -93,7 +93,9 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         meter = make_meter(candidate, budget_bytes)
         phases.follow(meter)
         context = meter if candidate.device == "cpu" else contextlib.nullcontext()
-        with context:
+        offloading = activation_offload.instrumented(meter, candidate.device == "cpu") \
+            if candidate.activation_offload else contextlib.nullcontext()
+        with context, offloading as host_copies:
             stage = "load"
             meter.set_phase("load")
             fill = contextlib.nullcontext() if candidate.real_weights else virtual_checkpoint.fill_on_load()
@@ -109,6 +111,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             meter.set_phase("train_setup")
             trainer.train()
             host_stats = {"host_bytes": offloaded_state(trainer, candidate, meter)} if candidate.offload else {}
+            if candidate.activation_offload:
+                host_stats["activation_host_bytes"] = offloaded_activations(trainer, host_copies, meter)
         peaks = meter.peaks()
         return ProbeResult(
             Outcome.OK,
@@ -175,6 +179,19 @@ def offloaded_state(trainer, candidate: Candidate, meter) -> int:
         meter.set_host(tensors)
         meter.check_budget()
     return host_bytes(trainer)
+
+
+def offloaded_activations(trainer, host_copies, meter) -> int:
+    """The most host memory the offloaded activations took at once; on the simulated meter they leave the device's
+    peaks, and its budget is checked now. A trainer that did not offload measured something else: an error."""
+    if not getattr(trainer.args, "activation_offloading", False):
+        raise FactoryMisuse(
+            "the candidate offloads activations but the trainer's config has activation_offloading off: build the "
+            "trainer's config from candidate.training_args() inside the factory"
+        )
+    if hasattr(meter, "check_budget"):
+        meter.check_budget()
+    return host_copies.peak
 
 
 @contextlib.contextmanager

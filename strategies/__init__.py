@@ -7,6 +7,7 @@ is any object with ``name``, ``cost``, ``help`` and ``apply(state) -> state | No
 from typing import Iterable, List, Optional
 
 from autofit.ladder import Rung
+from strategies.activation_offload import ActivationOffload
 from strategies.allocator import ExpandableSegments
 from strategies.checkpointing import GradientCheckpointing
 from strategies.lora import Lora
@@ -21,6 +22,7 @@ DEFAULT_LADDER = (
     ExpandableSegments(),  # free
     MicroBatch(),  # speed
     GradientCheckpointing(),  # speed
+    ActivationOffload(),  # speed; also tried without checkpointing
     OptimizerOffload(),  # speed; taken off again by the quality rungs
     Bf16Weights(),  # quality, from here on
     EightBitOptimizer(),
@@ -31,7 +33,9 @@ DEFAULT_LADDER = (
 )
 
 RUNGS = {rung.name: rung for rung in DEFAULT_LADDER}
-RUNGS[OptimizerOffload.name] = OptimizerOffload(on_simulated_device=True)  # named: probed on the CPU too
+# named: probed on the CPU too
+RUNGS[OptimizerOffload.name] = OptimizerOffload(on_simulated_device=True)
+RUNGS[ActivationOffload.name] = ActivationOffload(on_simulated_device=True)
 
 
 def resolve_ladder(names: Optional[Iterable[str]]) -> List[Rung]:

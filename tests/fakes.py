@@ -13,6 +13,7 @@ Memory model (all integers, in bytes), with ``W = weight_bytes`` the 16-bit weig
     (dtype "bfloat16": weights, trainable and AdamW's states halved; 8-bit states stay 1 * the fp32-sized trainable)
     (offload: gradients and optimizer states are host memory, not counted)
     activations = micro_batch * max_length * act_bytes_per_token, divided by ckpt_divisor with checkpointing
+                  and by act_offload_divisor with activation offloading
     peak        = weights + grads + optimizer + activations
                   (+ fragmentation_bytes unless the candidate's env sets expandable segments)
                   (+ verify_extra_bytes when steps >= verify_from_steps, i.e. for the verification run)
@@ -20,8 +21,8 @@ Memory model (all integers, in bytes), with ``W = weight_bytes`` the 16-bit weig
 A candidate whose peak is above ``budget_bytes`` returns ``Outcome.OOM`` with that peak (never an exception).
 Otherwise ``Outcome.OK`` with
 
-    tokens_per_second = base_tps * micro_batch / (micro_batch + 1), times ckpt_speed with checkpointing and
-                        offload_speed with optimizer offload
+    tokens_per_second = base_tps * micro_batch / (micro_batch + 1), times ckpt_speed with checkpointing,
+                        offload_speed with optimizer offload and act_offload_speed with activation offloading
 
 so a bigger micro-batch is faster and checkpointing is slower.
 
@@ -64,6 +65,8 @@ class FormulaRunner:
         base_tps: float = 10_000.0,
         ckpt_speed: float = 0.7,
         offload_speed: float = 0.5,
+        act_offload_divisor: int = 8,
+        act_offload_speed: float = 0.85,
         fragmentation_bytes: int = 0,
         verify_extra_bytes: int = 0,
         verify_from_steps: int = 10,
@@ -78,6 +81,8 @@ class FormulaRunner:
         self.base_tps = base_tps
         self.ckpt_speed = ckpt_speed
         self.offload_speed = offload_speed
+        self.act_offload_divisor = act_offload_divisor
+        self.act_offload_speed = act_offload_speed
         self.fragmentation_bytes = fragmentation_bytes
         self.verify_extra_bytes = verify_extra_bytes
         self.verify_from_steps = verify_from_steps
@@ -103,7 +108,8 @@ class FormulaRunner:
 
     def activation_bytes(self, candidate: Candidate) -> int:
         act = candidate.micro_batch * candidate.max_length * self.act_bytes_per_token
-        return act // self.ckpt_divisor if candidate.checkpointing else act
+        act = act // self.ckpt_divisor if candidate.checkpointing else act
+        return act // self.act_offload_divisor if candidate.activation_offload else act
 
     def peak_bytes(self, candidate: Candidate, steps: int = 2) -> int:
         extra = self.verify_extra_bytes if steps >= self.verify_from_steps else 0
@@ -114,7 +120,8 @@ class FormulaRunner:
     def tokens_per_second(self, candidate: Candidate) -> float:
         mb = candidate.micro_batch
         return (self.base_tps * mb / (mb + 1) * (self.ckpt_speed if candidate.checkpointing else 1.0)
-                * (self.offload_speed if candidate.offload else 1.0))
+                * (self.offload_speed if candidate.offload else 1.0)
+                * (self.act_offload_speed if candidate.activation_offload else 1.0))
 
     def fits(self, candidate: Candidate, steps: int = 2) -> bool:
         return self.peak_bytes(candidate, steps) <= self.budget_bytes

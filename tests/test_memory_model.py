@@ -405,8 +405,8 @@ def test_expected_rung_walks_the_default_ladder():
     result = expected_rung(_spec())
     names = [level.rungs[-1] if level.rungs else "baseline" for level in result.levels]
     offload = [] if deepspeed_missing() else ["optimizer-offload"]  # a speed rung: before the quality rungs
-    assert names[:6 + len(offload)] == ["baseline", "expandable-segments", "micro-batch", "checkpointing", *offload,
-                                        "bf16-weights", "optimizer-8bit"]
+    assert names[:7 + len(offload)] == ["baseline", "expandable-segments", "micro-batch", "checkpointing",
+                                        "activation-offload", *offload, "bf16-weights", "optimizer-8bit"]
     first = next(level for level in result.levels if level.ledger.total <= 24 * GiB)
     assert result.expected is first and result.rung == first.rungs[-1]
     assert all(not level.fits for level in result.levels[: first.level])

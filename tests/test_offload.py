@@ -27,7 +27,7 @@ from autofit.engine_files import (
 )
 from autofit.estimate import estimate_text
 from autofit.export import write as export_write
-from autofit.host_memory import available_host_bytes, host_shortfall
+from autofit.host_memory import available_host_bytes, host_shortfalls
 from autofit.ladder import LadderState, climb
 from autofit.meters import SimulatedMeter
 from autofit.outcome import ENGINE_FAILURE, Outcome, ProbeResult
@@ -139,14 +139,14 @@ def test_host_shortfall_leaves_the_rung_out(tmp_path, monkeypatch):
     rungs = resolve_ladder(["optimizer-offload", "lora"])
     shape = mm.ModelShape.from_model("tiny-qwen2")
     need = mm.host_bytes(candidate(offload=ZERO2_OFFLOAD), shape, "cuda")  # effective batch 1: no accumulation
-    assert host_shortfall(start, rungs, shape, "cuda", available=int(need)) is None
-    note = host_shortfall(start, rungs, shape, "cuda", available=int(need) - 1)
-    assert note.startswith("rung optimizer-offload left out: its offloaded states need")
+    assert host_shortfalls(start, rungs, shape, "cuda", available=int(need)) == []
+    [(rung, note)] = host_shortfalls(start, rungs, shape, "cuda", available=int(need) - 1)
+    assert rung == "optimizer-offload" and note.startswith("rung optimizer-offload left out: its offloaded states need")
     # an effective batch of 8 may be split into micro-batches: the fp32 accumulation buffer is counted
     split = mm.host_bytes(candidate(offload=ZERO2_OFFLOAD, micro_batch=4, grad_accum=2), shape, "cuda")
     assert split == need + 4 * mm.param_counts(shape).total
-    assert host_shortfall(LadderState(candidate(micro_batch=8)), rungs, shape, "cuda", available=int(need)) is not None
-    assert host_shortfall(start, resolve_ladder(["lora"]), shape, "cuda", available=1) is None
+    assert host_shortfalls(LadderState(candidate(micro_batch=8)), rungs, shape, "cuda", available=int(need))
+    assert host_shortfalls(start, resolve_ladder(["lora"]), shape, "cuda", available=1) == []
 
     monkeypatch.setattr("autofit.host_memory.available_host_bytes", lambda: 1)
     report = Search(spec(tmp_path, 10**12), FormulaRunner(10**12), rungs).run()

@@ -45,6 +45,7 @@ from autofit.memory_model.ledger import (
     TERM_HELP,
     TERMS,
     Ledger,
+    host_bytes,
     phase_ledgers,
     predict,
 )
@@ -63,7 +64,6 @@ from autofit.memory_model.logits import (
     fused_head_buffer_bytes,
     kv_cache_bytes,
 )
-from autofit.memory_model.offload import host_bytes
 from autofit.memory_model.parameters import (
     ParamCounts,
     Tensors,

@@ -62,6 +62,19 @@ BACKWARD_TEMP_LAYERS = 0.5
 # 5 B (dropout mask included) is the same order. SDPA flash/efficient: none.
 EAGER_SOFTMAX_BYTES = 4
 EAGER_BACKWARD_BYTES = 4
+# TRL's activation offloading (``activation_offloading``, 1.16 ``OffloadActivations``) copies each saved tensor to host
+# memory as the forward pass makes it and keeps the device copy until 5 later tensors are offloaded
+# (``max_fwd_stash_size``); the LM head's inputs stay (a no-op region). The backward pass brings each autograd node's
+# tensors back as it reaches it and frees the previous node's. Device shares, of one layer's saved activations:
+OFFLOAD_STASH_TENSORS = 5  # with checkpointing the stash is the last 5 layer inputs
+OFFLOAD_HEAD_LAYERS = 0.5  # at the head: the last MLP's and the final norm's tensors [V: CPU meter, tiny-qwen2 SFT, 0.48]
+# at a layer's backward: the node's tensors, the previous node's, what the stash still held [V: CPU meter, tiny-qwen2
+# reward, 0.72; on a GPU a brought-back tensor lives one node longer than on the simulated device: A]
+OFFLOAD_BACKWARD_LAYERS = 0.75
+# Host: every layer's saved tensors (with checkpointing, their inputs) and the tensors outside the layers, which
+# are offloaded twice over the ledger's device share (the embedding output and the final norm's input are saved by
+# more than one op) [V: CPU meter, tiny-qwen2 SFT and reward, -1%].
+OFFLOAD_OUTSIDE_COPIES = 2
 # rl.py: synthetic prompts are ``prompt_length or 64`` tokens long.
 DEFAULT_PROMPT_LENGTH = 64
 
@@ -127,7 +140,14 @@ def activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) ->
     per_layer = activation_bytes_per_token_layer(shape, act_bytes, candidate.lora, candidate.algo)
     temporaries = BACKWARD_TEMP_LAYERS * (per_layer - _layout_copies_at_2(shape) * act_bytes / 2)
     outside = ACT_OUTSIDE_LAYERS_BYTES_PER_H * shape.hidden * act_bytes / 2
-    if candidate.checkpointing:
+    if candidate.activation_offload:
+        if candidate.checkpointing:
+            saved = tokens * (min(OFFLOAD_STASH_TENSORS, shape.layers) * shape.hidden * act_bytes + outside)
+            layer_moment = saved + tokens * (per_layer + temporaries)
+        else:
+            saved = tokens * (OFFLOAD_HEAD_LAYERS * per_layer + outside)
+            layer_moment = tokens * (outside + OFFLOAD_BACKWARD_LAYERS * per_layer + temporaries)
+    elif candidate.checkpointing:
         saved = tokens * (shape.layers * shape.hidden * act_bytes + outside)
         layer_moment = saved + tokens * (per_layer + temporaries)
     else:
@@ -139,9 +159,21 @@ def activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) ->
         per_element = EAGER_SOFTMAX_BYTES + (act_bytes if act_bytes < 4 else 0) + \
             (act_bytes if shape.attention_softcap else 0)
         scores = per_element * elements
-        if candidate.checkpointing:
-            layer_moment += scores + EAGER_BACKWARD_BYTES * elements  # only the recomputed layer's scores
+        if candidate.checkpointing or candidate.activation_offload:  # one layer's scores on the device
+            layer_moment += scores + EAGER_BACKWARD_BYTES * elements
         else:
             saved += scores * shape.layers
             layer_moment += scores * shape.layers + EAGER_BACKWARD_BYTES * elements
     return saved, layer_moment
+
+
+def offloaded_activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) -> float:
+    """Host memory activation offloading takes at the end of the forward pass: every layer's saved tensors (with
+    checkpointing, every layer's input) and those outside the layers."""
+    if not candidate.activation_offload:
+        return 0.0
+    outside = ACT_OUTSIDE_LAYERS_BYTES_PER_H * shape.hidden * act_bytes / 2
+    if candidate.checkpointing:
+        return train_tokens(candidate) * (shape.layers * shape.hidden * act_bytes + outside)
+    per_layer = activation_bytes_per_token_layer(shape, act_bytes, candidate.lora, candidate.algo)
+    return train_tokens(candidate) * (shape.layers * per_layer + OFFLOAD_OUTSIDE_COPIES * outside)

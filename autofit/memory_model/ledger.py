@@ -16,15 +16,15 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 from autofit.candidate import Candidate
-from autofit.memory_model.activations import activation_bytes
+from autofit.memory_model.activations import activation_bytes, offloaded_activation_bytes
 from autofit.memory_model.allocator import context_bytes, reserved_factor
 from autofit.memory_model.checked import CHECKED_UNCERTAINTY, prior_uncertainty
 from autofit.memory_model.logits import generation_bytes, logit_bytes
 from autofit.memory_model.offload import (
     engine_setup_bytes,
     gradient_transient_bytes,
-    host_bytes,
     offloaded_state_bytes,
+    optimizer_host_bytes,
 )
 from autofit.memory_model.parameters import compute_bytes, state_bytes, weight_bytes
 from autofit.memory_model.shape import ModelShape
@@ -79,7 +79,7 @@ class Ledger:
     phase_totals: Dict[str, float] = field(default_factory=dict)
     uncertainty: float = PRIOR_UNCERTAINTY
     reserved_factor: float = 1.0
-    host: float = 0.0  # host memory an offloading engine holds: not device memory, not in ``total``
+    host: float = 0.0  # host memory offloaded states and activations take: not device memory, not in ``total``
 
     @property
     def total(self) -> float:
@@ -177,6 +177,13 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
     uncertainty = prior_uncertainty(shape, candidate.algo)
     host = host_bytes(candidate, shape, device)
     return [_ledger(p, rho, context, totals, uncertainty, host) for p in phases]
+
+
+def host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
+    """Host memory the candidate's offloading takes at most (pinned on a GPU machine): the optimizer's offloaded
+    states and the offloaded activations."""
+    return optimizer_host_bytes(candidate, shape, device) + \
+        offloaded_activation_bytes(candidate, shape, compute_bytes(candidate, shape, device))
 
 
 def predict(candidate: Candidate, shape: Optional[ModelShape] = None, *, device: Optional[str] = None) -> Ledger:

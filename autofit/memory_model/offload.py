@@ -69,7 +69,7 @@ def engine_setup_bytes(candidate: Candidate, shape: ModelShape, device: str) -> 
     return weights * (CPU_FLATTEN_COPIES if device == "cpu" else 1)
 
 
-def host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
+def optimizer_host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
     """Host memory the engine holds (pinned on a GPU machine): what the machine's free RAM must cover."""
     if not candidate.offload:
         return 0.0

@@ -1,0 +1,161 @@
+"""TRL's activation offloading, instrumented (runs in the probe process).
+
+On every device the host copies TRL makes are counted as they come and go (``HostCount``): their peak is the host
+memory the configuration needs (pinned on a GPU machine).
+
+
+TRL's ``OffloadActivations`` copies every saved activation that lives on the accelerator (``torch.accelerator``) to
+host memory during the forward pass and brings it back in the backward pass. On the CPU there is no accelerator:
+it fails at construction. On the simulated device the CPU stands for the accelerator, so this module lets TRL's own
+code run there, unchanged in what it offloads (its size threshold, the LM head left out, parameters skipped, the
+forward stash), with three stand-ins for what a CPU cannot show:
+
+- the accelerator is the CPU, and its streams are no-ops (a CPU runs one stream; the copies are synchronous);
+- memory is not pinned (pinning needs an accelerator);
+- the host copies are host memory for the meter (``SimulatedMeter.mark_host``), and what the backward pass
+  brings back is a copy on the device (on a GPU ``.to("cuda")`` allocates it; on the CPU ``.to("cpu")`` would hand
+  back the host copy itself). A brought-back copy lives while autograd uses it; on a GPU TRL keeps it one autograd
+  node longer.
+
+On CUDA only the counting runs: the probe uses TRL's offloading as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Iterator
+from unittest import mock
+
+TRAINER_MODULES = ("trl.trainer.sft_trainer", "trl.trainer.reward_trainer")
+CONTEXT_FACTORY = "get_act_offloading_ctx_manager"
+
+
+class _Event:
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _Stream:
+    """A stream of a device that runs everything in order, at once."""
+
+    def record_event(self, event=None) -> _Event:
+        return event or _Event()
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+_CURRENT = _Stream()
+HOST_STREAMS = types.SimpleNamespace(
+    Stream=_Stream, current_stream=lambda *args, **kwargs: _CURRENT,
+    stream=lambda stream=None: contextlib.nullcontext(), empty_cache=lambda: None,
+)
+
+
+class HostCount:
+    """Bytes of host copies live now, and the most at once."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def add(self, nbytes: int) -> None:
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+
+
+class _CountingTracker(dict):
+    """TRL's tensor tracker. An entry whose second field is True holds a host copy (``pack_tensor``); the entry is
+    deleted when the backward pass takes the tensor back, and the tracker cleared at each step."""
+
+    def __init__(self, count: HostCount, meter=None) -> None:
+        super().__init__()
+        self._count = count
+        self._meter = meter
+
+    @staticmethod
+    def _host_bytes(value) -> int:
+        if isinstance(value, tuple) and len(value) >= 2 and value[1] is True:
+            return value[0].untyped_storage().nbytes()
+        return 0
+
+    def __setitem__(self, key, value) -> None:
+        nbytes = self._host_bytes(value)
+        if nbytes:
+            self._count.add(nbytes - self._host_bytes(self.get(key)))
+            if self._meter is not None:
+                self._meter.mark_host(value[0])
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key) -> None:
+        self._count.add(-self._host_bytes(self.get(key)))
+        super().__delitem__(key)
+
+    def clear(self) -> None:
+        self._count.add(-sum(self._host_bytes(value) for value in self.values()))
+        super().clear()
+
+
+def _counted(original, count: HostCount):
+    def build(model, *args, **kwargs):
+        context = original(model, *args, **kwargs)
+        if hasattr(context, "tracker"):
+            context.tracker = _CountingTracker(count)
+        return context
+
+    return build
+
+
+def _on_simulated_device(original, count: HostCount, meter):
+    import torch
+
+    def build(model, *args, **kwargs):
+        kwargs["use_pin_memory"] = False
+        real_module = torch.get_device_module
+        with mock.patch.object(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cpu")), \
+                mock.patch.object(torch, "get_device_module",
+                                  lambda device=None: HOST_STREAMS if str(device) == "cpu" else real_module(device)):
+            context = original(model, *args, **kwargs)
+        if not hasattr(context, "tracker"):  # offloading off (a no-op manager): nothing to stand in for
+            return context
+        context.tracker = _CountingTracker(count, meter)
+        context.unpack_hook = _brought_back_to_device(context.unpack_hook, meter)
+        return context
+
+    return build
+
+
+def _brought_back_to_device(unpack, meter):
+    def unpack_on_device(tensor_id):
+        tensor = unpack(tensor_id)
+        if meter.is_host(tensor):
+            return tensor.clone()
+        return tensor
+
+    return unpack_on_device
+
+
+@contextlib.contextmanager
+def instrumented(meter, simulated: bool) -> Iterator[HostCount]:
+    """While open, the offloading contexts TRL's SFT and reward trainers build count their host copies; with
+    ``simulated``, they also run on the simulated device, their copies host memory for ``meter``."""
+    import importlib
+
+    count = HostCount()
+    with contextlib.ExitStack() as stack:
+        for name in TRAINER_MODULES:
+            module = importlib.import_module(name)
+            original = getattr(module, CONTEXT_FACTORY)
+            wrapped = _on_simulated_device(original, count, meter) if simulated else _counted(original, count)
+            stack.enter_context(mock.patch.object(module, CONTEXT_FACTORY, wrapped))
+        yield count

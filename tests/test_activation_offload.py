@@ -1,0 +1,196 @@
+"""Activation offloading (TRL's ``activation_offloading``): the rung's rules, the search's choice against
+checkpointing (a fake OOM model), the meter's transient host storages, the ledger, the export, and real TRL probes
+on the simulated device, where TRL's own offloading code runs with the CPU standing for the accelerator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from autofit import memory_model as mm
+from autofit.candidate import Candidate, LoraSettings, ProbeSettings
+from autofit.export import write as export_write
+from autofit.host_memory import host_shortfalls
+from autofit.ladder import LadderState, climb
+from autofit.meters import SimulatedMeter
+from autofit.outcome import Outcome
+from autofit.search import Search
+from autofit.spec import SearchSpec
+from strategies import DEFAULT_LADDER, RUNGS, resolve_ladder
+from strategies.activation_offload import ActivationOffload
+
+try:
+    from fakes import MiB, FormulaRunner
+except ImportError:  # tests/ became a package
+    from tests.fakes import MiB, FormulaRunner
+
+LADDER = ["micro-batch", "checkpointing", "activation-offload"]
+
+
+def candidate(**changes) -> Candidate:
+    fields = dict(algo="reward", model="tiny-qwen2", device="cuda", micro_batch=1, grad_accum=1, max_length=512)
+    fields.update(changes)
+    return Candidate(**fields)
+
+
+def spec(out_dir, budget, **changes) -> SearchSpec:
+    fields = dict(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(out_dir), device="cuda", max_length=512,
+                  effective_batch=8, verify_steps=10, headroom=0.0, predict=False)
+    fields.update(changes)
+    return SearchSpec(**fields)
+
+
+# -- the rung -------------------------------------------------------------------------------------------------------
+def test_the_rung_applies_to_sft_and_reward_models_only():
+    rung = ActivationOffload()
+    for algo in ("sft", "reward"):
+        state = rung.apply(LadderState(candidate(algo=algo)))
+        assert state.candidate.activation_offload and state.rungs == ("activation-offload",)
+        assert state.candidate.training_args()["activation_offloading"] is True
+    for algo in ("grpo", "rloo", "ppo"):  # TRL's RL trainers have no such field
+        assert rung.apply(LadderState(candidate(algo=algo))) is None
+    assert rung.apply(rung.apply(LadderState(candidate()))) is None
+
+
+def test_on_the_cpu_only_a_ladder_that_names_it_probes_it():
+    on_cpu = LadderState(candidate(device="cpu"))
+    default = next(r for r in DEFAULT_LADDER if r.name == "activation-offload")
+    assert default.apply(on_cpu) is None  # host and device are the same RAM there: it frees nothing real
+    assert RUNGS["activation-offload"].apply(on_cpu).candidate.activation_offload
+
+
+def test_it_comes_after_checkpointing_and_stacks_on_it():
+    levels = climb(LadderState(candidate(), vary_batch=True), resolve_ladder(LADDER))
+    last = levels[-1].candidate
+    assert last.checkpointing and last.activation_offload and levels[-1].cost == "speed"
+
+
+def test_stored_studies_keep_their_keys():
+    plain = candidate()
+    assert "activation_offload" not in json.dumps(plain.key())
+    assert plain.key() != candidate(activation_offload=True).key()
+    assert Candidate.from_dict(candidate(activation_offload=True).to_dict()).activation_offload
+
+
+# -- the search: it competes with checkpointing on throughput -------------------------------------------------------
+def _search(tmp_path, **runner_changes):
+    # weights, gradients, AdamW: 600 MiB; activations 1 MiB per token, a quarter with checkpointing, an eighth offloaded
+    runner = FormulaRunner(900 * MiB, act_bytes_per_token=MiB, **runner_changes)
+    report = Search(spec(tmp_path, 900 * MiB), runner, resolve_ladder(LADDER)).run()
+    return runner, report
+
+
+def test_without_checkpointing_when_offloading_alone_fits_and_is_faster(tmp_path):
+    runner, report = _search(tmp_path)
+    chosen = report.chosen.candidate
+    assert chosen.activation_offload and not chosen.checkpointing and chosen.micro_batch == 4
+    assert any(note.startswith("checkpointing dropped") for note in report.notes)
+    # the answer is the fastest of the speed class's fits
+    with_ckpt = [c for c in runner.candidates if c.checkpointing and runner.fits(c)]
+    assert with_ckpt and all(runner.tokens_per_second(c) < runner.tokens_per_second(chosen) for c in with_ckpt)
+
+
+def test_checkpointing_wins_when_offloading_is_slow(tmp_path):
+    runner, report = _search(tmp_path, act_offload_speed=0.3)
+    chosen = report.chosen.candidate
+    assert chosen.checkpointing and not chosen.activation_offload and chosen.micro_batch == 2
+    tried_alone = [c for c in runner.candidates if c.activation_offload and not c.checkpointing]
+    assert tried_alone, "the level without checkpointing was probed"
+
+
+def test_host_shortfall_leaves_the_rung_out():
+    start = LadderState(candidate(micro_batch=8))
+    shape = mm.ModelShape.from_model("tiny-qwen2")
+    least = mm.host_bytes(candidate(activation_offload=True, checkpointing=True), shape, "cuda")  # micro-batch 1
+    rungs = resolve_ladder(LADDER)
+    assert host_shortfalls(start, rungs, shape, "cuda", available=int(least)) == []
+    [(rung, note)] = host_shortfalls(start, rungs, shape, "cuda", available=int(least) - 1)
+    assert rung == "activation-offload" and note.startswith("rung activation-offload left out: its offloaded activ")
+
+
+# -- the meter ------------------------------------------------------------------------------------------------------
+def test_transient_host_storages_leave_the_replayed_peak():
+    meter = SimulatedMeter(budget_bytes=3 * MiB, host_aware=True)
+    with meter:
+        meter.set_phase("forward_backward")
+        activation = torch.empty(MiB // 4)  # 1 MiB on the device
+        host_copy = torch.empty(MiB // 4)  # 1 MiB of host memory
+        meter.mark_host(host_copy)
+        assert meter.is_host(host_copy) and not meter.is_host(activation)
+        brought_back = host_copy.clone()  # the backward pass's device copy
+        del activation, host_copy, brought_back
+        big_host = torch.empty(MiB)  # 4 MiB on the host: over the budget, but not the device's
+        meter.mark_host(big_host)
+        del big_host
+    assert meter.peaks()["forward_backward"] == 2 * MiB  # the activation and the brought-back copy, never the host
+    assert meter.host_peak_bytes == 4 * MiB
+    meter.check_budget()  # no error: the device never held more than 2 MiB
+    assert meter.stats()["host_peak_bytes"] == 4 * MiB
+
+
+# -- the ledger -----------------------------------------------------------------------------------------------------
+def test_ledger_moves_saved_activations_to_the_host():
+    shape = mm.ModelShape.from_model("Qwen/Qwen2.5-7B")
+    base = candidate(algo="sft", model="Qwen/Qwen2.5-7B", max_length=8192, lora=LoraSettings())
+    for ckpt in (False, True):
+        plain, offloaded = base.replace(checkpointing=ckpt), base.replace(checkpointing=ckpt, activation_offload=True)
+        assert mm.predict(offloaded).total < mm.predict(plain).total
+        assert mm.host_bytes(plain, shape, "cuda") == 0 < mm.host_bytes(offloaded, shape, "cuda")
+    # with checkpointing only the layer inputs go to the host: 28 layers x 3584 x 2 B per token, and a few h outside
+    host = mm.host_bytes(base.replace(checkpointing=True, activation_offload=True), shape, "cuda")
+    assert 8192 * 28 * 3584 * 2 <= host <= 8192 * 32 * 3584 * 2
+
+
+# -- real TRL probes on the simulated device ------------------------------------------------------------------------
+def _probe(tmp_path, factory, **changes):
+    from autofit.worker import run_probe
+
+    probe = ProbeSettings(steps=2, output_dir=str(tmp_path / "probe"))
+    return run_probe(factory, candidate(device="cpu", probe=probe, **changes), None)
+
+
+def test_trl_offloads_on_the_simulated_device_as_the_ledger_says(tmp_path):
+    from autofit.algos import reward
+
+    plain = _probe(tmp_path, reward.build_trainer)
+    offloaded = _probe(tmp_path, reward.build_trainer, activation_offload=True)
+    assert plain.outcome is Outcome.OK and offloaded.outcome is Outcome.OK, offloaded.error
+    assert offloaded.peak_bytes < 0.85 * plain.peak_bytes
+    shape = mm.ModelShape.from_model("tiny-qwen2")
+    c = candidate(device="cpu", activation_offload=True)
+    assert offloaded.stats["activation_host_bytes"] == pytest.approx(mm.host_bytes(c, shape, "cpu"), rel=0.05)
+    assert mm.predict(c).total == pytest.approx(offloaded.peak_bytes, rel=0.05)
+
+
+def test_a_trainer_that_does_not_offload_is_named(tmp_path):
+    from autofit.algos import reward
+
+    def ignores_the_candidate(candidate):
+        return reward.build_trainer(candidate.replace(activation_offload=False))
+
+    result = _probe(tmp_path, ignores_the_candidate, activation_offload=True)
+    assert result.outcome is not Outcome.OK and "activation_offloading off" in result.error
+
+
+def test_export_says_what_is_offloaded(tmp_path):
+    from autofit.algos import reward
+
+    runner_spec = spec(tmp_path, 80 * MiB, device="cpu", algo="reward", effective_batch=1)
+
+    class OneProbe:
+        def run(self, cand, steps, **plan):
+            return _probe(tmp_path, reward.build_trainer, activation_offload=cand.activation_offload,
+                          checkpointing=cand.checkpointing)
+
+    report = Search(runner_spec, OneProbe(), resolve_ladder(["activation-offload"])).run()
+    assert report.chosen.candidate.activation_offload
+    export_write(report, tmp_path)
+    text = (tmp_path / "best.yaml").read_text()
+    assert "activation_offloading: true  # activation-offload" in text
+    assert "# activation offloading: saved activations in host memory" in text
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["host_memory"]["activation_bytes"] > 0 and best["host_memory"]["predicted_bytes"] > 0
+    assert any(t.startswith("activation offloading") for t in best["trades"])
