@@ -61,6 +61,15 @@ SCENARIOS = (
                                      "--maximize", "length", "--max-length", "32768", "--min-length", "1024",
                                      "--effective-batch", "1"],
              "gemma-3-1b-it reward model at 16 GiB, longest sequence up to 32768"),
+    # Activation offloading against checkpointing (issue 10): the same long-context reward search with and without it.
+    Scenario("reward-1.5b-16k-ckpt", ["--model", "Qwen/Qwen2.5-1.5B", "--algo", "reward", "--gpu-memory", "40GiB",
+                                      "--max-length", "16384", "--effective-batch", "4",
+                                      "--ladder", "micro-batch,checkpointing"],
+             "Qwen2.5-1.5B reward model at 16k tokens, 40 GiB, checkpointing only: the throughput to beat"),
+    Scenario("reward-1.5b-16k-offload", ["--model", "Qwen/Qwen2.5-1.5B", "--algo", "reward", "--gpu-memory", "40GiB",
+                                         "--max-length", "16384", "--effective-batch", "4",
+                                         "--ladder", "micro-batch,checkpointing,activation-offload"],
+             "the same with activation offloading: kept only where faster; host RAM measured"),
     # Big models (issue 18): probed from weightless checkpoints, so neither the disk nor the host holds the model.
     Scenario("sft-32b", ["--model", "Qwen/Qwen2.5-32B", "--gpu-memory", "80GB", "--max-length", "2048"],
              "Qwen2.5-32B SFT at 80 GB, 2048 tokens: which rungs, verified, in minutes", replay_steps=3),

@@ -4,6 +4,7 @@ on the simulated device, where TRL's own offloading code runs with the CPU stand
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -176,21 +177,33 @@ def test_a_trainer_that_does_not_offload_is_named(tmp_path):
 
 
 def test_export_says_what_is_offloaded(tmp_path):
-    from autofit.algos import reward
+    class HostCounting(FormulaRunner):
+        def _result(self, cand, steps):
+            result = super()._result(cand, steps)
+            if cand.activation_offload and result.outcome is Outcome.OK:
+                result = dataclasses.replace(result, stats={"activation_host_bytes": 40 * MiB})
+            return result
 
-    runner_spec = spec(tmp_path, 80 * MiB, device="cpu", algo="reward", effective_batch=1)
-
-    class OneProbe:
-        def run(self, cand, steps, **plan):
-            return _probe(tmp_path, reward.build_trainer, activation_offload=cand.activation_offload,
-                          checkpointing=cand.checkpointing)
-
-    report = Search(runner_spec, OneProbe(), resolve_ladder(["activation-offload"])).run()
+    runner = HostCounting(900 * MiB, act_bytes_per_token=MiB)
+    report = Search(spec(tmp_path, 900 * MiB), runner, resolve_ladder(LADDER)).run()
     assert report.chosen.candidate.activation_offload
     export_write(report, tmp_path)
     text = (tmp_path / "best.yaml").read_text()
     assert "activation_offloading: true  # activation-offload" in text
-    assert "# activation offloading: saved activations in host memory" in text
+    assert "# activation offloading: saved activations in host memory until the backward pass (at most 40.00 MiB " \
+           "measured)" in text
     best = json.loads((tmp_path / "best.json").read_text())
-    assert best["host_memory"]["activation_bytes"] > 0 and best["host_memory"]["predicted_bytes"] > 0
+    host = best["host_memory"]
+    assert host["activation_bytes"] == host["bytes"] == 40 * MiB and host["optimizer_bytes"] is None
+    assert host["predicted_bytes"] > 0
     assert any(t.startswith("activation offloading") for t in best["trades"])
+
+
+def test_the_longest_length_keeps_both_when_that_is_longer(tmp_path):
+    runner = FormulaRunner(900 * MiB, act_bytes_per_token=MiB)
+    longest = spec(tmp_path, 900 * MiB, maximize="length", min_length=64, max_length=8192, effective_batch=1)
+    report = Search(longest, runner, resolve_ladder(LADDER)).run()
+    chosen = report.chosen.candidate
+    assert chosen.checkpointing and chosen.activation_offload  # 32x smaller activations: the longest sequences
+    alone = [c for c in runner.candidates if c.activation_offload and not c.checkpointing and runner.fits(c)]
+    assert alone and max(c.max_length for c in alone) < chosen.max_length
