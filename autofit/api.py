@@ -194,6 +194,7 @@ def fit(
     num_generations: Optional[int] = None,
     beta: Optional[float] = None,
     effective_batch: int = 8,
+    gpus: Union[int, str] = 1,
     maximize: str = "batch",
     ladder: Union[None, str, Iterable[Union[str, Rung]]] = None,
     out_dir: Union[str, Path] = "autofit-out",

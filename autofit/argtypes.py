@@ -23,3 +23,14 @@ def verify_steps(text: str):
         return positive_int(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"'{text}' is not valid: a positive integer or 'auto' is accepted") from None
+
+
+def gpus(text: str):
+    """A positive number of GPUs, or "all"."""
+    if text.strip().lower() == "all":
+        return "all"
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not valid: a positive number of GPUs or 'all' is accepted") \
+            from None

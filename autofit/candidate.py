@@ -24,6 +24,7 @@ RL_ALGOS = ("grpo", "rloo", "ppo")
 PROBE_ACCUMULATION = 2
 
 LORA_TARGETS = "all-linear"
+PROBE_DDP_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ class Candidate:
     offload: Optional[str] = None
     # TRL's ``activation_offloading`` (SFT, reward): saved activations wait in host memory for the backward pass.
     activation_offload: bool = False
+    # Processes (one per GPU) that train together, and the engine that shards the training state across them
+    # (``autofit.engine_files``: "zero1", "zero2", "zero3", "fsdp2"; None: plain data parallel with several ranks).
+    ranks: int = 1
+    sharding: Optional[str] = None
     env: Tuple[Tuple[str, str], ...] = ()
     rungs: Tuple[str, ...] = ()
     # Training arguments the user fixed (learning rate, ...): passed through untouched.
@@ -78,7 +83,17 @@ class Candidate:
 
     @property
     def effective_batch(self) -> int:
-        return self.micro_batch * self.grad_accum
+        """Sequences per optimizer step, over every rank."""
+        return self.micro_batch * self.grad_accum * self.ranks
+
+    @property
+    def engine(self) -> Optional[str]:
+        """The engine the probe runs under (its accelerate config): offload, sharding, or data parallel."""
+        if self.offload:
+            return self.offload
+        if self.sharding:
+            return self.sharding
+        return "ddp" if self.ranks > 1 else None
 
     @property
     def tokens_per_step(self) -> int:
@@ -124,7 +139,7 @@ class Candidate:
         if self.device == "cpu":
             # DeepSpeed runs only where accelerate is not told use_cpu (the probe hides GPUs instead).
             args.update(bf16=False)
-            if not self.offload:
+            if not self.offload and not (self.sharding or "").startswith("zero"):
                 args["use_cpu"] = True
         if self.probe is not None:
             args.update(
@@ -137,6 +152,8 @@ class Candidate:
                 disable_tqdm=True,
                 dataloader_num_workers=0,
             )
+            if self.ranks > 1:  # a rank left waiting for a dead one gives up (the runner kills it before that)
+                args["ddp_timeout"] = PROBE_DDP_TIMEOUT_S
             if self.algo == "ppo":  # PPO counts episodes, not steps; its sample generations are evaluation only
                 args.update(total_episodes=self.effective_batch * self.probe.steps, num_sample_generations=0)
             elif self.is_rl:  # the worst case: every completion runs to max_completion_length
@@ -200,13 +217,18 @@ class Candidate:
         for late in ("dtype", "offload"):  # added after studies were stored: keep their keys
             if data.get(late) is None:
                 data.pop(late)
-        for flag in ("trust_remote_code", "activation_offload"):
+        for flag in ("trust_remote_code", "activation_offload", "sharding"):
             if not data.get(flag):
                 data.pop(flag, None)
+        if data.get("ranks") == 1:
+            data.pop("ranks")
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        parts = [f"mb={self.micro_batch}x{self.grad_accum}", f"len={self.max_length}"]
+        parts = [f"mb={self.micro_batch}x{self.grad_accum}" + (f"x{self.ranks}" if self.ranks > 1 else ""),
+                 f"len={self.max_length}"]
+        if self.ranks > 1 and not self.offload:
+            parts.append(self.sharding or "ddp")
         if self.num_generations is not None:
             parts.append(f"gen={self.num_generations}")
         if self.checkpointing:

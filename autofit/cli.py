@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from autofit import __version__
-from autofit.argtypes import positive_int, verify_steps
+from autofit.argtypes import gpus, positive_int, verify_steps
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_PROBES_CANNOT_RUN = 0, 2, 3, 4
 EXIT_CODES = """exit codes:
@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--beta", type=float, help="KL coefficient; > 0 loads and measures the reference model")
     search.add_argument("--effective-batch", type=positive_int, default=8,
                         help="micro-batch x accumulation, kept exactly (default 8)")
+    search.add_argument("--gpus", type=gpus, default=1,
+                        help="GPUs on this machine that train together, a number or 'all' (default 1): each probe "
+                             "runs one process per GPU through accelerate, and the sharding rungs (ZeRO, FSDP2) apply")
     search.add_argument("--maximize", default="batch", help="batch (default) or length (longest that fits)")
     search.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
     search.add_argument("--out", dest="out_dir", default="autofit-out",

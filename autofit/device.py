@@ -62,3 +62,43 @@ def resolve_device(requested: str) -> str:
             "use --device cpu for the simulated device"
         )
     return requested
+
+
+def visible_gpu_count() -> int:
+    """GPUs CUDA will see (CUDA_VISIBLE_DEVICES applied to NVML's count), without initializing CUDA."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+    except Exception as exc:  # no driver, no library
+        log.debug("no GPU through NVML: %s", exc)
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return count
+    entries = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if not entry or entry.startswith("-"):
+            break  # CUDA stops at the first invalid entry
+        entries.append(entry)
+    return min(len(entries), count)
+
+
+def resolve_gpus(requested, device: str) -> int:
+    """``--gpus``: a positive number of ranks, or "all" (every visible GPU). On the simulated device every rank has
+    a simulated GPU of its own, so a number is required there."""
+    if isinstance(requested, str) and requested.strip().lower() == "all":
+        if device == "cpu":
+            raise ValueError("--gpus all: the simulated device has no GPUs to count; give a number of ranks")
+        return max(1, visible_gpu_count())
+    try:
+        ranks = int(requested)
+    except (TypeError, ValueError):
+        ranks = 0
+    if isinstance(requested, bool) or ranks < 1 or str(requested).strip() not in (str(ranks), str(float(ranks))):
+        raise ValueError(f"--gpus {requested!r} is not valid: a positive number of GPUs or 'all' is accepted")
+    if device == "cuda" and ranks > visible_gpu_count():
+        raise ValueError(f"--gpus {ranks}: only {visible_gpu_count()} GPU(s) are visible here (the search runs on one "
+                         "machine; several machines are for the export, see --help)")
+    return ranks

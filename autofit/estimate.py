@@ -22,14 +22,15 @@ from typing import List, Optional, Sequence, Tuple
 
 from autofit.candidate import RL_ALGOS
 from autofit.files import one_line
-from autofit.ladder import usable_rungs
-from autofit.argtypes import positive_int
+from autofit.ladder import LadderState, usable_rungs
+from autofit.argtypes import gpus, positive_int
 from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
     TERM_GROUPS,
     Calibration,
     ModelShape,
     RungEstimate,
+    base_candidate,
     expected_rung,
     prior_uncertainty,
     unchecked_reason,
@@ -61,7 +62,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--max-length", "--max-completion-length", dest="max_length", type=positive_int,
                         help="sequence length (sft, reward; default 1024) or completion length (grpo, rloo; default 512)")
     parser.add_argument("--min-length", type=positive_int, help="floor for the shorter-length rung (default: never cut)")
-    parser.add_argument("--effective-batch", type=positive_int, default=8, help="micro-batch x accumulation (8)")
+    parser.add_argument("--effective-batch", type=positive_int, default=8,
+                        help="micro-batch x accumulation x GPUs (8)")
+    parser.add_argument("--gpus", type=gpus, default=1,
+                        help="GPUs that train together (default 1): the per-GPU ledger of data parallel and of each "
+                             "sharding rung (ZeRO-1/2/3, FSDP2)")
     parser.add_argument("--num-generations", type=int, help="grpo/rloo: completions per prompt (default: TRL's)")
     parser.add_argument("--max-prompt-length", type=positive_int, default=128, help="grpo/rloo: prompt length (128)")
     parser.add_argument("--beta", type=float, help="grpo/rloo: KL coefficient; > 0 without LoRA adds a reference model")
@@ -117,10 +122,12 @@ def spec_from_args(args) -> SearchSpec:
         ladder = [name.strip() for name in args.ladder.split(",") if name.strip()]
         if not ladder:
             raise InputError(f"--ladder '{args.ladder}' names no rung")
+    ranks = _ranks(args.gpus)
     return SearchSpec(
         model=args.model,
         algo=args.algo,
         device=args.device,
+        ranks=ranks,
         budget_bytes=parse_size(args.gpu_memory),
         max_length=args.max_length or (512 if rl else 1024),
         min_length=args.min_length,
@@ -130,6 +137,18 @@ def spec_from_args(args) -> SearchSpec:
         user_args={"beta": args.beta} if args.beta is not None else {},
         ladder=ladder,
     )
+
+
+def _ranks(gpus) -> int:
+    """``--gpus`` for an estimate: any number (the GPUs need not be here); 'all' counts this machine's."""
+    from autofit.device import visible_gpu_count
+
+    if gpus == "all":
+        count = visible_gpu_count()
+        if not count:
+            raise InputError("--gpus all: no GPU is visible here to count; give the number of GPUs to estimate for")
+        return count
+    return int(gpus)
 
 
 def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optional[Calibration], List[str]]:
@@ -202,7 +221,8 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     if unchecked and calibration is None:
         lines.append(f"note: {unchecked}: the band is widened; a search's probes calibrate it")
     lines += [f"note: {note}" for note in notes]
-    lines += [f"note: {note}" for note in usable_rungs(resolve_ladder(spec.ladder), spec.device)[1]]
+    start = LadderState(base_candidate(spec))
+    lines += [f"note: {note}" for note in usable_rungs(resolve_ladder(spec.ladder), spec.device, start)[1]]
     unit, scale = _unit(budget)
     host = any(level.ledger.host for level in result.levels)  # an offloading level: its host memory, a column
     header = ["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in COLUMNS] + ["peak", "±", "phase", "fits"]

@@ -17,6 +17,7 @@ from autofit.device import first_gpu
 from autofit.engine_files import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,
+    ZERO_STAGES,
     launch_line,
     remove_stale_engine_files,
     write_engine_files,
@@ -145,16 +146,18 @@ def usage(algo: str, offload: Optional[str] = None) -> str:
 
 
 def engine_data(report: SearchReport, candidate: Candidate, out_dir: Optional[Path]) -> Optional[Dict[str, Any]]:
-    """best.json's account of the offloading engine: its files, the launch line, host memory measured and predicted."""
-    if not candidate.offload:
+    """best.json's account of the engine (optimizer offload, several GPUs): its files, the launch line, the ranks,
+    host memory measured and predicted."""
+    if not candidate.engine:
         return None
     folder = Path(out_dir or report.spec.out_dir).resolve()
     shape = memory_model.shape_or_none(candidate.model)
     predicted = memory_model.host_bytes(candidate, shape, candidate.device) if shape is not None else None
     return {
-        "name": candidate.offload,
+        "name": candidate.engine,
+        "ranks": candidate.ranks,
         "accelerate_config": str(folder / ACCELERATE_YAML),
-        "deepspeed_config": str(folder / DEEPSPEED_JSON),
+        "deepspeed_config": str(folder / DEEPSPEED_JSON) if candidate.engine in ZERO_STAGES else None,
         "launch": launch_line(candidate.algo, folder / "best.yaml", folder / ACCELERATE_YAML),
         "host_bytes": report.verified.stats.get("host_bytes") or report.chosen.result.stats.get("host_bytes"),
         "host_bytes_predicted": round(predicted) if predicted is not None else None,
@@ -193,13 +196,18 @@ def yaml_text(report: SearchReport) -> str:
         f"{format_size(spec.budget_bytes)}",
         f"# verified peak {format_size(report.verified.peak_bytes)} over {report.verified.steps} steps; "
         f"rungs: {', '.join(candidate.rungs) or 'none'}",
-        usage(one_line(spec.algo), candidate.offload),
+        usage(one_line(spec.algo), candidate.engine),
     ]
     if candidate.offload:
         host = report.verified.stats.get("host_bytes") or fit.result.stats.get("host_bytes")
         lines.append(f"# optimizer offload ({candidate.offload}, {ACCELERATE_YAML} + {DEEPSPEED_JSON}): fp32 master "
                      "weights, gradients and AdamW states in host memory"
                      + (f" ({format_size(host)} measured)" if host else "") + "; same math, slower steps")
+    if candidate.ranks > 1:
+        peaks = report.verified.stats.get("rank_peak_bytes") or fit.result.stats.get("rank_peak_bytes") or []
+        lines.append(f"# {candidate.ranks} GPUs ({candidate.engine}, {ACCELERATE_YAML}): the batch size and accumulation "
+                     f"are per GPU, {candidate.effective_batch} sequences per optimizer step in all"
+                     + (f"; peak per GPU {', '.join(format_size(p) for p in peaks)}" if peaks else ""))
     if candidate.activation_offload:
         host = report.verified.stats.get("activation_host_bytes") or fit.result.stats.get("activation_host_bytes")
         lines.append("# activation offloading: saved activations in host memory until the backward pass"
@@ -380,9 +388,10 @@ def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "best.json", "yaml": out_dir / "best.yaml"}
     atomic_write_text(paths["json"], json.dumps(json_data(report, out_dir), indent=2, default=str) + "\n")
-    offload = report.chosen.candidate.offload if report.fits else None
-    if offload:
-        paths.update(write_engine_files(out_dir, offload, report.chosen.candidate.device))
+    engine = report.chosen.candidate.engine if report.fits else None
+    if engine:
+        chosen = report.chosen.candidate
+        paths.update(write_engine_files(out_dir, engine, chosen.device, chosen.ranks))
     else:
         remove_stale_engine_files(out_dir)
     if report.fits:

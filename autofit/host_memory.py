@@ -64,7 +64,7 @@ def probeable_rungs(start: LadderState, rungs: Sequence[Rung], model: str, devic
     host memory for what is offloaded)."""
     from autofit.memory_model import shape_or_none
 
-    usable, notes = usable_rungs(rungs, device)
+    usable, notes = usable_rungs(rungs, device, start)
     for name, note in host_shortfalls(start, usable, shape_or_none(model), device):
         log.info("%s", note)
         notes.append(note)

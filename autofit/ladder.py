@@ -73,10 +73,18 @@ def climb(base: LadderState, rungs: Sequence[Rung]) -> List[LadderState]:
     return levels
 
 
-def usable_rungs(rungs: Sequence[Rung], device: str) -> Tuple[List[Rung], List[str]]:
-    """The rungs this machine can probe, and a note for each one left out (a rung may say why it cannot run)."""
+def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState] = None
+                 ) -> Tuple[List[Rung], List[str]]:
+    """The rungs this machine can probe, and a note for each one left out (a rung may say why it cannot run). With
+    ``start``, a rung that applies to no level climbed from it (sharding on one GPU) is not checked."""
+    applied = None
+    if start is not None:
+        applied = {name for level in climb(start, rungs) for name in level.rungs}
     usable, notes = [], []
     for rung in rungs:
+        if applied is not None and rung.name not in applied:
+            usable.append(rung)  # it never applies here: nothing to check, nothing to say
+            continue
         reason = rung.unavailable(device) if hasattr(rung, "unavailable") else None
         if reason:
             notes.append(f"rung {rung.name} left out: {reason}")

@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from autofit.candidate import RL_ALGOS
 from autofit.compat import checkpointing_field
-from autofit.device import NoCudaDeviceError, first_gpu, resolve_device
+from autofit.device import NoCudaDeviceError, first_gpu, resolve_device, resolve_gpus
 from autofit.spec import DEVICES, InputError, SearchSpec, parse_size
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ def search_spec(
     num_generations: Optional[int] = None,
     beta: Optional[float] = None,
     effective_batch: int = 8,
+    gpus: Union[int, str] = 1,
     maximize: str = "batch",
     ladder: Union[None, str, Iterable[str]] = None,
     out_dir: Union[str, Path] = "autofit-out",
@@ -135,10 +136,14 @@ def search_spec(
     if not isinstance(algo, str):
         raise InputError(f"algo {algo!r} is not valid: a name such as 'sft' or 'grpo' is accepted")
     length, floor = _lengths(algo, max_length, min_length, max_completion_length, min_completion_length, beta)
+    try:
+        ranks = resolve_gpus(gpus, resolved)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     return SearchSpec(
         model=model, algo=algo, device=resolved, budget_bytes=budget_bytes(resolved, gpu_memory), max_length=length,
         min_length=floor, num_generations=num_generations, prompt_length=max_prompt_length,
-        user_args=user_training_args(training_args, beta), effective_batch=effective_batch, maximize=maximize,
+        user_args=user_training_args(training_args, beta), effective_batch=effective_batch, ranks=ranks, maximize=maximize,
         ladder=ladder_names(ladder), real_weights=real_weights, dtype=dtype, factory=factory,
         out_dir=Path(out_dir), probe_steps=probe_steps, verify_steps=verify_steps, probe_timeout_s=probe_timeout_s,
         build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,

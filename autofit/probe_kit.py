@@ -178,6 +178,6 @@ def synthetic_token_rows(candidate: Candidate, length: int, rows: int) -> List[L
 
 
 def probe_rows(candidate: Candidate) -> int:
-    """As many rows as the probe consumes: its micro-batches of every step."""
+    """As many rows as the probe consumes: its micro-batches of every step, on every rank."""
     steps = candidate.probe.steps if candidate.probe else 1
-    return candidate.micro_batch * candidate.probe_accumulation * steps
+    return candidate.micro_batch * candidate.probe_accumulation * steps * candidate.ranks

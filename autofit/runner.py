@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Protocol, Sequence, Union
 
+from autofit import ranks
 from autofit.candidate import Candidate, ProbeSettings
 from autofit.factory import FactoryPayload, prepare_factory
 from autofit.instrument import PHASE_FILE
@@ -106,6 +107,8 @@ class ProcessRunner:
                 (probe_dir / name).unlink()
         candidate = candidate.replace(probe=ProbeSettings(output_dir=str(probe_dir / "trainer"),
                                                           build_timeout_s=self.build_timeout_s, **plan))
+        if candidate.ranks > 1:
+            return self._run_ranks(candidate, probe_dir)
         process = self._context.Process(
             target=child_main,
             args=(self.factory, candidate, self.budget_bytes, str(result_path), str(probe_dir / "probe.log")),
@@ -130,6 +133,66 @@ class ProcessRunner:
         result = classify_exit(process.exitcode, timed_out)
         result.log_path = str(probe_dir / "probe.log")
         return result
+
+    def _run_ranks(self, candidate: Candidate, probe_dir: Path) -> ProbeResult:
+        """One process per rank (``autofit.ranks``); all of them killed at the time limit, the others shortly after
+        one has failed."""
+        from autofit.engine_files import free_port, rank_env
+        from autofit.worker import child_main
+
+        port, processes, folders = free_port(), [], []
+        for rank in range(candidate.ranks):
+            folder = ranks.rank_dir(probe_dir, rank)
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in ("result.json", PHASE_FILE):
+                (folder / name).unlink(missing_ok=True)
+            folders.append(folder)
+            processes.append(self._context.Process(
+                target=child_main, args=(self.factory, candidate, self.budget_bytes, str(folder / "result.json"),
+                                         str(folder / "probe.log")),
+                kwargs={"env": rank_env(rank, candidate.ranks, port)}, name=f"autofit-probe-{self._count}-rank{rank}"))
+        try:
+            with _main_module_left_alone():
+                for process in processes:
+                    process.start()
+            timed_out, killed = self._wait_ranks(processes, folders, probe_dir)
+        except BaseException:  # interrupted: take every rank down with us
+            for process in processes:
+                process.kill()
+                process.join()
+            raise
+        finally:
+            for folder in folders:
+                (folder / PID_FILE).unlink(missing_ok=True)
+        results = []
+        for folder, process, was_killed in zip(folders, processes, killed):
+            path = folder / "result.json"
+            result = ProbeResult.from_dict(json.loads(path.read_text())) if path.exists() else \
+                classify_exit(process.exitcode, timed_out and was_killed)
+            result.log_path = result.log_path or str(folder / "probe.log")
+            results.append(result)
+        return ranks.combine(results, [k and not timed_out for k in killed])
+
+    def _wait_ranks(self, processes, folders, probe_dir: Path):
+        """Wait for every rank; returns (the time limit was reached, which ranks were killed)."""
+        deadline, grace_end = time.monotonic() + self.timeout_s, None
+        while any(p.is_alive() for p in processes):
+            now = time.monotonic()
+            if now >= deadline or (grace_end is not None and now >= grace_end):
+                break
+            processes[0].join(POLL_S)
+            self.progress.poll(probe_dir)
+            if grace_end is None:
+                written = [ProbeResult.from_dict(json.loads((f / "result.json").read_text()))
+                           if (f / "result.json").exists() else None for f in folders]
+                if ranks.first_failure(written, [p.exitcode for p in processes]):
+                    grace_end = time.monotonic() + ranks.RANK_GRACE_S
+        killed = [p.is_alive() for p in processes]
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
+        return time.monotonic() >= deadline and any(killed), killed
 
     def _wait(self, process, probe_dir: Path) -> None:
         """``process.join(self.timeout_s)``, in slices, showing the probe's progress between them."""

@@ -204,12 +204,11 @@ class Search:
     # -- one level --------------------------------------------------------------------------------------------
     def _search_level(self, level: int, state: LadderState) -> List[Fit]:
         spec = self.spec
-        batches = divisors(spec.effective_batch) if state.vary_batch else [spec.effective_batch]
+        per_rank = spec.rank_batch
+        batches = divisors(per_rank) if state.vary_batch else [per_rank]
 
         def at(batch: int, length: int) -> Candidate:
-            return state.candidate.replace(
-                micro_batch=batch, grad_accum=spec.effective_batch // batch, max_length=length
-            )
+            return state.candidate.replace(micro_batch=batch, grad_accum=per_rank // batch, max_length=length)
 
         if spec.maximize == "length":
             grid = length_grid(spec.min_length, spec.max_length)
@@ -226,7 +225,7 @@ class Search:
     def _at_top(self, fit: Fit) -> bool:
         if self.spec.maximize == "length":
             return fit.candidate.max_length == self.spec.max_length
-        return fit.candidate.micro_batch == self.spec.effective_batch and fit.candidate.max_length == self.spec.max_length
+        return fit.candidate.micro_batch == self.spec.rank_batch and fit.candidate.max_length == self.spec.max_length
 
     # -- the walk ---------------------------------------------------------------------------------------------
     def run(self) -> SearchReport:
@@ -305,9 +304,9 @@ class Search:
         space = {}
         for level in levels:
             state = self.levels[level]
-            for batch in divisors(spec.effective_batch) if state.vary_batch else [spec.effective_batch]:
+            for batch in divisors(spec.rank_batch) if state.vary_batch else [spec.rank_batch]:
                 space[(level, batch)] = state.candidate.replace(
-                    micro_batch=batch, grad_accum=spec.effective_batch // batch, max_length=best.candidate.max_length
+                    micro_batch=batch, grad_accum=spec.rank_batch // batch, max_length=best.candidate.max_length
                 )
         known = {}
         for r in self.report.records:

@@ -96,7 +96,8 @@ class SearchSpec:
     budget_bytes: Optional[int] = None
     max_length: int = 1024
     min_length: Optional[int] = None  # floor for the shorter-length rung; None: max_length (never cut)
-    effective_batch: int = 8
+    effective_batch: int = 8  # sequences per optimizer step over every rank
+    ranks: int = 1  # processes (GPUs) that train together (--gpus)
     maximize: str = "batch"
     ladder: Optional[List[str]] = None  # rung names; None: the default ladder
     user_args: Dict[str, Any] = field(default_factory=dict)
@@ -141,6 +142,11 @@ class SearchSpec:
             raise InputError(f"--effective-batch {self.effective_batch} x length {self.max_length} is "
                              f"{self.effective_batch * self.max_length:,} tokens per optimizer step: at most "
                              f"{MAX_TOKENS_PER_STEP:,} on one device")
+        if not isinstance(self.ranks, int) or isinstance(self.ranks, bool) or self.ranks < 1:
+            raise InputError(f"--gpus {self.ranks!r} is not valid: a positive number of GPUs is accepted")
+        if isinstance(self.effective_batch, int) and self.effective_batch % self.ranks:
+            raise InputError(f"--effective-batch {self.effective_batch} cannot be split evenly over --gpus {self.ranks}: "
+                             f"use a multiple of {self.ranks}")
         if self.verify_steps != AUTO_VERIFY and (not isinstance(self.verify_steps, int) or self.verify_steps < 1):
             raise InputError(f"--verify-steps {self.verify_steps!r} is not valid: use a positive integer or 'auto'")
         for name in ("max_length", "effective_batch", "probe_steps"):
@@ -192,6 +198,11 @@ class SearchSpec:
             except ValueError as exc:
                 raise InputError(str(exc)) from None
 
+    @property
+    def rank_batch(self) -> int:
+        """Sequences per optimizer step on each rank (micro-batch x accumulation)."""
+        return self.effective_batch // self.ranks
+
     def verify_plan(self) -> Tuple[int, int, Optional[float]]:
         """(at most this many optimizer steps, at least this many, time cap in seconds) of the verification."""
         if self.verify_steps == AUTO_VERIFY:
@@ -209,6 +220,8 @@ class SearchSpec:
             parts.append(f"dtype={self.dtype}")
         if self.trust_remote_code:
             parts.append("trust_remote_code")
+        if self.ranks > 1:
+            parts.append(f"ranks={self.ranks}")
         if self.algo in RL_ALGOS:
             parts += [str(self.num_generations), str(self.prompt_length)]
         return "|".join(parts)

@@ -48,10 +48,11 @@ def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
     if candidate.device == "cpu":
         from autofit.meters import SimulatedMeter
 
-        return SimulatedMeter(budget_bytes, others=lambda: others_bytes("cpu"), host_aware=bool(candidate.offload or candidate.activation_offload))
+        return SimulatedMeter(budget_bytes, others=lambda: others_bytes("cpu"),
+                              host_aware=bool(candidate.offload or candidate.activation_offload))
     from autofit.meters import CudaMeter
 
-    return CudaMeter(budget_bytes)
+    return CudaMeter(budget_bytes, device=int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank
 
 
 def inherited_cuda() -> Optional[str]:
@@ -87,7 +88,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
     try:
         if not candidate.real_weights:
             probe_kit.model_path(candidate)  # write the weightless checkpoint (once) outside the meter
-        if candidate.offload:
+        if candidate.engine:
             stage = "load"  # the engine's failures belong to the rung (below), not to the machine
             enter_engine(candidate)
         meter = make_meter(candidate, budget_bytes)
@@ -130,7 +131,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         )
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a classified result
         outcome, fault, cause = classify_exception(exc, stage=stage, user_factory=user_factory)
-        if candidate.offload and outcome is Outcome.CRASH and fault != USER and fault != INFRASTRUCTURE:
+        if candidate.engine and outcome is Outcome.CRASH and fault != USER and fault != INFRASTRUCTURE:
             outcome, cause = Outcome.INVALID, ENGINE_FAILURE  # the rung's, like a config TRL rejects: not the search's
         log.error("probe ended with %s\n%s", outcome.value, "".join(traceback.format_exception(exc)))
         peaks = _safe_peaks(meter)
@@ -159,8 +160,8 @@ def enter_engine(candidate: Candidate) -> None:
     from autofit.engine_files import launch_env, write_engine_files
 
     folder = Path(candidate.probe.output_dir) / "engine" if candidate.probe else Path(tempfile.mkdtemp())
-    files = write_engine_files(folder, candidate.offload, candidate.device)
-    os.environ.update(launch_env(files["accelerate"], candidate.device))
+    files = write_engine_files(folder, candidate.engine, candidate.device, candidate.ranks)
+    os.environ.update(launch_env(files["accelerate"], candidate.device, candidate.engine))
 
 
 def offloaded_state(trainer, candidate: Candidate, meter) -> int:
@@ -235,7 +236,7 @@ def tokens_per_step(candidate: Candidate, observed: Dict) -> int:
     """Tokens one optimizer step trains on, from what the trainer runs: RL rows are the prompt (the dataset's
     longest, else the candidate's) plus the completion; other rows are at most the dataset's longest row."""
     longest = observed.get("longest_row")
-    rows = candidate.micro_batch * candidate.probe_accumulation
+    rows = candidate.micro_batch * candidate.probe_accumulation * candidate.ranks  # the ranks step together
     if candidate.is_rl:
         completion = observed.get("args", {}).get("max_completion_length")
         completion = completion if isinstance(completion, int) else candidate.max_length
@@ -313,8 +314,10 @@ def detach_into_log(log_path: str) -> None:
 
 
 def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Optional[int], result_path: str,
-               log_path: str):
-    """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically."""
+               log_path: str, env: Optional[Dict[str, str]] = None):
+    """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically.
+    ``env``: this rank's launch variables, when the probe runs several."""
+    os.environ.update(env or {})
     record_probe_process(Path(log_path).parent)
     detach_into_log(log_path)
     result = _main(factory, candidate, budget_bytes, Path(result_path).parent / PHASE_FILE)

@@ -9,6 +9,6 @@ class MicroBatch:
     help = "per_device_train_batch_size x gradient_accumulation_steps = effective batch, micro-batch searched"
 
     def apply(self, state: LadderState):
-        if state.vary_batch or state.candidate.effective_batch == 1:
+        if state.vary_batch or state.candidate.micro_batch * state.candidate.grad_accum == 1:  # per rank
             return None
         return state.with_rung(self, vary_batch=True)

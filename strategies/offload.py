@@ -40,4 +40,6 @@ class OptimizerOffload:
             return None
         if candidate.algo not in SUPPORTED_ALGOS or candidate.optim not in (None, "adamw_torch", "adamw_torch_fused"):
             return None  # PPO scripts build their own accelerator; DeepSpeed's CPU Adam replaces only AdamW
+        # with several GPUs ZeRO-2 offload is the engine across them (``Candidate.engine``); the sharding of the
+        # level before stays recorded for the quality rungs, which take offload off again
         return state.with_rung(self, candidate_changes={"offload": self.engine})

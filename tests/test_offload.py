@@ -228,7 +228,7 @@ def test_engine_files_are_what_accelerate_launch_reads(tmp_path):
     assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == str(files["deepspeed"])
     assert env["WORLD_SIZE"] == "1" and int(env["MASTER_PORT"]) > 0
     assert env["DS_ACCELERATOR"] == "cpu" and env["CUDA_VISIBLE_DEVICES"] == ""
-    with pytest.raises(ValueError, match="unknown offload engine 'zero9': accepted are zero2-offload"):
+    with pytest.raises(ValueError, match="unknown engine 'zero9': accepted are zero2-offload"):
         write_engine_files(tmp_path, "zero9")
 
 

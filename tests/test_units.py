@@ -25,7 +25,8 @@ from strategies.quantization import QuantizedBase
 from strategies.sequence_length import ShorterSequences
 
 DEFAULT_NAMES = [
-    "expandable-segments", "micro-batch", "checkpointing", "activation-offload", "optimizer-offload", "bf16-weights", "optimizer-8bit",
+    "expandable-segments", "micro-batch", "zero1", "zero2", "fsdp2", "zero3", "checkpointing", "activation-offload",
+    "optimizer-offload", "bf16-weights", "optimizer-8bit",
     "lora", "quant-8bit", "quant-4bit", "shorter-length",
 ]
 
@@ -126,7 +127,7 @@ def test_resolve_ladder_default_and_order():
     assert [r.name for r in resolve_ladder(None)] == DEFAULT_NAMES
     assert list(RUNGS) == DEFAULT_NAMES
     assert [r.name for r in resolve_ladder(["lora", "micro-batch"])] == ["lora", "micro-batch"]
-    assert [r.cost for r in DEFAULT_LADDER] == [FREE, SPEED, SPEED, SPEED, SPEED] + [QUALITY] * 6
+    assert [r.cost for r in DEFAULT_LADDER] == [FREE] + [SPEED] * 8 + [QUALITY] * 6
 
 
 def test_resolve_ladder_unknown_name():

@@ -28,6 +28,7 @@ from autofit.memory_model.offload import (
 )
 from autofit.memory_model.parameters import compute_bytes, state_bytes, weight_bytes
 from autofit.memory_model.shape import ModelShape
+from autofit.memory_model.sharding import sharded_state
 
 # The error band of an uncalibrated prediction for a checked family: the activation coefficient alone spans
 # 8..16 B·h (2.4) and the logits/loss costs are version-dependent (2.5) [A]. Unchecked families: ``checked``.
@@ -135,10 +136,12 @@ class _Phase:
 
 def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase]:
     act_bytes = compute_bytes(candidate, shape, device)
-    state = (offloaded_state_bytes if candidate.offload else state_bytes)(candidate, shape, device)
+    state = sharded_state((offloaded_state_bytes if candidate.offload else state_bytes)(candidate, shape, device),
+                          candidate, shape, device)
     saved, layer_moment = activation_bytes(candidate, shape, act_bytes)
     logits = logit_bytes(candidate, shape, device, act_bytes, weight_bytes(candidate, shape))
-    resident_gradients = candidate.grad_accum >= 2 or candidate.offload  # offload: its staging buffers
+    # offload: its staging buffers; several ranks: the engine's gradient buffers (DDP buckets, ZeRO partitions)
+    resident_gradients = candidate.grad_accum >= 2 or candidate.offload or candidate.ranks > 1
     static = {"weights": state.weights + state.autocast_copy, "reference": state.reference,
               "optimizer": state.optimizer, "gradients": state.gradients if resident_gradients else 0.0}
     phases = [

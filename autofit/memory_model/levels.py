@@ -33,8 +33,9 @@ def base_candidate(spec: Any) -> Candidate:
         algo=spec.algo,
         model=spec.model,
         device=spec.device,
-        micro_batch=spec.effective_batch,
+        micro_batch=spec.effective_batch // getattr(spec, "ranks", 1),
         grad_accum=1,
+        ranks=getattr(spec, "ranks", 1),
         max_length=spec.max_length,
         user_args=tuple(sorted(dict(getattr(spec, "user_args", None) or {}).items())),
         real_weights=getattr(spec, "real_weights", False),
@@ -81,7 +82,7 @@ def _predictor(calibration: Optional[Calibration], shape: ModelShape):
 
 
 def _best_at_level(state, spec: Any, budget: int, predict_at) -> Tuple[Candidate, Ledger, bool]:
-    effective = spec.effective_batch
+    effective = spec.effective_batch // getattr(spec, "ranks", 1)  # per rank
     batches = divisors(effective) if state.vary_batch else [effective]
     min_length = getattr(spec, "min_length", None) or spec.max_length
     maximize = getattr(spec, "maximize", "batch")
@@ -126,7 +127,7 @@ def expected_rung(spec: Any, budget_bytes: Optional[int] = None, *, calibration:
     shape = shape or (calibration.shape if calibration is not None and calibration.shape is not None else None) \
         or ModelShape.from_model(spec.model)
     rungs = list(rungs) if rungs is not None else resolve_ladder(getattr(spec, "ladder", None))
-    rungs, _ = usable_rungs(rungs, spec.device)  # as the search would climb it
+    rungs, _ = usable_rungs(rungs, spec.device, LadderState(base_candidate(spec)))  # as the search climbs it
     start = LadderState(base_candidate(spec), min_length=getattr(spec, "min_length", None) or spec.max_length,
                         maximize=getattr(spec, "maximize", "batch"))
     predict_at = _predictor(calibration, shape)

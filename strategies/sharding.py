@@ -1,0 +1,55 @@
+"""Sharding across several GPUs (``--gpus N``): DeepSpeed ZeRO stages 1 to 3 and FSDP2 full shard, through accelerate.
+
+With several ranks the base level is plain data parallel: every GPU holds the whole training state. Each sharding
+rung splits more of it across the ranks, at the price of communication (same math, slower steps: speed rungs):
+ZeRO-1 the optimizer states, ZeRO-2 the gradients too, FSDP2 and ZeRO-3 the weights as well (gathered one layer at a
+time). A rung replaces the sharding of the level before it; among the fits of the speed class, throughput decides.
+On one GPU they do not apply.
+"""
+
+import dataclasses
+from typing import Optional
+
+from autofit.engine_files import ZERO_STAGES, deepspeed_missing
+from autofit.ladder import SPEED, LadderState
+
+SHARDING_RUNGS = ("zero1", "zero2", "fsdp2", "zero3")
+HELP = {
+    "zero1": "DeepSpeed ZeRO-1 across the GPUs: optimizer states sharded",
+    "zero2": "DeepSpeed ZeRO-2 across the GPUs: optimizer states and gradients sharded",
+    "fsdp2": "FSDP2 full shard across the GPUs: weights, gradients and optimizer states sharded",
+    "zero3": "DeepSpeed ZeRO-3 across the GPUs: weights, gradients and optimizer states sharded",
+}
+# accelerate sets up DeepSpeed and FSDP with several processes only on an accelerator: on a CPU-only machine its
+# state counts one process under DeepSpeed (the batch checks fail) and refuses FSDP.
+CPU_REASON = "accelerate runs DeepSpeed and FSDP across several processes only on GPUs (on the CPU: data parallel)"
+
+
+class Sharding:
+    cost = SPEED
+
+    def __init__(self, name: str):
+        if name not in SHARDING_RUNGS:
+            raise ValueError(f"unknown sharding '{name}': accepted are {', '.join(SHARDING_RUNGS)}")
+        self.name = name
+        self.help = HELP[name]
+
+    def unavailable(self, device: str) -> Optional[str]:
+        if device == "cpu":
+            return CPU_REASON
+        return deepspeed_missing() if self.name in ZERO_STAGES else None
+
+    def apply(self, state: LadderState):
+        candidate = state.candidate
+        if candidate.ranks < 2 or candidate.offload or candidate.quantization is not None:
+            return None  # one GPU; optimizer offload is its own engine; bitsandbytes weights do not shard here
+        if candidate.sharding == self.name or _rank(candidate.sharding) > _rank(self.name):
+            return None
+        earlier = tuple(r for r in candidate.rungs if r not in SHARDING_RUNGS)
+        state = dataclasses.replace(state, candidate=candidate.replace(rungs=earlier))
+        return state.with_rung(self, candidate_changes={"sharding": self.name})
+
+
+def _rank(name: Optional[str]) -> int:
+    return SHARDING_RUNGS.index(name) + 1 if name in SHARDING_RUNGS else 0
+
