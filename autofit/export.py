@@ -160,7 +160,7 @@ def engine_data(report: SearchReport, candidate: Candidate, out_dir: Optional[Pa
         "deepspeed_config": str(folder / DEEPSPEED_JSON) if candidate.engine in ZERO_STAGES else None,
         "launch": launch_line(candidate.algo, folder / "best.yaml", folder / ACCELERATE_YAML),
         "host_bytes": report.verified.stats.get("host_bytes") or report.chosen.result.stats.get("host_bytes"),
-        "host_bytes_predicted": round(predicted) if predicted is not None else None,
+        "host_bytes_predicted": round(predicted) if predicted else None,
     }
 
 

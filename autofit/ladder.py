@@ -80,15 +80,17 @@ def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState
     applied = None
     if start is not None:
         applied = {name for level in climb(start, rungs) for name in level.rungs}
-    usable, notes = [], []
+    usable, left_out = [], {}
     for rung in rungs:
         if applied is not None and rung.name not in applied:
             usable.append(rung)  # it never applies here: nothing to check, nothing to say
             continue
         reason = rung.unavailable(device) if hasattr(rung, "unavailable") else None
         if reason:
-            notes.append(f"rung {rung.name} left out: {reason}")
+            left_out.setdefault(reason, []).append(rung.name)
             log.info("rung %s left out: %s", rung.name, reason)
         else:
             usable.append(rung)
+    notes = [f"rung{'s' if len(names) > 1 else ''} {', '.join(names)} left out: {reason}"
+             for reason, names in left_out.items()]
     return usable, notes

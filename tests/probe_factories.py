@@ -137,3 +137,26 @@ def sleeps_then_fails(candidate):
     """Takes 1.5 s to build (the probe sits in its "load" phase), then fails as a user's bug would."""
     time.sleep(1.5)
     raise RuntimeError("slept, then failed")
+
+
+RANK_ONE_BALLAST_MIB = 16
+
+
+def rank_one_holds_more(candidate):
+    """The built-in SFT trainer; rank 1 also holds 16 MiB for the whole probe (a rank with more to carry)."""
+    import torch
+
+    from autofit.algos.sft import build_trainer
+
+    trainer = build_trainer(candidate)
+    if os.environ.get("RANK") == "1":
+        trainer.autofit_ballast = torch.zeros(RANK_ONE_BALLAST_MIB * 2**20 // 4)
+    return trainer
+
+
+def rank_one_hangs(candidate):
+    from autofit.algos.sft import build_trainer
+
+    if os.environ.get("RANK") == "1":
+        time.sleep(600)
+    return build_trainer(candidate)

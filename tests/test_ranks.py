@@ -1,0 +1,207 @@
+"""Several GPUs (``--gpus N``): probes of several ranks (real data-parallel TRL training on the CPU, gloo, a simulated
+device per rank), the peak over ranks, a rank's out-of-memory error, a hung rank, the effective batch over ranks,
+the sharding rungs, their accelerate and DeepSpeed files as accelerate's launch code reads them, the per-GPU ledger,
+the export and the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autofit import memory_model as mm
+from autofit.candidate import Candidate
+from autofit.engine_files import ACCELERATE_YAML, DEEPSPEED_JSON, ENGINES, launch_env, write_engine_files
+from autofit.export import write as export_write
+from autofit.ladder import LadderState, climb
+from autofit.outcome import Outcome
+from autofit.ranks import combine
+from autofit.runner import ProcessRunner
+from autofit.search import Search
+from autofit.spec import InputError, SearchSpec
+from strategies import DEFAULT_LADDER, resolve_ladder
+from strategies.sharding import SHARDING_RUNGS
+
+try:
+    from fakes import MiB, FormulaRunner
+    from probe_factories import RANK_ONE_BALLAST_MIB
+except ImportError:  # tests/ became a package
+    from tests.fakes import MiB, FormulaRunner
+    from tests.probe_factories import RANK_ONE_BALLAST_MIB
+
+FACTORIES = "probe_factories" if "probe_factories" in sys.modules else "tests.probe_factories"
+
+
+def two_ranks(**changes) -> Candidate:
+    fields = dict(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=1, grad_accum=1, max_length=64, ranks=2)
+    fields.update(changes)
+    return Candidate(**fields)
+
+
+def _probe_processes():
+    """Probe processes still alive: forked from the forkserver (a grandchild of this process), or started directly
+    (a child that is neither the forkserver nor multiprocessing's resource tracker)."""
+    alive = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            direct = process.ppid() == os.getpid()
+            command = " ".join(process.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if not direct or ("forkserver" not in command and "resource_tracker" not in command):
+            alive.append(process)
+    return alive
+
+
+# -- real ranks on the CPU (data parallel through accelerate, gloo) -----------------------------------------------
+def test_two_ranks_train_together_and_the_peak_is_the_largest_ranks(tmp_path):
+    runner = ProcessRunner(f"{FACTORIES}:rank_one_holds_more", None, tmp_path, timeout_s=300)
+    result = runner.run(two_ranks(), steps=2)
+    assert result.outcome is Outcome.OK, result.error
+    rank0, rank1 = result.stats["rank_peak_bytes"]
+    assert rank1 - rank0 == pytest.approx(RANK_ONE_BALLAST_MIB * MiB, rel=0.02)
+    assert result.peak_bytes == rank1
+    assert result.tokens_per_second > 0 and result.steps == 2
+    # each rank ran under the accelerate config the export writes: two processes of data parallel
+    accelerate_yaml = tmp_path / "probes" / next(p.name for p in (tmp_path / "probes").iterdir()) / "trainer" / \
+        "engine" / ACCELERATE_YAML
+    assert "num_processes: 2" in accelerate_yaml.read_text()
+
+
+def test_an_oom_on_one_rank_is_the_candidates_and_the_other_rank_is_ended(tmp_path):
+    plain = ProcessRunner(f"{FACTORIES}:rank_one_holds_more", None, tmp_path / "measure", timeout_s=300)
+    peaks = plain.run(two_ranks(), steps=2).stats["rank_peak_bytes"]
+    budget = (peaks[0] + peaks[1]) // 2  # rank 0 fits, rank 1 (16 MiB more) does not
+    runner = ProcessRunner(f"{FACTORIES}:rank_one_holds_more", budget, tmp_path / "oom", timeout_s=300)
+    result = runner.run(two_ranks(), steps=2)
+    assert result.outcome is Outcome.OOM and result.error.startswith("rank 1: ")
+    assert not _probe_processes()
+
+
+def test_a_hung_rank_takes_the_probe_down_at_its_time_limit_with_no_orphans(tmp_path):
+    runner = ProcessRunner(f"{FACTORIES}:rank_one_hangs", None, tmp_path, timeout_s=15)
+    result = runner.run(two_ranks(), steps=2)
+    assert result.outcome is Outcome.TIMEOUT
+    assert not _probe_processes()
+
+
+# -- one result from the ranks' -----------------------------------------------------------------------------------
+def _result(outcome, peak, error=""):
+    from autofit.outcome import ProbeResult
+
+    return ProbeResult(outcome, peak_bytes=peak, phase_peaks={"train": peak}, error=error)
+
+
+def test_combine_takes_the_largest_peak_and_any_ranks_oom():
+    ok = combine([_result(Outcome.OK, 5), _result(Outcome.OK, 7)], [False, False])
+    assert ok.outcome is Outcome.OK and ok.peak_bytes == 7 and ok.stats["rank_peak_bytes"] == [5, 7]
+    oom = combine([_result(Outcome.CRASH, 3, "killed"), _result(Outcome.OOM, 9, "out of memory")], [True, False])
+    assert oom.outcome is Outcome.OOM and oom.error == "rank 1: out of memory" and oom.phase_peaks == {"train": 9}
+    crash = combine([_result(Outcome.CRASH, 3, "gloo: connection closed"), _result(Outcome.CRASH, 2, "boom")],
+                    [True, False])
+    assert crash.error == "rank 1: boom"  # the rank killed for another's failure does not speak for the candidate
+
+
+# -- the search over ranks ----------------------------------------------------------------------------------------
+def spec(out_dir, budget, **changes) -> SearchSpec:
+    fields = dict(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(out_dir), device="cuda", max_length=512,
+                  effective_batch=8, ranks=2, verify_steps=10, headroom=0.0, predict=False)
+    fields.update(changes)
+    return SearchSpec(**fields)
+
+
+def test_the_effective_batch_is_kept_over_the_ranks(tmp_path):
+    runner = FormulaRunner(800 * MiB)
+    report = Search(spec(tmp_path, 800 * MiB), runner, resolve_ladder(["micro-batch"])).run()
+    assert runner.candidates and all(c.ranks == 2 and c.micro_batch * c.grad_accum == 4 for c in runner.candidates)
+    assert report.chosen.candidate.effective_batch == 8
+
+
+def test_bad_rank_counts_are_named(tmp_path):
+    with pytest.raises(InputError, match="--effective-batch 6 cannot be split evenly over --gpus 4"):
+        spec(tmp_path, 10**9, effective_batch=6, ranks=4)
+    with pytest.raises(InputError, match="--gpus 0 is not valid"):
+        spec(tmp_path, 10**9, ranks=0)
+    assert spec(tmp_path, 10**9).study_name() != spec(tmp_path, 10**9, ranks=1).study_name()  # resume per rank count
+
+
+def test_sharding_rungs_apply_only_across_several_gpus():
+    rungs = resolve_ladder(["micro-batch", *SHARDING_RUNGS])
+    one = climb(LadderState(two_ranks(device="cuda", ranks=1, micro_batch=2)), rungs)
+    assert [level.rungs for level in one] == [(), ("micro-batch",)]
+    levels = climb(LadderState(two_ranks(device="cuda", ranks=4, micro_batch=2)), rungs)
+    assert [level.candidate.sharding for level in levels] == [None, None, *SHARDING_RUNGS]
+    assert levels[-1].rungs == ("micro-batch", "zero3")  # a sharding replaces the one before it
+    assert all(level.cost == "speed" for level in levels[1:])
+
+
+def test_on_the_cpu_only_data_parallel_runs_and_the_notes_say_why(tmp_path):
+    report = Search(spec(tmp_path, 800 * MiB, device="cpu"), FormulaRunner(800 * MiB), list(DEFAULT_LADDER)).run()
+    assert any(note.startswith("rungs zero1, zero2, fsdp2, zero3 left out: accelerate runs DeepSpeed and FSDP")
+               for note in report.notes)
+    one_gpu = Search(spec(tmp_path / "one", 800 * MiB, device="cpu", ranks=1), FormulaRunner(800 * MiB),
+                     list(DEFAULT_LADDER)).run()
+    assert not any("zero1" in note for note in one_gpu.notes)  # nothing to say where sharding cannot apply
+
+
+# -- the engines' files, as accelerate's launch code reads them -----------------------------------------------------
+@pytest.mark.parametrize("engine", [e for e in ENGINES if e != "zero2-offload"])
+def test_engine_files_for_several_gpus_are_what_accelerate_launch_reads(tmp_path, engine):
+    files = write_engine_files(tmp_path, engine, "cuda", ranks=4)
+    text = (tmp_path / ACCELERATE_YAML).read_text()
+    assert "num_processes: 4" in text
+    env = launch_env(files["accelerate"], "cuda", engine)
+    if engine.startswith("zero"):
+        stage = json.loads((tmp_path / DEEPSPEED_JSON).read_text())["zero_optimization"]["stage"]
+        assert stage == int(engine[-1]) and env["ACCELERATE_USE_DEEPSPEED"] == "true"
+    elif engine == "fsdp2":
+        assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+        assert not (tmp_path / DEEPSPEED_JSON).exists()
+    else:
+        assert "distributed_type: MULTI_GPU" in text and "ACCELERATE_USE_DEEPSPEED" not in env
+
+
+# -- the per-GPU ledger ---------------------------------------------------------------------------------------------
+def test_each_sharding_holds_less_per_gpu_for_a_full_fine_tune():
+    base = Candidate(algo="sft", model="Qwen/Qwen2.5-7B", device="cuda", micro_batch=1, grad_accum=1,
+                     max_length=1024, checkpointing=True, ranks=4)
+    peak = {s: mm.predict(base.replace(sharding=s)).total for s in (None, *SHARDING_RUNGS)}
+    assert peak[None] > peak["zero1"] > peak["zero2"] > peak["zero3"]
+    assert peak["fsdp2"] < peak["zero2"]
+    one = mm.predict(base.replace(ranks=1)).total
+    assert peak[None] > one  # data parallel: every rank holds it all, and DDP's buckets copy the gradients
+
+
+def test_estimate_shows_the_per_gpu_ledger_of_each_strategy():
+    out = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", "--model", "Qwen/Qwen2.5-7B", "--algo",
+                          "grpo", "--gpus", "4", "--gpu-memory", "24GB"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for rung in SHARDING_RUNGS:
+        assert f"+{rung}" in out.stdout
+
+
+def test_export_writes_the_launch_for_several_gpus(tmp_path):
+    report = Search(spec(tmp_path, 800 * MiB), FormulaRunner(800 * MiB), resolve_ladder(["micro-batch"])).run()
+    export_write(report, tmp_path)
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["engine"]["name"] == "ddp" and best["engine"]["ranks"] == 2
+    assert best["engine"]["launch"].endswith(f"--accelerate_config {tmp_path.resolve() / ACCELERATE_YAML}")
+    assert "num_processes: 2" in (tmp_path / ACCELERATE_YAML).read_text()
+    assert "# 2 GPUs (ddp, accelerate.yaml): the batch size and accumulation are per GPU" in \
+        (tmp_path / "best.yaml").read_text()
+
+
+@pytest.mark.parametrize("value, message", [("0", "'0' is not valid"), ("two", "'two' is not valid"),
+                                            ("all", "--gpus all: the simulated device has no GPUs to count")])
+def test_bad_gpus_on_the_command_line(tmp_path, value, message):
+    out = subprocess.run([sys.executable, "-m", "autofit.cli", "search", "--model", "tiny-qwen2", "--device", "cpu",
+                          "--gpu-memory", "100MiB", "--gpus", value, "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr
