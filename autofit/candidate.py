@@ -71,6 +71,8 @@ class Candidate:
     # (``autofit.engine_files``: "zero1", "zero2", "zero3", "fsdp2"; None: plain data parallel with several ranks).
     ranks: int = 1
     sharding: Optional[str] = None
+    # RL: vLLM generates ("colocate": in the training process, "server": elsewhere); the trainer does not.
+    vllm: Optional[str] = None
     env: Tuple[Tuple[str, str], ...] = ()
     rungs: Tuple[str, ...] = ()
     # Training arguments the user fixed (learning rate, ...): passed through untouched.
@@ -217,7 +219,7 @@ class Candidate:
         for late in ("dtype", "offload"):  # added after studies were stored: keep their keys
             if data.get(late) is None:
                 data.pop(late)
-        for flag in ("trust_remote_code", "activation_offload", "sharding"):
+        for flag in ("trust_remote_code", "activation_offload", "sharding", "vllm"):
             if not data.get(flag):
                 data.pop(flag, None)
         if data.get("ranks") == 1:

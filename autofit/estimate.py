@@ -36,6 +36,7 @@ from autofit.memory_model import (
     unchecked_reason,
 )
 from autofit.memory_model.checked import sizes_are_exact
+from autofit.memory_model.vllm import VLLM_MODES, vllm_share
 from autofit.spec import InputError, SearchSpec, format_size, parse_size
 from strategies import resolve_ladder
 
@@ -70,6 +71,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--num-generations", type=int, help="grpo/rloo: completions per prompt (default: TRL's)")
     parser.add_argument("--max-prompt-length", type=positive_int, default=128, help="grpo/rloo: prompt length (128)")
     parser.add_argument("--beta", type=float, help="grpo/rloo: KL coefficient; > 0 without LoRA adds a reference model")
+    parser.add_argument("--use-vllm", metavar="MODE", dest="use_vllm",
+                        help="grpo/rloo: vLLM generates, 'colocate' (in each training process, sharing its GPU) or "
+                             "'server' (trl vllm-serve on other GPUs); estimated only, vLLM is not probed")
+    parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3, dest="vllm_utilization",
+                        help="colocate: the share of each GPU vLLM takes (TRL's default 0.3)")
     parser.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="estimate a model that needs its own code (auto_map) from its configuration")
@@ -115,6 +121,13 @@ def spec_from_args(args) -> SearchSpec:
         flags = [f for f, v in (("--num-generations", args.num_generations), ("--beta", args.beta)) if v is not None]
         if flags:
             raise InputError(f"{flags[0]} applies to grpo and rloo, not to '{args.algo}'")
+    if args.use_vllm is not None and args.use_vllm not in VLLM_MODES:
+        raise InputError(f"--use-vllm '{args.use_vllm}' is not valid: accepted are {', '.join(VLLM_MODES)}")
+    if args.use_vllm is not None and not rl:
+        raise InputError(f"--use-vllm applies to grpo and rloo, not to '{args.algo}'")
+    if not 0 < args.vllm_utilization < 1:
+        raise InputError(f"--vllm-gpu-memory-utilization {args.vllm_utilization} is not valid: a fraction between 0 "
+                         "and 1 is accepted")
     if args.beta is not None and args.beta < 0:
         raise InputError(f"--beta {args.beta} is not valid: it must be 0 or more")
     ladder = None
@@ -128,6 +141,8 @@ def spec_from_args(args) -> SearchSpec:
         algo=args.algo,
         device=args.device,
         ranks=ranks,
+        vllm=args.use_vllm,
+        vllm_utilization=args.vllm_utilization,
         budget_bytes=parse_size(args.gpu_memory),
         max_length=args.max_length or (512 if rl else 1024),
         min_length=args.min_length,
@@ -192,6 +207,40 @@ def parameters_line(shape: ModelShape, algo: str = "sft") -> str:
     return f"{census.total:,} parameters {where}{experts}"
 
 
+def trainer_budget(spec: SearchSpec) -> int:
+    """The memory the trainer has on each GPU: all of it, less vLLM's share when it is colocated."""
+    if spec.vllm == "colocate":
+        return int(spec.budget_bytes * (1 - spec.vllm_utilization))
+    return spec.budget_bytes
+
+
+def vllm_lines(spec: SearchSpec, shape: ModelShape) -> List[str]:
+    """What vLLM's share of each GPU holds (``memory_model.vllm``), and whether it starts and holds TRL's batch."""
+    if spec.vllm is None:
+        return []
+    if spec.vllm == "server":
+        return ["vllm: server mode: vLLM runs on other GPUs (trl vllm-serve), the trainer has the whole budget and "
+                "does not generate; size the server's GPUs with its own --gpu-memory-utilization"]
+    per_rank = spec.effective_batch // spec.ranks
+    share = vllm_share(shape, spec.budget_bytes, spec.vllm_utilization, max_num_seqs=per_rank,
+                       sequence_tokens=spec.prompt_length + spec.max_length, algo=spec.algo)
+    head = (f"vllm: colocate, {spec.vllm_utilization:.0%} of each GPU ({format_size(share.share)}): weights "
+            f"{format_size(share.weights)} (bf16) + profiling peak {format_size(share.profile_peak)}; ")
+    if share.kv_cache <= 0 or not share.starts:
+        need = (share.weights + share.profile_peak + share.start_tokens * share.kv_per_token) / spec.budget_bytes
+        return [head + f"no room for a KV cache of one {share.max_model_len}-token sequence: vLLM will not start. "
+                f"Raise --vllm-gpu-memory-utilization to at least {need:.2f} (the trainer then has the rest), set "
+                "vllm_max_model_length, or use server mode"]
+    tokens = int(share.kv_cache // share.kv_per_token)
+    batch = (f"it holds TRL's {per_rank} sequences of {spec.prompt_length + spec.max_length} tokens at once"
+             if share.holds_the_batch else
+             f"TRL's {per_rank} sequences of {spec.prompt_length + spec.max_length} tokens need "
+             f"{share.batch_tokens:,}: vLLM queues the rest (slower generation, no error)")
+    return [head + f"KV cache {format_size(share.kv_cache)} = {tokens:,} tokens; {batch}",
+            f"vllm: the trainer's budget is the rest, {format_size(trainer_budget(spec))} per GPU, without a "
+            "generation phase (estimated only: vLLM is not probed)"]
+
+
 def _unit(budget: float) -> Tuple[str, float]:
     return ("GiB", 2**30) if budget >= 2 * 2**30 else ("MiB", 2**20)
 
@@ -205,12 +254,15 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
                   result: Optional[RungEstimate] = None) -> str:
     """The report printed by ``autofit estimate``: one row per ladder level (the level's largest micro-batch
     predicted to fit, else its smallest), the ledger's terms at the predicted peak, the band and the verdict."""
-    budget = spec.budget_bytes
+    budget = trainer_budget(spec)
     result = result or expected_rung(spec, budget, calibration=calibration)
     length_name = "max_completion_length" if spec.algo in RL_ALGOS else "max_length"
     lines = [
-        f"autofit estimate: {spec.algo} {spec.model} on {spec.device}, budget {format_size(budget)}, "
-        f"effective batch {spec.effective_batch}, {length_name} {spec.max_length}"
+        f"autofit estimate: {spec.algo} {spec.model} on {spec.device}, budget {format_size(spec.budget_bytes)}"
+        + (" per GPU" if spec.ranks > 1 else "")
+        + (f" ({format_size(budget)} for the trainer beside vLLM)" if budget != spec.budget_bytes else "")
+        + f", effective batch {spec.effective_batch}" + (f" over {spec.ranks} GPUs" if spec.ranks > 1 else "")
+        + f", {length_name} {spec.max_length}"
         + (f", prompt {spec.prompt_length}" if spec.algo in RL_ALGOS else ""),
     ]
     shape = ModelShape.from_model(spec.model)
@@ -221,6 +273,7 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     if unchecked and calibration is None:
         lines.append(f"note: {unchecked}: the band is widened; a search's probes calibrate it")
     lines += [f"note: {note}" for note in notes]
+    lines += vllm_lines(spec, shape)
     start = LadderState(base_candidate(spec))
     lines += [f"note: {note}" for note in usable_rungs(resolve_ladder(spec.ladder), spec.device, start)[1]]
     unit, scale = _unit(budget)

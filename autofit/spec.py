@@ -98,6 +98,8 @@ class SearchSpec:
     min_length: Optional[int] = None  # floor for the shorter-length rung; None: max_length (never cut)
     effective_batch: int = 8  # sequences per optimizer step over every rank
     ranks: int = 1  # processes (GPUs) that train together (--gpus)
+    vllm: Optional[str] = None  # estimate only: vLLM generates ("colocate" or "server")
+    vllm_utilization: float = 0.3  # colocate: the share of each GPU vLLM takes (TRL's vllm_gpu_memory_utilization)
     maximize: str = "batch"
     ladder: Optional[List[str]] = None  # rung names; None: the default ladder
     user_args: Dict[str, Any] = field(default_factory=dict)

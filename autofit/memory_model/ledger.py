@@ -153,7 +153,7 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
     ]
     if candidate.offload:
         phases.append(_Phase("engine_setup", {"weights": engine_setup_bytes(candidate, shape, device)}))
-    if candidate.is_rl:
+    if candidate.is_rl and not candidate.vllm:  # with vLLM the trainer does not generate (``vllm``)
         phases.append(_Phase("generation", {"weights": state.weights, "reference": state.reference,
                                             "optimizer": state.optimizer,
                                             "generation": generation_bytes(candidate, shape, act_bytes)}))

@@ -36,6 +36,7 @@ def base_candidate(spec: Any) -> Candidate:
         micro_batch=spec.effective_batch // getattr(spec, "ranks", 1),
         grad_accum=1,
         ranks=getattr(spec, "ranks", 1),
+        vllm=getattr(spec, "vllm", None),
         max_length=spec.max_length,
         user_args=tuple(sorted(dict(getattr(spec, "user_args", None) or {}).items())),
         real_weights=getattr(spec, "real_weights", False),

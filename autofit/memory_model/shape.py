@@ -72,6 +72,7 @@ class ModelShape:
     expert_intermediate: int = 0
     shared_intermediate: int = 0
     moe_layers: int = 0
+    max_positions: Optional[int] = None  # max_position_embeddings (vLLM's default max_model_len)
     # The parameters counted from the model built by transformers (None: not built here; see ``census``).
     census: Optional[Census] = field(default=None, compare=False)
 
@@ -119,6 +120,7 @@ class ModelShape:
             attention_softcap=bool(config.get("attn_logit_softcapping")),
             final_softcap=bool(config.get("final_logit_softcapping")),
             census=census,
+            max_positions=int(config["max_position_embeddings"]) if config.get("max_position_embeddings") else None,
             **_experts(config, int(config["num_hidden_layers"])),
         )
 

@@ -1,0 +1,68 @@
+"""vLLM generating for GRPO/RLOO (``use_vllm``): its share of each GPU, from vLLM's own memory accounting.
+
+vLLM takes ``gpu_memory_utilization`` of the GPU's total memory for itself and splits it, at start-up, into the
+model's weights, the peak of a profiling run, and the KV cache: whatever is left [D: vLLM docs, "gpu_memory_utilization:
+the fraction of GPU memory to be used for the model executor ... KV cache size is determined by the remaining memory
+after the model weights and activations"]. It refuses to start when the KV cache cannot hold one sequence of
+``max_model_len`` tokens, and queues sequences (slower, never an out-of-memory error) when it cannot hold the
+batch's. TRL 1.16 (``grpo_trainer.py``) starts it with ``max_num_seqs`` = per-device batch x tensor parallel x
+``steps_per_generation``, ``max_num_batched_tokens`` = 4096 and ``max_model_len`` = ``vllm_max_model_length``
+(None: the model's ``max_position_embeddings``).
+
+``colocate``: vLLM runs in each training process, so the trainer has ``1 - utilization`` of the GPU and does not
+generate with transformers (no generation phase in its ledger). ``server``: vLLM runs on other GPUs
+(``trl vllm-serve``); the trainer has the whole GPU and no generation phase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from autofit.memory_model.parameters import param_counts
+from autofit.memory_model.shape import ModelShape
+
+VLLM_MODES = ("colocate", "server")
+TRL_DEFAULT_UTILIZATION = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
+TRL_MAX_NUM_BATCHED_TOKENS = 4096
+VLLM_WEIGHT_BYTES = 2  # bf16
+KV_BYTES = 2  # bf16 cache
+# The profiling run's peak per batched token: the MLP's gate/up outputs and a few hidden-size tensors in bf16 [A];
+# the sampler's fp32 logits for every sequence.
+PROFILE_BYTES_PER_TOKEN_I, PROFILE_BYTES_PER_TOKEN_H = 2 * 2, 4 * 2
+SAMPLER_LOGIT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class VllmShare:
+    share: float  # bytes vLLM takes of the GPU (colocate)
+    weights: float
+    profile_peak: float
+    kv_cache: float  # what is left for the KV cache (negative: nothing)
+    kv_per_token: float
+    max_model_len: int
+    start_tokens: int  # the KV cache vLLM needs to start: one sequence of max_model_len
+    batch_tokens: int  # what TRL's batch needs at once: max_num_seqs sequences of prompt + completion
+
+    @property
+    def starts(self) -> bool:
+        return self.kv_cache >= self.start_tokens * self.kv_per_token
+
+    @property
+    def holds_the_batch(self) -> bool:
+        return self.kv_cache >= self.batch_tokens * self.kv_per_token
+
+
+def vllm_share(shape: ModelShape, budget_bytes: int, utilization: float, max_num_seqs: int, sequence_tokens: int,
+               max_model_len: Optional[int] = None, algo: str = "grpo") -> VllmShare:
+    """vLLM's colocated share of one GPU of ``budget_bytes`` (tensor parallel 1)."""
+    share = utilization * budget_bytes
+    weights = param_counts(shape, algo).total * VLLM_WEIGHT_BYTES
+    profile = TRL_MAX_NUM_BATCHED_TOKENS * (PROFILE_BYTES_PER_TOKEN_I * shape.intermediate
+                                            + PROFILE_BYTES_PER_TOKEN_H * shape.hidden) \
+        + max_num_seqs * shape.vocab * SAMPLER_LOGIT_BYTES
+    kv_per_token = 2 * shape.layers * shape.kv_dim * KV_BYTES  # K and V of every layer
+    model_len = max_model_len or shape.max_positions or sequence_tokens
+    return VllmShare(share=share, weights=weights, profile_peak=profile, kv_cache=share - weights - profile,
+                     kv_per_token=kv_per_token, max_model_len=model_len, start_tokens=model_len,
+                     batch_tokens=max_num_seqs * sequence_tokens)

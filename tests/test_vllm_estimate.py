@@ -1,0 +1,75 @@
+"""``autofit estimate --use-vllm``: vLLM's colocated share of each GPU (weights, profiling peak, KV cache) from vLLM's
+own accounting, the trainer's budget beside it, server mode, and bad input. Estimated only: vLLM is not installed
+here and is not probed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from autofit import memory_model as mm
+from autofit.candidate import Candidate
+from autofit.estimate import estimate_text, trainer_budget
+from autofit.memory_model.vllm import vllm_share
+from autofit.spec import SearchSpec, format_size
+
+GB = 10**9
+
+
+def spec(**changes) -> SearchSpec:
+    fields = dict(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cuda", budget_bytes=24 * GB, max_length=512,
+                  effective_batch=8, ranks=4, prompt_length=128, vllm="colocate", vllm_utilization=0.3)
+    fields.update(changes)
+    return SearchSpec(**fields)
+
+
+def test_the_kv_cache_is_what_vllms_share_leaves():
+    shape = mm.ModelShape.from_model("Qwen/Qwen2.5-0.5B")
+    share = vllm_share(shape, 24 * GB, 0.3, max_num_seqs=2, sequence_tokens=640)
+    assert share.share == pytest.approx(0.3 * 24 * GB)
+    assert share.weights == mm.param_counts(shape, "grpo").total * 2
+    assert share.kv_cache == pytest.approx(share.share - share.weights - share.profile_peak)
+    assert share.kv_per_token == 2 * 24 * 128 * 2  # K and V, 24 layers, 2 kv heads x 64, bf16
+    assert share.starts and share.holds_the_batch
+
+
+def test_a_7b_model_leaves_vllm_no_cache_at_the_default_share():
+    text = estimate_text(spec(model="Qwen/Qwen2.5-7B"))
+    line = next(line for line in text.splitlines() if line.startswith("vllm: colocate"))
+    assert "vLLM will not start" in line and "Raise --vllm-gpu-memory-utilization to at least" in line
+    wanted = float(line.split("at least ")[1].split(" ")[0])
+    enough = estimate_text(spec(model="Qwen/Qwen2.5-7B", vllm_utilization=min(wanted + 0.01, 0.99)))
+    assert "vLLM will not start" not in enough
+
+
+def test_colocated_the_trainer_has_the_rest_and_does_not_generate():
+    colocated = spec()
+    assert trainer_budget(colocated) == int(24 * GB * 0.7)
+    header = estimate_text(colocated).splitlines()[0]
+    assert f"budget {format_size(24 * GB)} per GPU ({format_size(int(24 * GB * 0.7))} for the trainer beside vLLM)" \
+        in header
+    candidate = Candidate(algo="grpo", model="Qwen/Qwen2.5-0.5B", device="cuda", micro_batch=2, grad_accum=1,
+                          max_length=512, ranks=4)
+    phases = {ledger.phase for ledger in mm.phase_ledgers(candidate)}
+    assert "generation" in phases
+    assert "generation" not in {ledger.phase for ledger in mm.phase_ledgers(candidate.replace(vllm="colocate"))}
+
+
+def test_server_mode_gives_the_trainer_the_whole_budget():
+    server = spec(vllm="server")
+    assert trainer_budget(server) == 24 * GB
+    assert "vllm: server mode: vLLM runs on other GPUs" in estimate_text(server)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--algo", "sft", "--use-vllm", "colocate"], "--use-vllm applies to grpo and rloo, not to 'sft'"),
+    (["--algo", "grpo", "--use-vllm", "remote"], "--use-vllm 'remote' is not valid: accepted are colocate, server"),
+    (["--algo", "grpo", "--use-vllm", "colocate", "--vllm-gpu-memory-utilization", "1.5"],
+     "--vllm-gpu-memory-utilization 1.5 is not valid"),
+])
+def test_bad_vllm_options_are_one_line_errors(args, message):
+    out = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", "--model", "Qwen/Qwen2.5-0.5B",
+                          "--gpu-memory", "24GB", *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
