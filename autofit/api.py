@@ -195,6 +195,7 @@ def fit(
     beta: Optional[float] = None,
     effective_batch: int = 8,
     gpus: Union[int, str] = 1,
+    nodes: int = 1,
     maximize: str = "batch",
     ladder: Union[None, str, Iterable[Union[str, Rung]]] = None,
     out_dir: Union[str, Path] = "autofit-out",

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--gpus", type=gpus, default=1,
                         help="GPUs on this machine that train together, a number or 'all' (default 1): each probe "
                              "runs one process per GPU through accelerate, and the sharding rungs (ZeRO, FSDP2) apply")
+    search.add_argument("--nodes", type=positive_int, default=1,
+                        help="machines to export for (default 1): the probes run this machine's --gpus; the "
+                             "accelerate config is written for all of them, with the ledger's per-GPU figure")
     search.add_argument("--maximize", default="batch", help="batch (default) or length (longest that fits)")
     search.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
     search.add_argument("--out", dest="out_dir", default="autofit-out",

@@ -70,11 +70,18 @@ def fsdp2_config() -> Dict:
             "fsdp_offload_params": False, "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "FULL_STATE_DICT"}
 
 
-def accelerate_config(engine: str, deepspeed_json: Optional[Path] = None, ranks: int = 1, device: str = "cuda"
-                      ) -> Dict:
-    """``ranks`` processes on this machine under ``engine`` (TRL's accelerate configs' form)."""
+MAIN_NODE_PLACEHOLDER = "MAIN_NODE_IP"
+
+
+def accelerate_config(engine: str, deepspeed_json: Optional[Path] = None, ranks: int = 1, device: str = "cuda",
+                      nodes: int = 1) -> Dict:
+    """``ranks`` processes on each of ``nodes`` machines under ``engine`` (TRL's accelerate configs' form). With
+    several machines, each sets its own ``machine_rank`` and the main one's address."""
     config = {"compute_environment": "LOCAL_MACHINE", "machine_rank": 0, "main_training_function": "main",
-              "num_machines": 1, "num_processes": ranks, "use_cpu": False}
+              "num_machines": nodes, "num_processes": ranks * nodes, "use_cpu": False}
+    if nodes > 1:
+        config.update(main_process_ip=MAIN_NODE_PLACEHOLDER, main_process_port=29500, rdzv_backend="static",
+                      same_network=True)
     if engine in ZERO_STAGES:
         config.update(distributed_type="DEEPSPEED", deepspeed_config={
             "deepspeed_config_file": str(deepspeed_json), "zero3_init_flag": ZERO_STAGES[engine] == 3})
@@ -85,7 +92,8 @@ def accelerate_config(engine: str, deepspeed_json: Optional[Path] = None, ranks:
     return dict(sorted(config.items()))
 
 
-def write_engine_files(folder: Path, engine: str, device: str = "cuda", ranks: int = 1) -> Dict[str, Path]:
+def write_engine_files(folder: Path, engine: str, device: str = "cuda", ranks: int = 1, nodes: int = 1
+                       ) -> Dict[str, Path]:
     """Write the accelerate config for ``engine`` (and the DeepSpeed JSON it points at) into ``folder``; their
     paths by role."""
     import yaml
@@ -101,10 +109,12 @@ def write_engine_files(folder: Path, engine: str, device: str = "cuda", ranks: i
         paths["deepspeed"] = ds_path
     else:
         ds_path.unlink(missing_ok=True)
-    what = f"optimizer offload ({engine})" if engine == ZERO2_OFFLOAD else f"{engine} on {ranks} processes"
+    what = f"optimizer offload ({engine})" if engine == ZERO2_OFFLOAD and ranks * nodes == 1 else \
+        f"{engine} on {ranks} processes" + (f" on each of {nodes} machines (set machine_rank and main_process_ip "
+                                            f"on each)" if nodes > 1 else "")
     atomic_write_text(acc_path, f"{MARKER} {what}" + (f", DeepSpeed config in {DEEPSPEED_JSON}" if engine in
                                                        ZERO_STAGES else "") + "\n"
-                      + yaml.safe_dump(accelerate_config(engine, ds_path, ranks, device), sort_keys=False))
+                      + yaml.safe_dump(accelerate_config(engine, ds_path, ranks, device, nodes), sort_keys=False))
     return paths
 
 

@@ -71,6 +71,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--num-generations", type=int, help="grpo/rloo: completions per prompt (default: TRL's)")
     parser.add_argument("--max-prompt-length", type=positive_int, default=128, help="grpo/rloo: prompt length (128)")
     parser.add_argument("--beta", type=float, help="grpo/rloo: KL coefficient; > 0 without LoRA adds a reference model")
+    parser.add_argument("--nodes", type=positive_int, default=1,
+                        help="machines, each with --gpus GPUs: the ledger at world size GPUs x nodes")
     parser.add_argument("--use-vllm", metavar="MODE", dest="use_vllm",
                         help="grpo/rloo: vLLM generates, 'colocate' (in each training process, sharing its GPU) or "
                              "'server' (trl vllm-serve on other GPUs); estimated only, vLLM is not probed")
@@ -135,7 +137,7 @@ def spec_from_args(args) -> SearchSpec:
         ladder = [name.strip() for name in args.ladder.split(",") if name.strip()]
         if not ladder:
             raise InputError(f"--ladder '{args.ladder}' names no rung")
-    ranks = _ranks(args.gpus)
+    ranks = _ranks(args.gpus) * args.nodes  # the estimate is for the whole world size
     return SearchSpec(
         model=args.model,
         algo=args.algo,
@@ -221,7 +223,7 @@ def vllm_lines(spec: SearchSpec, shape: ModelShape) -> List[str]:
     if spec.vllm == "server":
         return ["vllm: server mode: vLLM runs on other GPUs (trl vllm-serve), the trainer has the whole budget and "
                 "does not generate; size the server's GPUs with its own --gpu-memory-utilization"]
-    per_rank = spec.effective_batch // spec.ranks
+    per_rank = spec.effective_batch // (spec.ranks * spec.nodes)
     share = vllm_share(shape, spec.budget_bytes, spec.vllm_utilization, max_num_seqs=per_rank,
                        sequence_tokens=spec.prompt_length + spec.max_length, algo=spec.algo)
     head = (f"vllm: colocate, {spec.vllm_utilization:.0%} of each GPU ({format_size(share.share)}): weights "

@@ -14,14 +14,8 @@ from autofit import memory_model
 from autofit.candidate import RL_ALGOS, Candidate
 from autofit.files import atomic_write_text, one_line
 from autofit.device import first_gpu
-from autofit.engine_files import (
-    ACCELERATE_YAML,
-    DEEPSPEED_JSON,
-    ZERO_STAGES,
-    launch_line,
-    remove_stale_engine_files,
-    write_engine_files,
-)
+from autofit.engine_files import ACCELERATE_YAML, remove_stale_engine_files, write_engine_files
+from autofit.export_engine import engine_comments, engine_data, exported_engine, host_memory_data
 from autofit.margin import over_margin
 from autofit.probe_kit import trainable_checkpoint
 from autofit.registry import resolve_model
@@ -145,40 +139,6 @@ def usage(algo: str, offload: Optional[str] = None) -> str:
     return f"# use: trl {algo} --config best.yaml{engine} --dataset_name YOUR_DATASET"
 
 
-def engine_data(report: SearchReport, candidate: Candidate, out_dir: Optional[Path]) -> Optional[Dict[str, Any]]:
-    """best.json's account of the engine (optimizer offload, several GPUs): its files, the launch line, the ranks,
-    host memory measured and predicted."""
-    if not candidate.engine:
-        return None
-    folder = Path(out_dir or report.spec.out_dir).resolve()
-    shape = memory_model.shape_or_none(candidate.model)
-    predicted = memory_model.host_bytes(candidate, shape, candidate.device) if shape is not None else None
-    return {
-        "name": candidate.engine,
-        "ranks": candidate.ranks,
-        "accelerate_config": str(folder / ACCELERATE_YAML),
-        "deepspeed_config": str(folder / DEEPSPEED_JSON) if candidate.engine in ZERO_STAGES else None,
-        "launch": launch_line(candidate.algo, folder / "best.yaml", folder / ACCELERATE_YAML),
-        "host_bytes": report.verified.stats.get("host_bytes") or report.chosen.result.stats.get("host_bytes"),
-        "host_bytes_predicted": round(predicted) if predicted else None,
-    }
-
-
-def host_memory_data(report: SearchReport, candidate: Candidate) -> Optional[Dict[str, Any]]:
-    """best.json's host memory the offloading rungs need (pinned on a GPU machine): measured and predicted."""
-    if not (candidate.offload or candidate.activation_offload):
-        return None
-    measured = {}
-    for key in ("host_bytes", "activation_host_bytes"):
-        value = report.verified.stats.get(key) or report.chosen.result.stats.get(key)
-        if value:
-            measured[key] = value
-    shape = memory_model.shape_or_none(candidate.model)
-    predicted = memory_model.host_bytes(candidate, shape, candidate.device) if shape is not None else None
-    return {"bytes": sum(measured.values()) or None, "predicted_bytes": round(predicted) if predicted else None,
-            "optimizer_bytes": measured.get("host_bytes"), "activation_bytes": measured.get("activation_host_bytes")}
-
-
 def _scalar(value: Any) -> str:
     """One YAML line: strings as double-quoted JSON (escapes keep a newline in a value from starting a key)."""
     if isinstance(value, str):
@@ -196,22 +156,9 @@ def yaml_text(report: SearchReport) -> str:
         f"{format_size(spec.budget_bytes)}",
         f"# verified peak {format_size(report.verified.peak_bytes)} over {report.verified.steps} steps; "
         f"rungs: {', '.join(candidate.rungs) or 'none'}",
-        usage(one_line(spec.algo), candidate.engine),
+        usage(one_line(spec.algo), exported_engine(report)),
     ]
-    if candidate.offload:
-        host = report.verified.stats.get("host_bytes") or fit.result.stats.get("host_bytes")
-        lines.append(f"# optimizer offload ({candidate.offload}, {ACCELERATE_YAML} + {DEEPSPEED_JSON}): fp32 master "
-                     "weights, gradients and AdamW states in host memory"
-                     + (f" ({format_size(host)} measured)" if host else "") + "; same math, slower steps")
-    if candidate.ranks > 1:
-        peaks = report.verified.stats.get("rank_peak_bytes") or fit.result.stats.get("rank_peak_bytes") or []
-        lines.append(f"# {candidate.ranks} GPUs ({candidate.engine}, {ACCELERATE_YAML}): the batch size and accumulation "
-                     f"are per GPU, {candidate.effective_batch} sequences per optimizer step in all"
-                     + (f"; peak per GPU {', '.join(format_size(p) for p in peaks)}" if peaks else ""))
-    if candidate.activation_offload:
-        host = report.verified.stats.get("activation_host_bytes") or fit.result.stats.get("activation_host_bytes")
-        lines.append("# activation offloading: saved activations in host memory until the backward pass"
-                     + (f" (at most {format_size(host)} measured)" if host else "") + "; same math, slower steps")
+    lines += engine_comments(report, candidate)
     if candidate.is_rl and candidate.prompt_length:
         lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.algo)} does not "
                      "truncate prompts, so keep yours this short (or search with --max-prompt-length)")
@@ -388,10 +335,10 @@ def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "best.json", "yaml": out_dir / "best.yaml"}
     atomic_write_text(paths["json"], json.dumps(json_data(report, out_dir), indent=2, default=str) + "\n")
-    engine = report.chosen.candidate.engine if report.fits else None
+    engine = exported_engine(report) if report.fits else None
     if engine:
         chosen = report.chosen.candidate
-        paths.update(write_engine_files(out_dir, engine, chosen.device, chosen.ranks))
+        paths.update(write_engine_files(out_dir, engine, chosen.device, chosen.ranks, report.spec.nodes))
     else:
         remove_stale_engine_files(out_dir)
     if report.fits:

@@ -97,7 +97,8 @@ class SearchSpec:
     max_length: int = 1024
     min_length: Optional[int] = None  # floor for the shorter-length rung; None: max_length (never cut)
     effective_batch: int = 8  # sequences per optimizer step over every rank
-    ranks: int = 1  # processes (GPUs) that train together (--gpus)
+    ranks: int = 1  # processes (GPUs) that train together on this machine (--gpus): what probes run
+    nodes: int = 1  # machines the export is for (--nodes): the probes run one machine's ranks
     vllm: Optional[str] = None  # estimate only: vLLM generates ("colocate" or "server")
     vllm_utilization: float = 0.3  # colocate: the share of each GPU vLLM takes (TRL's vllm_gpu_memory_utilization)
     maximize: str = "batch"
@@ -146,9 +147,13 @@ class SearchSpec:
                              f"{MAX_TOKENS_PER_STEP:,} on one device")
         if not isinstance(self.ranks, int) or isinstance(self.ranks, bool) or self.ranks < 1:
             raise InputError(f"--gpus {self.ranks!r} is not valid: a positive number of GPUs is accepted")
-        if isinstance(self.effective_batch, int) and self.effective_batch % self.ranks:
-            raise InputError(f"--effective-batch {self.effective_batch} cannot be split evenly over --gpus {self.ranks}: "
-                             f"use a multiple of {self.ranks}")
+        if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
+            raise InputError(f"--nodes {self.nodes!r} is not valid: a positive number of machines is accepted")
+        world = self.ranks * self.nodes
+        if isinstance(self.effective_batch, int) and self.effective_batch % world:
+            where = f"--gpus {self.ranks}" + (f" x --nodes {self.nodes}" if self.nodes > 1 else "")
+            raise InputError(f"--effective-batch {self.effective_batch} cannot be split evenly over {where}: "
+                             f"use a multiple of {world}")
         if self.verify_steps != AUTO_VERIFY and (not isinstance(self.verify_steps, int) or self.verify_steps < 1):
             raise InputError(f"--verify-steps {self.verify_steps!r} is not valid: use a positive integer or 'auto'")
         for name in ("max_length", "effective_batch", "probe_steps"):
@@ -202,8 +207,8 @@ class SearchSpec:
 
     @property
     def rank_batch(self) -> int:
-        """Sequences per optimizer step on each rank (micro-batch x accumulation)."""
-        return self.effective_batch // self.ranks
+        """Sequences per optimizer step on each rank (micro-batch x accumulation), over every node."""
+        return self.effective_batch // (self.ranks * self.nodes)
 
     def verify_plan(self) -> Tuple[int, int, Optional[float]]:
         """(at most this many optimizer steps, at least this many, time cap in seconds) of the verification."""
@@ -224,6 +229,8 @@ class SearchSpec:
             parts.append("trust_remote_code")
         if self.ranks > 1:
             parts.append(f"ranks={self.ranks}")
+        if self.nodes > 1:
+            parts.append(f"nodes={self.nodes}")
         if self.algo in RL_ALGOS:
             parts += [str(self.num_generations), str(self.prompt_length)]
         return "|".join(parts)

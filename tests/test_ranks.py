@@ -205,3 +205,28 @@ def test_bad_gpus_on_the_command_line(tmp_path, value, message):
                           "--gpu-memory", "100MiB", "--gpus", value, "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr
+
+
+# -- several machines: export only ----------------------------------------------------------------------------------
+def test_several_machines_are_exported_with_the_ledger_at_their_world_size(tmp_path):
+    two_by_two = spec(tmp_path, 800 * MiB, nodes=2)
+    runner = FormulaRunner(800 * MiB)
+    report = Search(two_by_two, runner, resolve_ladder(["micro-batch"])).run()
+    assert all(c.ranks == 2 and c.micro_batch * c.grad_accum == 2 for c in runner.candidates)  # 8 over 2 x 2
+    export_write(report, tmp_path)
+    text = (tmp_path / ACCELERATE_YAML).read_text()
+    assert "num_machines: 2" in text and "num_processes: 4" in text and "main_process_ip: MAIN_NODE_IP" in text
+    launch_env(tmp_path / ACCELERATE_YAML, "cuda", "ddp")  # accelerate's launch code takes it
+    engine = json.loads((tmp_path / "best.json").read_text())["engine"]
+    assert engine["world_size"] == 4 and engine["peak_bytes_predicted_at_world_size"] > 0
+    best_yaml = (tmp_path / "best.yaml").read_text()
+    assert "# 2 GPUs x 2 machines (ddp, accelerate.yaml)" in best_yaml and "at world size 4" in best_yaml
+    with pytest.raises(InputError, match="cannot be split evenly over --gpus 2 x --nodes 2: use a multiple of 4"):
+        spec(tmp_path, 800 * MiB, nodes=2, effective_batch=6)
+
+
+def test_estimate_for_several_machines_is_at_their_world_size():
+    out = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", "--model", "Qwen/Qwen2.5-7B", "--gpus", "4",
+                          "--nodes", "2", "--gpu-memory", "80GB"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "effective batch 8 over 8 GPUs" in out.stdout.splitlines()[0]

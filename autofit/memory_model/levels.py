@@ -33,7 +33,7 @@ def base_candidate(spec: Any) -> Candidate:
         algo=spec.algo,
         model=spec.model,
         device=spec.device,
-        micro_batch=spec.effective_batch // getattr(spec, "ranks", 1),
+        micro_batch=spec.effective_batch // (getattr(spec, "ranks", 1) * getattr(spec, "nodes", 1)),
         grad_accum=1,
         ranks=getattr(spec, "ranks", 1),
         vllm=getattr(spec, "vllm", None),
@@ -83,7 +83,7 @@ def _predictor(calibration: Optional[Calibration], shape: ModelShape):
 
 
 def _best_at_level(state, spec: Any, budget: int, predict_at) -> Tuple[Candidate, Ledger, bool]:
-    effective = spec.effective_batch // getattr(spec, "ranks", 1)  # per rank
+    effective = spec.effective_batch // (getattr(spec, "ranks", 1) * getattr(spec, "nodes", 1))  # per rank
     batches = divisors(effective) if state.vary_batch else [effective]
     min_length = getattr(spec, "min_length", None) or spec.max_length
     maximize = getattr(spec, "maximize", "batch")
