@@ -124,6 +124,17 @@ def test_the_effective_batch_is_kept_over_the_ranks(tmp_path):
     assert report.chosen.candidate.effective_batch == 8
 
 
+def test_a_search_over_ranks_resumes_and_a_new_rank_count_does_not(tmp_path):
+    first = Search(spec(tmp_path, 800 * MiB), FormulaRunner(800 * MiB), resolve_ladder(["micro-batch"])).run()
+    again_runner = FormulaRunner(800 * MiB)
+    again = Search(spec(tmp_path, 800 * MiB), again_runner, resolve_ladder(["micro-batch"])).run()
+    assert first.probes_run > 0 and again.probes_run == 0 and not again_runner.probes(steps=2)
+    assert again.chosen.candidate.key() == first.chosen.candidate.key()
+    four = FormulaRunner(800 * MiB)
+    Search(spec(tmp_path, 800 * MiB, ranks=4), four, resolve_ladder(["micro-batch"])).run()
+    assert four.probes(steps=2) and all(c.ranks == 4 for c in four.candidates)
+
+
 def test_bad_rank_counts_are_named(tmp_path):
     with pytest.raises(InputError, match="--effective-batch 6 cannot be split evenly over --gpus 4"):
         spec(tmp_path, 10**9, effective_batch=6, ranks=4)
