@@ -36,14 +36,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Union
 
+from pathlib import Path
+
 from autofit.candidate import Candidate
 from autofit.outcome import Outcome, ProbeResult
+from autofit.spec import SearchSpec
 
 KiB = 2**10
 MiB = 2**20
 
 EIGHT_BIT_OPTIM = "adamw_bnb_8bit"
 ALLOC_ENV = "PYTORCH_ALLOC_CONF"
+
+
+def formula_spec(out_dir, budget: int, **changes) -> SearchSpec:
+    """The question a ``FormulaRunner`` search answers: tiny-qwen2 on CUDA (the speed and offload rungs apply),
+    effective batch 8, no headroom and no memory model (the formula is the truth)."""
+    fields = dict(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(out_dir), device="cuda", max_length=512,
+                  effective_batch=8, verify_steps=10, headroom=0.0, predict=False)
+    fields.update(changes)
+    return SearchSpec(**fields)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,9 +23,9 @@ from strategies import DEFAULT_LADDER, RUNGS, resolve_ladder
 from strategies.activation_offload import ActivationOffload
 
 try:
-    from fakes import MiB, FormulaRunner
+    from fakes import MiB, FormulaRunner, formula_spec
 except ImportError:  # tests/ became a package
-    from tests.fakes import MiB, FormulaRunner
+    from tests.fakes import MiB, FormulaRunner, formula_spec
 
 LADDER = ["micro-batch", "checkpointing", "activation-offload"]
 
@@ -38,10 +37,7 @@ def candidate(**changes) -> Candidate:
 
 
 def spec(out_dir, budget, **changes) -> SearchSpec:
-    fields = dict(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(out_dir), device="cuda", max_length=512,
-                  effective_batch=8, verify_steps=10, headroom=0.0, predict=False)
-    fields.update(changes)
-    return SearchSpec(**fields)
+    return formula_spec(out_dir, budget, **changes)
 
 
 # -- the rung -------------------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -37,9 +36,9 @@ from strategies import RUNGS, resolve_ladder
 from strategies.offload import OptimizerOffload
 
 try:
-    from fakes import MiB, FormulaRunner
+    from fakes import MiB, FormulaRunner, formula_spec
 except ImportError:  # tests/ became a package
-    from tests.fakes import MiB, FormulaRunner
+    from tests.fakes import MiB, FormulaRunner, formula_spec
 
 needs_deepspeed = pytest.mark.skipif(deepspeed_missing() is not None, reason="DeepSpeed is not installed")
 
@@ -51,10 +50,7 @@ def candidate(**changes) -> Candidate:
 
 
 def spec(out_dir, budget, **changes) -> SearchSpec:
-    fields = dict(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(out_dir), device="cuda", max_length=512,
-                  effective_batch=8, verify_steps=10, headroom=0.0, predict=False)
-    fields.update(changes)
-    return SearchSpec(**fields)
+    return formula_spec(out_dir, budget, **changes)
 
 
 # -- the rung ---------------------------------------------------------------------------------------------------

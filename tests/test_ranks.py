@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
@@ -28,10 +27,10 @@ from strategies import DEFAULT_LADDER, resolve_ladder
 from strategies.sharding import SHARDING_RUNGS
 
 try:
-    from fakes import MiB, FormulaRunner
+    from fakes import MiB, FormulaRunner, formula_spec
     from probe_factories import RANK_ONE_BALLAST_MIB
 except ImportError:  # tests/ became a package
-    from tests.fakes import MiB, FormulaRunner
+    from tests.fakes import MiB, FormulaRunner, formula_spec
     from tests.probe_factories import RANK_ONE_BALLAST_MIB
 
 FACTORIES = "probe_factories" if "probe_factories" in sys.modules else "tests.probe_factories"
@@ -111,10 +110,7 @@ def test_combine_takes_the_largest_peak_and_any_ranks_oom():
 
 # -- the search over ranks ----------------------------------------------------------------------------------------
 def spec(out_dir, budget, **changes) -> SearchSpec:
-    fields = dict(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(out_dir), device="cuda", max_length=512,
-                  effective_batch=8, ranks=2, verify_steps=10, headroom=0.0, predict=False)
-    fields.update(changes)
-    return SearchSpec(**fields)
+    return formula_spec(out_dir, budget, **{"ranks": 2, **changes})
 
 
 def test_the_effective_batch_is_kept_over_the_ranks(tmp_path):
