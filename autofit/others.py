@@ -99,8 +99,14 @@ def free_bytes(device: str, budget_bytes: Optional[int]) -> Optional[int]:
 
 
 def _nvml_index() -> int:
-    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
-    return int(first) if first.isdigit() else 0
+    """The NVML index of this process's GPU: its rank's (LOCAL_RANK) entry of CUDA_VISIBLE_DEVICES (NVML ignores
+    that variable); the first one outside a probe of several ranks."""
+    rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    if not visible:
+        return rank
+    chosen = visible[rank] if rank < len(visible) else visible[0]
+    return int(chosen) if chosen.isdigit() else rank
 
 
 def disturbed(stats: dict, budget_bytes: Optional[int]) -> bool:

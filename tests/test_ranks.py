@@ -237,3 +237,15 @@ def test_estimate_for_several_machines_is_at_their_world_size():
                           "--nodes", "2", "--gpu-memory", "80GB"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "effective batch 8 over 8 GPUs" in out.stdout.splitlines()[0]
+
+
+def test_each_rank_watches_its_own_gpu_for_other_processes(monkeypatch):
+    from autofit.others import _nvml_index
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert _nvml_index() == 3  # the search process: the first visible GPU
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert _nvml_index() == 5
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _nvml_index() == 1
