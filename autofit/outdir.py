@@ -148,7 +148,8 @@ def record_probe_process(probe_dir: Path) -> None:
 
 def kill_orphan_probes(out_dir: Path) -> List[str]:
     notes = []
-    for pid_file in sorted((out_dir / "probes").glob(f"*/{PID_FILE}")):
+    probes = out_dir / "probes"
+    for pid_file in sorted([*probes.glob(f"*/{PID_FILE}"), *probes.glob(f"*/rank*/{PID_FILE}")]):  # every rank
         seen = _read_json(pid_file)
         pid, start = seen.get("pid"), seen.get("start")
         if isinstance(pid, int) and start is not None and process_start_ticks(pid) == start:

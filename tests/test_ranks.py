@@ -249,3 +249,14 @@ def test_each_rank_watches_its_own_gpu_for_other_processes(monkeypatch):
     assert _nvml_index() == 5
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert _nvml_index() == 1
+
+
+def test_a_rank_left_running_by_an_earlier_search_is_killed(tmp_path):
+    from autofit.outdir import PID_FILE, kill_orphan_probes, process_start_ticks
+
+    stray = subprocess.Popen(["sleep", "60"])
+    folder = tmp_path / "probes" / "abc-2" / "rank1"
+    folder.mkdir(parents=True)
+    (folder / PID_FILE).write_text(json.dumps({"pid": stray.pid, "start": process_start_ticks(stray.pid)}))
+    notes = kill_orphan_probes(tmp_path)
+    assert stray.wait(timeout=10) == -9 and notes and f"pid {stray.pid}" in notes[0]
