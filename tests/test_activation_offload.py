@@ -149,6 +149,8 @@ def _probe(tmp_path, factory, **changes):
     return run_probe(factory, candidate(device="cpu", probe=probe, **changes), None)
 
 
+@pytest.mark.slow
+@pytest.mark.floor
 def test_trl_offloads_on_the_simulated_device_as_the_ledger_says(tmp_path):
     from autofit.algos import reward
 
@@ -162,6 +164,7 @@ def test_trl_offloads_on_the_simulated_device_as_the_ledger_says(tmp_path):
     assert mm.predict(c).total == pytest.approx(offloaded.peak_bytes, rel=0.05)
 
 
+@pytest.mark.slow
 def test_a_trainer_that_does_not_offload_is_named(tmp_path):
     from autofit.algos import reward
 

@@ -60,6 +60,8 @@ def _probe_processes():
 
 
 # -- real ranks on the CPU (data parallel through accelerate, gloo) -----------------------------------------------
+@pytest.mark.slow
+@pytest.mark.floor
 def test_two_ranks_train_together_and_the_peak_is_the_largest_ranks(tmp_path):
     runner = ProcessRunner(f"{FACTORIES}:rank_one_holds_more", None, tmp_path, timeout_s=300)
     result = runner.run(two_ranks(), steps=2)
@@ -74,6 +76,7 @@ def test_two_ranks_train_together_and_the_peak_is_the_largest_ranks(tmp_path):
     assert "num_processes: 2" in accelerate_yaml.read_text()
 
 
+@pytest.mark.slow
 def test_an_oom_on_one_rank_is_the_candidates_and_the_other_rank_is_ended(tmp_path):
     plain = ProcessRunner(f"{FACTORIES}:rank_one_holds_more", None, tmp_path / "measure", timeout_s=300)
     peaks = plain.run(two_ranks(), steps=2).stats["rank_peak_bytes"]
@@ -84,6 +87,7 @@ def test_an_oom_on_one_rank_is_the_candidates_and_the_other_rank_is_ended(tmp_pa
     assert not _probe_processes()
 
 
+@pytest.mark.slow
 def test_a_hung_rank_takes_the_probe_down_at_its_time_limit_with_no_orphans(tmp_path):
     runner = ProcessRunner(f"{FACTORIES}:rank_one_hangs", None, tmp_path, timeout_s=15)
     result = runner.run(two_ranks(), steps=2)
