@@ -60,28 +60,33 @@ def _probe_processes():
 
 
 # -- real ranks on the CPU (data parallel through accelerate, gloo) -----------------------------------------------
+@pytest.fixture(scope="module")
+def two_ranks_measured(tmp_path_factory):
+    """A probe of two ranks, rank 1 holding 16 MiB more, and its folder."""
+    folder = tmp_path_factory.mktemp("two-ranks")
+    runner = ProcessRunner(f"{FACTORIES}:rank_one_holds_more", None, folder, timeout_s=300)
+    return runner.run(two_ranks(), steps=2), folder
+
+
 @pytest.mark.slow
 @pytest.mark.floor
-def test_two_ranks_train_together_and_the_peak_is_the_largest_ranks(tmp_path):
-    runner = ProcessRunner(f"{FACTORIES}:rank_one_holds_more", None, tmp_path, timeout_s=300)
-    result = runner.run(two_ranks(), steps=2)
+def test_two_ranks_train_together_and_the_peak_is_the_largest_ranks(two_ranks_measured):
+    result, folder = two_ranks_measured
     assert result.outcome is Outcome.OK, result.error
     rank0, rank1 = result.stats["rank_peak_bytes"]
     assert rank1 - rank0 == pytest.approx(RANK_ONE_BALLAST_MIB * MiB, rel=0.02)
     assert result.peak_bytes == rank1
     assert result.tokens_per_second > 0 and result.steps == 2
     # each rank ran under the accelerate config the export writes: two processes of data parallel
-    accelerate_yaml = tmp_path / "probes" / next(p.name for p in (tmp_path / "probes").iterdir()) / "trainer" / \
-        "engine" / ACCELERATE_YAML
-    assert "num_processes: 2" in accelerate_yaml.read_text()
+    [probe] = (folder / "probes").iterdir()
+    assert "num_processes: 2" in (probe / "trainer" / "engine" / ACCELERATE_YAML).read_text()
 
 
 @pytest.mark.slow
-def test_an_oom_on_one_rank_is_the_candidates_and_the_other_rank_is_ended(tmp_path):
-    plain = ProcessRunner(f"{FACTORIES}:rank_one_holds_more", None, tmp_path / "measure", timeout_s=300)
-    peaks = plain.run(two_ranks(), steps=2).stats["rank_peak_bytes"]
+def test_an_oom_on_one_rank_is_the_candidates_and_the_other_rank_is_ended(tmp_path, two_ranks_measured):
+    peaks = two_ranks_measured[0].stats["rank_peak_bytes"]
     budget = (peaks[0] + peaks[1]) // 2  # rank 0 fits, rank 1 (16 MiB more) does not
-    runner = ProcessRunner(f"{FACTORIES}:rank_one_holds_more", budget, tmp_path / "oom", timeout_s=300)
+    runner = ProcessRunner(f"{FACTORIES}:rank_one_holds_more", budget, tmp_path, timeout_s=300)
     result = runner.run(two_ranks(), steps=2)
     assert result.outcome is Outcome.OOM and result.error.startswith("rank 1: ")
     assert not _probe_processes()
@@ -89,7 +94,7 @@ def test_an_oom_on_one_rank_is_the_candidates_and_the_other_rank_is_ended(tmp_pa
 
 @pytest.mark.slow
 def test_a_hung_rank_takes_the_probe_down_at_its_time_limit_with_no_orphans(tmp_path):
-    runner = ProcessRunner(f"{FACTORIES}:rank_one_hangs", None, tmp_path, timeout_s=15)
+    runner = ProcessRunner(f"{FACTORIES}:rank_one_hangs", None, tmp_path, timeout_s=8)
     result = runner.run(two_ranks(), steps=2)
     assert result.outcome is Outcome.TIMEOUT
     assert not _probe_processes()
