@@ -97,8 +97,9 @@ def plot_levels(spec: SearchSpec, result: RungEstimate, path: str) -> None:
     rows = [(f"{level.level}: {'+' + level.rungs[-1] if level.rungs else 'baseline'} "
              f"({level.candidate.micro_batch}x{level.candidate.grad_accum}, len {level.candidate.max_length})",
              {term: float(getattr(level.ledger, term)) for term in TERMS}) for level in result.levels]
-    title = f"autofit estimate: {spec.algo} {spec.model}, budget {format_size(spec.budget_bytes)}"
-    plots.save(plots.ledger_figure(rows, spec.budget_bytes, title), path)
+    budget = trainer_budget(spec)
+    title = f"autofit estimate: {spec.algo} {spec.model}, budget {format_size(budget)}"
+    plots.save(plots.ledger_figure(rows, budget, title), path)
 
 
 def _check_plot_path(path: Optional[str]) -> None:
