@@ -20,9 +20,11 @@ from typing import Dict, Optional
 from autofit.files import atomic_write_text
 
 ZERO2_OFFLOAD = "zero2-offload"
-ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3, ZERO2_OFFLOAD: 2}
+ZERO3_OFFLOAD, FSDP2_OFFLOAD = "zero3-offload", "fsdp2-offload"
+ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3, ZERO2_OFFLOAD: 2, ZERO3_OFFLOAD: 3}
 FSDP2, DDP = "fsdp2", "ddp"
-ENGINES = (ZERO2_OFFLOAD, "zero1", "zero2", "zero3", FSDP2, DDP)
+FSDP_ENGINES = (FSDP2, FSDP2_OFFLOAD)
+ENGINES = (ZERO2_OFFLOAD, "zero1", "zero2", "zero3", ZERO3_OFFLOAD, FSDP2, FSDP2_OFFLOAD, DDP)
 DEEPSPEED_JSON = "deepspeed.json"
 ACCELERATE_YAML = "accelerate.yaml"
 MARKER = "# written by autofit:"
@@ -45,8 +47,10 @@ def deepspeed_config(device: str = "cuda", engine: str = ZERO2_OFFLOAD) -> Dict:
     speed means nothing there."""
     zero = {"stage": ZERO_STAGES[engine], "contiguous_gradients": True, "overlap_comm": False,
             "reduce_bucket_size": "auto"}
-    if engine == ZERO2_OFFLOAD:
+    if engine in (ZERO2_OFFLOAD, ZERO3_OFFLOAD):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if engine == ZERO3_OFFLOAD:  # the weights' partitions too (ZeRO-Infinity to CPU)
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if ZERO_STAGES[engine] == 3:  # the Trainer fills these from the model's hidden size
         zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto",
                     stage3_gather_16bit_weights_on_model_save=True)
@@ -63,11 +67,11 @@ def deepspeed_config(device: str = "cuda", engine: str = ZERO2_OFFLOAD) -> Dict:
     return config
 
 
-def fsdp2_config() -> Dict:
+def fsdp2_config(offload: bool = False) -> Dict:
     """FSDP2 full shard (TRL's ``fsdp2`` accelerate config): every layer sharded, gathered for its forward and
     backward; the model's own decoder layer class wraps (transformers' ``_no_split_modules``)."""
     return {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_cpu_ram_efficient_loading": True,
-            "fsdp_offload_params": False, "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "FULL_STATE_DICT"}
+            "fsdp_offload_params": offload, "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "FULL_STATE_DICT"}
 
 
 MAIN_NODE_PLACEHOLDER = "MAIN_NODE_IP"
@@ -85,8 +89,8 @@ def accelerate_config(engine: str, deepspeed_json: Optional[Path] = None, ranks:
     if engine in ZERO_STAGES:
         config.update(distributed_type="DEEPSPEED", deepspeed_config={
             "deepspeed_config_file": str(deepspeed_json), "zero3_init_flag": ZERO_STAGES[engine] == 3})
-    elif engine == FSDP2:
-        config.update(distributed_type="FSDP", fsdp_config=fsdp2_config())
+    elif engine in FSDP_ENGINES:
+        config.update(distributed_type="FSDP", fsdp_config=fsdp2_config(offload=engine == FSDP2_OFFLOAD))
     else:
         config.update(distributed_type="MULTI_CPU" if device == "cpu" else "MULTI_GPU", use_cpu=device == "cpu")
     return dict(sorted(config.items()))

@@ -48,7 +48,8 @@ def host_shortfalls(start: LadderState, rungs: Sequence[Rung], shape, device: st
         return []
     available = available if available is not None else available_host_bytes()
     rungs, found = list(rungs), []
-    for name, what in ((ACTIVATION_OFFLOAD_RUNG, "offloaded activations"), (OFFLOAD_RUNG, "offloaded states")):
+    for name, what in ((ACTIVATION_OFFLOAD_RUNG, "offloaded activations"), (OFFLOAD_RUNG, "offloaded states"),
+                       ("fsdp2-offload", "offloaded shards"), ("zero3-offload", "offloaded shards")):
         needs = [_least_need(state.candidate, shape, device) for state in climb(start, rungs) if name in state.rungs]
         if not needs or available is None or min(needs) <= available:
             continue

@@ -23,6 +23,8 @@ SPEED = "speed"  # same math, slower
 QUALITY = "quality"  # different training
 COSTS = (FREE, SPEED, QUALITY)
 OFFLOAD_RUNG = "optimizer-offload"  # strategies.offload: taken off again by the quality rungs
+# strategies.sharding's offloading variants: the quality rungs shrink the level with the shards on the GPU
+SHARDS_BACK_ON_GPU = {"zero3-offload": "zero3", "fsdp2-offload": "fsdp2"}
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class LadderState:
         candidate = self.candidate
         if rung.cost == QUALITY and candidate.offload:  # quality rungs shrink the level without optimizer offload
             candidate = candidate.replace(offload=None, rungs=tuple(r for r in candidate.rungs if r != OFFLOAD_RUNG))
+        if rung.cost == QUALITY and candidate.sharding in SHARDS_BACK_ON_GPU:
+            candidate = candidate.replace(sharding=SHARDS_BACK_ON_GPU[candidate.sharding],
+                                          rungs=tuple(r for r in candidate.rungs if r != candidate.sharding))
         return dataclasses.replace(
             self,
             candidate=candidate.with_rung(rung.name, **candidate_changes),

@@ -17,15 +17,17 @@ from strategies.optimizer import EightBitOptimizer
 from strategies.precision import Bf16Weights
 from strategies.quantization import QuantizedBase
 from strategies.sequence_length import ShorterSequences
+from strategies.sharding import OFFLOADING as SHARDING_OFFLOAD
 from strategies.sharding import SHARDING_RUNGS, Sharding
 
 DEFAULT_LADDER = (
     ExpandableSegments(),  # free
     MicroBatch(),  # speed
-    *(Sharding(name) for name in SHARDING_RUNGS),  # speed; several GPUs only
+    *(Sharding(name) for name in SHARDING_RUNGS if name not in SHARDING_OFFLOAD),  # speed; several GPUs only
     GradientCheckpointing(),  # speed
     ActivationOffload(),  # speed; also tried without checkpointing
     OptimizerOffload(),  # speed; taken off again by the quality rungs
+    *(Sharding(name) for name in SHARDING_OFFLOAD),  # speed; several GPUs, shards in host memory
     Bf16Weights(),  # quality, from here on
     EightBitOptimizer(),
     Lora(),

@@ -3,22 +3,28 @@
 With several ranks the base level is plain data parallel: every GPU holds the whole training state. Each sharding
 rung splits more of it across the ranks, at the price of communication (same math, slower steps: speed rungs):
 ZeRO-1 the optimizer states, ZeRO-2 the gradients too, FSDP2 and ZeRO-3 the weights as well (gathered one layer at a
-time). A rung replaces the sharding of the level before it; among the fits of the speed class, throughput decides.
-On one GPU they do not apply.
+time). The offload variants, after optimizer offload in the default ladder, also keep the shards in host memory:
+FSDP2 with ``fsdp_offload_params`` (weights, gradients and AdamW states on the host, the step on the CPU), ZeRO-3
+with ``offload_param`` and ``offload_optimizer`` (DeepSpeed's CPU Adam). A rung replaces the sharding (and the
+optimizer offload) of the level before it; among the fits of the speed class, throughput decides. On one GPU they
+do not apply.
 """
 
 import dataclasses
 from typing import Optional
 
-from autofit.engine_files import ZERO_STAGES, deepspeed_missing
-from autofit.ladder import SPEED, LadderState
+from autofit.engine_files import FSDP2_OFFLOAD, ZERO3_OFFLOAD, ZERO_STAGES, deepspeed_missing
+from autofit.ladder import OFFLOAD_RUNG, SPEED, LadderState
 
-SHARDING_RUNGS = ("zero1", "zero2", "fsdp2", "zero3")
+SHARDING_RUNGS = ("zero1", "zero2", "fsdp2", "zero3", FSDP2_OFFLOAD, ZERO3_OFFLOAD)
+OFFLOADING = (FSDP2_OFFLOAD, ZERO3_OFFLOAD)
 HELP = {
     "zero1": "DeepSpeed ZeRO-1 across the GPUs: optimizer states sharded",
     "zero2": "DeepSpeed ZeRO-2 across the GPUs: optimizer states and gradients sharded",
     "fsdp2": "FSDP2 full shard across the GPUs: weights, gradients and optimizer states sharded",
     "zero3": "DeepSpeed ZeRO-3 across the GPUs: weights, gradients and optimizer states sharded",
+    FSDP2_OFFLOAD: "FSDP2 full shard with the shards in host memory (fsdp_offload_params)",
+    ZERO3_OFFLOAD: "DeepSpeed ZeRO-3 with weights and optimizer states in host memory (offload_param/_optimizer)",
 }
 # accelerate sets up DeepSpeed and FSDP with several processes only on an accelerator: on a CPU-only machine its
 # state counts one process under DeepSpeed (the batch checks fail) and refuses FSDP.
@@ -41,12 +47,14 @@ class Sharding:
 
     def apply(self, state: LadderState):
         candidate = state.candidate
-        if candidate.ranks < 2 or candidate.offload or candidate.quantization is not None:
-            return None  # one GPU; optimizer offload is its own engine; bitsandbytes weights do not shard here
+        if candidate.ranks < 2 or candidate.quantization is not None:
+            return None  # one GPU; bitsandbytes weights do not shard here
+        if candidate.offload and self.name not in OFFLOADING:
+            return None  # optimizer offload is its own engine; only an offloading sharding replaces it
         if candidate.sharding == self.name or _rank(candidate.sharding) > _rank(self.name):
             return None
-        earlier = tuple(r for r in candidate.rungs if r not in SHARDING_RUNGS)
-        state = dataclasses.replace(state, candidate=candidate.replace(rungs=earlier))
+        earlier = tuple(r for r in candidate.rungs if r not in SHARDING_RUNGS and r != OFFLOAD_RUNG)
+        state = dataclasses.replace(state, candidate=candidate.replace(rungs=earlier, offload=None))
         return state.with_rung(self, candidate_changes={"sharding": self.name})
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from autofit import memory_model as mm
 from autofit.candidate import Candidate
-from autofit.engine_files import ACCELERATE_YAML, DEEPSPEED_JSON, ENGINES, launch_env, write_engine_files
+from autofit.engine_files import ACCELERATE_YAML, DEEPSPEED_JSON, ENGINES, ZERO_STAGES, launch_env, write_engine_files
 from autofit.export import write as export_write
 from autofit.ladder import LadderState, climb
 from autofit.outcome import Outcome
@@ -154,13 +154,14 @@ def test_sharding_rungs_apply_only_across_several_gpus():
     assert [level.rungs for level in one] == [(), ("micro-batch",)]
     levels = climb(LadderState(two_ranks(device="cuda", ranks=4, micro_batch=2)), rungs)
     assert [level.candidate.sharding for level in levels] == [None, None, *SHARDING_RUNGS]
-    assert levels[-1].rungs == ("micro-batch", "zero3")  # a sharding replaces the one before it
+    assert levels[-1].rungs == ("micro-batch", "zero3-offload")  # a sharding replaces the one before it
     assert all(level.cost == "speed" for level in levels[1:])
 
 
 def test_on_the_cpu_only_data_parallel_runs_and_the_notes_say_why(tmp_path):
     report = Search(spec(tmp_path, 800 * MiB, device="cpu"), FormulaRunner(800 * MiB), list(DEFAULT_LADDER)).run()
-    assert any(note.startswith("rungs zero1, zero2, fsdp2, zero3 left out: accelerate runs DeepSpeed and FSDP")
+    assert any(note.startswith("rungs zero1, zero2, fsdp2, zero3, fsdp2-offload, zero3-offload left out: accelerate "
+                               "runs DeepSpeed and FSDP")
                for note in report.notes)
     one_gpu = Search(spec(tmp_path / "one", 800 * MiB, device="cpu", ranks=1), FormulaRunner(800 * MiB),
                      list(DEFAULT_LADDER)).run()
@@ -175,10 +176,12 @@ def test_engine_files_for_several_gpus_are_what_accelerate_launch_reads(tmp_path
     assert "num_processes: 4" in text
     env = launch_env(files["accelerate"], "cuda", engine)
     if engine.startswith("zero"):
-        stage = json.loads((tmp_path / DEEPSPEED_JSON).read_text())["zero_optimization"]["stage"]
-        assert stage == int(engine[-1]) and env["ACCELERATE_USE_DEEPSPEED"] == "true"
-    elif engine == "fsdp2":
+        zero = json.loads((tmp_path / DEEPSPEED_JSON).read_text())["zero_optimization"]
+        assert zero["stage"] == ZERO_STAGES[engine] and env["ACCELERATE_USE_DEEPSPEED"] == "true"
+        assert ("offload_param" in zero) == (engine == "zero3-offload")
+    elif engine.startswith("fsdp2"):
         assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+        assert env.get("FSDP_OFFLOAD_PARAMS", "false") == ("true" if engine == "fsdp2-offload" else "false")
         assert not (tmp_path / DEEPSPEED_JSON).exists()
     else:
         assert "distributed_type: MULTI_GPU" in text and "ACCELERATE_USE_DEEPSPEED" not in env
@@ -189,8 +192,13 @@ def test_each_sharding_holds_less_per_gpu_for_a_full_fine_tune():
     base = Candidate(algo="sft", model="Qwen/Qwen2.5-7B", device="cuda", micro_batch=1, grad_accum=1,
                      max_length=1024, checkpointing=True, ranks=4)
     peak = {s: mm.predict(base.replace(sharding=s)).total for s in (None, *SHARDING_RUNGS)}
-    assert peak[None] > peak["zero1"] > peak["zero2"] > peak["zero3"]
-    assert peak["fsdp2"] < peak["zero2"]
+    assert peak[None] > peak["zero1"] > peak["zero2"] > peak["zero3"] > peak["zero3-offload"]
+    assert peak["fsdp2"] < peak["zero2"] and peak["fsdp2-offload"] < peak["fsdp2"]
+    shape = mm.ModelShape.from_model("Qwen/Qwen2.5-7B")
+    host = {s: mm.host_bytes(base.replace(sharding=s), shape, "cuda") for s in SHARDING_RUNGS}
+    assert all(host[s] == 0 for s in ("zero1", "zero2", "fsdp2", "zero3"))
+    total = mm.param_counts(shape).total  # the machine's host RAM: every rank's shards
+    assert host["zero3-offload"] == total * (2 + 16) and host["fsdp2-offload"] == total * 4 * 4  # w, g, 2 states
     one = mm.predict(base.replace(ranks=1)).total
     assert peak[None] > one  # data parallel: every rank holds it all, and DDP's buckets copy the gradients
 

@@ -26,7 +26,7 @@ from strategies.sequence_length import ShorterSequences
 
 DEFAULT_NAMES = [
     "expandable-segments", "micro-batch", "zero1", "zero2", "fsdp2", "zero3", "checkpointing", "activation-offload",
-    "optimizer-offload", "bf16-weights", "optimizer-8bit",
+    "optimizer-offload", "fsdp2-offload", "zero3-offload", "bf16-weights", "optimizer-8bit",
     "lora", "quant-8bit", "quant-4bit", "shorter-length",
 ]
 
@@ -127,7 +127,7 @@ def test_resolve_ladder_default_and_order():
     assert [r.name for r in resolve_ladder(None)] == DEFAULT_NAMES
     assert list(RUNGS) == DEFAULT_NAMES
     assert [r.name for r in resolve_ladder(["lora", "micro-batch"])] == ["lora", "micro-batch"]
-    assert [r.cost for r in DEFAULT_LADDER] == [FREE] + [SPEED] * 8 + [QUALITY] * 6
+    assert [r.cost for r in DEFAULT_LADDER] == [FREE] + [SPEED] * 10 + [QUALITY] * 6
 
 
 def test_resolve_ladder_unknown_name():

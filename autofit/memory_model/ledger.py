@@ -28,7 +28,7 @@ from autofit.memory_model.offload import (
 )
 from autofit.memory_model.parameters import compute_bytes, state_bytes, weight_bytes
 from autofit.memory_model.shape import ModelShape
-from autofit.memory_model.sharding import sharded_state
+from autofit.memory_model.sharding import sharded_state, sharding_host_bytes
 
 # The error band of an uncalibrated prediction for a checked family: the activation coefficient alone spans
 # 8..16 B·h (2.4) and the logits/loss costs are version-dependent (2.5) [A]. Unchecked families: ``checked``.
@@ -185,7 +185,7 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
 def host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
     """Host memory the candidate's offloading takes at most (pinned on a GPU machine): the optimizer's offloaded
     states and the offloaded activations."""
-    return optimizer_host_bytes(candidate, shape, device) + \
+    return optimizer_host_bytes(candidate, shape, device) + sharding_host_bytes(candidate, shape, device) + \
         offloaded_activation_bytes(candidate, shape, compute_bytes(candidate, shape, device))
 
 

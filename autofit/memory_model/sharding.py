@@ -15,6 +15,11 @@ TRL's ``bf16=True``:
   per trainable parameter over N), and unshards a layer in bf16 for its compute, the next one prefetched
   [D: torch ``fully_shard`` with accelerate's mixed-precision policy].
 
+The offload variants keep the shards on the host: ``fsdp2-offload`` every parameter, gradient and AdamW state
+(the step runs on the CPU), ``zero3-offload`` the bf16 weights' partitions, the fp32 master weights, gradients and
+Adam states; the GPU holds the gathered layers and the reduction bucket. The host figure is the machine's: all of
+its ranks' shards.
+
 A reference model (GRPO/RLOO with beta > 0) is sharded by ZeRO-3 and FSDP2 (TRL prepares it with the engine), whole
 otherwise. Measured only at world size 1 on the CPU (where accelerate runs neither DeepSpeed nor FSDP across
 processes): these are derived, for ``autofit estimate --gpus N`` and the search's predicted starts [D].
@@ -28,6 +33,8 @@ from autofit.candidate import Candidate
 from autofit.memory_model.parameters import StateBytes, compute_bytes, param_counts, trainable_tensors, weight_bytes
 from autofit.memory_model.shape import ModelShape
 
+OFFLOADED = ("fsdp2-offload", "zero3-offload")
+ZERO_HOST_FP32_BYTES = 4 + 4 + 8  # fp32 master weight, its gradient, Adam's two states
 DDP_BUCKET_COPIES = 1  # a flat copy of every gradient
 ZERO_MASTER_AND_ADAM_BYTES = 4 + 8  # fp32 master weight, exp_avg, exp_avg_sq
 ZERO_FP32_GRAD_BYTES = 4  # the partition's gradient in fp32 for the step (ZeRO-2 and 3)
@@ -47,6 +54,8 @@ def sharded_state(state: StateBytes, candidate: Candidate, shape: ModelShape, de
     if ranks < 2 or candidate.offload:
         return state
     strategy = candidate.sharding or "ddp"
+    if strategy in OFFLOADED:
+        return _offloaded(state, candidate, shape, device, strategy)
     if strategy == "ddp":
         return dataclasses.replace(state, gradients=state.gradients * (1 + DDP_BUCKET_COPIES))
     trainable = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))
@@ -78,3 +87,31 @@ def sharded_state(state: StateBytes, candidate: Candidate, shape: ModelShape, de
     return dataclasses.replace(state, weights=weights, autocast_copy=0.0, gradients=gradients, optimizer=optimizer,
                                step_temporaries=state.step_temporaries / ranks, embedding_temporaries=0.0,
                                reference=reference)
+
+
+def _offloaded(state: StateBytes, candidate: Candidate, shape: ModelShape, device: str, strategy: str) -> StateBytes:
+    """The GPU's share under the offloading shardings: the gathered layers and their transients only."""
+    c_bytes = compute_bytes(candidate, shape, device)
+    layer = _layer_params(shape, candidate)
+    if strategy == "fsdp2-offload":
+        return dataclasses.replace(state, weights=UNSHARDED_LAYERS * layer * c_bytes, autocast_copy=0.0,
+                                   gradients=layer * c_bytes, optimizer=0.0, step_temporaries=0.0,
+                                   embedding_temporaries=0.0, reference=state.reference / candidate.ranks)
+    engine = c_bytes if device == "cuda" else weight_bytes(candidate, shape)
+    gathered = (UNSHARDED_LAYERS * layer + ZERO3_PREFETCH_H2 * shape.hidden ** 2) * engine
+    return dataclasses.replace(state, weights=gathered, autocast_copy=0.0,
+                               gradients=shape.hidden * shape.hidden * engine, optimizer=0.0, step_temporaries=0.0,
+                               embedding_temporaries=0.0, reference=state.reference / candidate.ranks)
+
+
+def sharding_host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
+    """Host memory the offloading shardings take on this machine (every rank's shards)."""
+    if candidate.ranks < 2 or candidate.sharding not in OFFLOADED or candidate.offload:
+        return 0.0
+    total = param_counts(shape, candidate.algo).total
+    trainable = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))
+    if candidate.sharding == "fsdp2-offload":
+        w_bytes = weight_bytes(candidate, shape)
+        return total * w_bytes + trainable * w_bytes * (1 + ADAMW_STATE_COPIES)
+    engine = compute_bytes(candidate, shape, device) if device == "cuda" else weight_bytes(candidate, shape)
+    return total * engine + trainable * ZERO_HOST_FP32_BYTES
