@@ -138,13 +138,21 @@ CUDA_IDLE_SLACK_BYTES = 2**30
 
 
 def check_device_is_free(spec: SearchSpec) -> List[str]:
-    """Before probing: other processes must leave the budget free, or probes run out of memory for reasons that
-    are not the candidate's. With ``allow_busy_gpu`` the budget becomes what is free (returned as a note)."""
-    free = free_bytes(spec.device, spec.budget_bytes)
-    slack = CUDA_IDLE_SLACK_BYTES if spec.device == "cuda" else 0
-    if free is None or spec.budget_bytes is None or free + slack >= spec.budget_bytes:
+    """Before probing: other processes must leave the budget free on every GPU the search uses, or probes run out of
+    memory for reasons that are not the candidate's. With ``allow_busy_gpu`` the budget becomes what is free on the
+    busiest of them (returned as a note)."""
+    ranks = range(spec.ranks) if spec.device == "cuda" else range(1)  # the simulated device is the machine's
+    frees = [(free_bytes(spec.device, spec.budget_bytes, rank), rank) for rank in ranks]
+    known = [(free, rank) for free, rank in frees if free is not None]
+    if not known or spec.budget_bytes is None:
         return []
-    holders = "; ".join(p.describe() for p in other_processes(spec.device)) or "other processes (not listed by NVML)"
+    free, rank = min(known)
+    slack = CUDA_IDLE_SLACK_BYTES if spec.device == "cuda" else 0
+    if free + slack >= spec.budget_bytes:
+        return []
+    holders = "; ".join(p.describe() for p in other_processes(spec.device, rank=rank)) or \
+        "other processes (not listed by NVML)"
+    holders += f" (GPU {rank} of the search's {spec.ranks})" if spec.ranks > 1 else ""
     if not spec.allow_busy_gpu:
         raise InputError(f"the device has {format_size(max(free, 0))} free, less than the budget "
                          f"{format_size(spec.budget_bytes)}: {holders}; free it, lower --gpu-memory, or pass "

@@ -59,8 +59,9 @@ def _process_name(pid: int) -> str:
         return "?"
 
 
-def other_processes(device: str, exclude: tuple = ()) -> List[OtherProcess]:
-    """Processes other than this one (and ``exclude``) holding memory on the device."""
+def other_processes(device: str, exclude: tuple = (), rank: Optional[int] = None) -> List[OtherProcess]:
+    """Processes other than this one (and ``exclude``) holding memory on the device (``rank``'s GPU: default, this
+    process's)."""
     if device != "cuda":
         simulated = _simulated()
         return [OtherProcess(0, "simulated other process", simulated)] if simulated else []
@@ -68,7 +69,7 @@ def other_processes(device: str, exclude: tuple = ()) -> List[OtherProcess]:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index())
+        handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(rank))
         running = list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
         running += list(pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
     except Exception as exc:  # no NVML: nothing can be said
@@ -82,9 +83,9 @@ def others_bytes(device: str) -> int:
     return sum(p.bytes for p in other_processes(device))
 
 
-def free_bytes(device: str, budget_bytes: Optional[int]) -> Optional[int]:
-    """Memory free for the search: NVML's free memory of the card, or the simulated device's budget less what its
-    other process holds; None when unknown."""
+def free_bytes(device: str, budget_bytes: Optional[int], rank: Optional[int] = None) -> Optional[int]:
+    """Memory free for the search: NVML's free memory of the card (``rank``'s GPU: default, this process's), or the
+    simulated device's budget less what its other process holds; None when unknown."""
     if device != "cuda":
         simulated = _simulated()
         return None if simulated is None or budget_bytes is None else budget_bytes - simulated
@@ -92,16 +93,17 @@ def free_bytes(device: str, budget_bytes: Optional[int]) -> Optional[int]:
         import pynvml
 
         pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(_nvml_index())).free)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(rank))).free)
     except Exception as exc:
         log.debug("NVML memory info unavailable: %s", exc)
         return None
 
 
-def _nvml_index() -> int:
-    """The NVML index of this process's GPU: its rank's (LOCAL_RANK) entry of CUDA_VISIBLE_DEVICES (NVML ignores
-    that variable); the first one outside a probe of several ranks."""
-    rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+def _nvml_index(rank: Optional[int] = None) -> int:
+    """The NVML index of a rank's GPU (default: this process's, LOCAL_RANK, 0 outside a probe of several ranks): its
+    entry of CUDA_VISIBLE_DEVICES (NVML ignores that variable)."""
+    if rank is None:
+        rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
     visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
     if not visible:
         return rank

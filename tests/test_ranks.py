@@ -277,3 +277,17 @@ def test_a_rank_left_running_by_an_earlier_search_is_killed(tmp_path):
     (folder / PID_FILE).write_text(json.dumps({"pid": stray.pid, "start": process_start_ticks(stray.pid)}))
     notes = kill_orphan_probes(tmp_path)
     assert stray.wait(timeout=10) == -9 and notes and f"pid {stray.pid}" in notes[0]
+
+
+def test_every_gpu_of_the_search_must_be_free(tmp_path, monkeypatch):
+    from autofit import api
+
+    free = {0: 80 * 2**30, 1: 10 * 2**30}  # another process holds most of the second GPU
+    monkeypatch.setattr(api, "free_bytes", lambda device, budget, rank=None: free[rank or 0])
+    monkeypatch.setattr(api, "other_processes", lambda device, rank=None: [])
+    busy = spec(tmp_path, 40 * 2**30)
+    with pytest.raises(InputError, match=r"the device has 10.00 GiB free, less than the budget 40.00 GiB: .*\(GPU 1 of "
+                                         r"the search's 2\)"):
+        api.check_device_is_free(busy)
+    allowed = spec(tmp_path, 40 * 2**30, allow_busy_gpu=True)
+    assert api.check_device_is_free(allowed) and allowed.budget_bytes == 10 * 2**30
