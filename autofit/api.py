@@ -27,6 +27,7 @@ from autofit.report import Record, SearchReport
 from autofit.search import Search
 from autofit.spec import InputError, SearchSpec, format_size
 from autofit.store import quiet_optuna
+from autofit.vllm_mode import reserve_share
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None, factory
 
 
 def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callback, notes: List[str]) -> SearchReport:
-    notes = notes + check_device_is_free(spec)
+    notes = notes + check_device_is_free(spec) + reserve_share(spec)
     # The live line goes with the probes' log lines: not under -q (quiet=True), nor when stderr is not a terminal.
     progress = make_progress(quiet=not logging.getLogger("autofit.search").isEnabledFor(logging.INFO))
     runner = ProcessRunner(payload, spec.budget_bytes, spec.out_dir, timeout_s=spec.probe_timeout_s,
@@ -204,6 +205,8 @@ def fit(
     effective_batch: int = 8,
     gpus: Union[int, str] = 1,
     nodes: int = 1,
+    use_vllm: Optional[str] = None,
+    vllm_gpu_memory_utilization: float = 0.3,
     maximize: str = "batch",
     ladder: Union[None, str, Iterable[Union[str, Rung]]] = None,
     out_dir: Union[str, Path] = "autofit-out",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
@@ -25,6 +26,7 @@ PROBE_ACCUMULATION = 2
 
 LORA_TARGETS = "all-linear"
 PROBE_DDP_TIMEOUT_S = 300
+TRL_VLLM_UTILIZATION = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class Candidate:
     sharding: Optional[str] = None
     # RL: vLLM generates ("colocate": in the training process, "server": elsewhere); the trainer does not.
     vllm: Optional[str] = None
+    vllm_utilization: Optional[float] = None  # colocate: the share of the card vLLM takes
     env: Tuple[Tuple[str, str], ...] = ()
     rungs: Tuple[str, ...] = ()
     # Training arguments the user fixed (learning rate, ...): passed through untouched.
@@ -138,6 +141,10 @@ class Candidate:
             args["trust_remote_code"] = True
         if self.num_generations is not None:
             args["num_generations"] = self.num_generations
+        if self.vllm and (self.probe is None or importlib.util.find_spec("vllm") is not None):
+            args.update(use_vllm=True, vllm_mode=self.vllm)  # a probe without vLLM generates itself (vllm_mode.py)
+            if self.vllm == "colocate":
+                args["vllm_gpu_memory_utilization"] = self.vllm_utilization or TRL_VLLM_UTILIZATION
         if self.device == "cpu":
             # DeepSpeed runs only where accelerate is not told use_cpu (the probe hides GPUs instead).
             args.update(bf16=False)
@@ -219,7 +226,7 @@ class Candidate:
         for late in ("dtype", "offload"):  # added after studies were stored: keep their keys
             if data.get(late) is None:
                 data.pop(late)
-        for flag in ("trust_remote_code", "activation_offload", "sharding", "vllm"):
+        for flag in ("trust_remote_code", "activation_offload", "sharding", "vllm", "vllm_utilization"):
             if not data.get(flag):
                 data.pop(flag, None)
         if data.get("ranks") == 1:

@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--min-completion-length", type=positive_int, help="floor for shorter completions")
     rl.add_argument("--max-prompt-length", type=positive_int, default=128, help="synthetic prompt length (128)")
     rl.add_argument("--num-generations", type=int, help="completions per prompt (default: TRL's)")
+    rl.add_argument("--use-vllm", metavar="MODE",
+                    help="vLLM generates: colocate (in each training process) or server (trl vllm-serve elsewhere); "
+                         "probed where vLLM is installed, estimated where not")
+    rl.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3,
+                    help="colocate: the share of each GPU vLLM takes (TRL's default 0.3)")
     rl.add_argument("--beta", type=float, help="KL coefficient; > 0 loads and measures the reference model")
     search.add_argument("--effective-batch", type=positive_int, default=8,
                         help="micro-batch x accumulation, kept exactly (default 8)")

@@ -15,6 +15,7 @@ from autofit.candidate import RL_ALGOS, Candidate
 from autofit.files import atomic_write_text, one_line
 from autofit.device import first_gpu
 from autofit.engine_files import ACCELERATE_YAML, remove_stale_engine_files, write_engine_files
+from autofit.vllm_mode import vllm_installed
 from autofit.export_engine import engine_comments, engine_data, exported_engine, host_memory_data
 from autofit.margin import over_margin
 from autofit.probe_kit import trainable_checkpoint
@@ -99,6 +100,9 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
         return "micro-batch (effective batch kept)" if "micro-batch" in rungs else "effective batch"
     if key in ("activation_checkpointing", "gradient_checkpointing"):
         return "checkpointing" if candidate.checkpointing else "baseline: off is fastest and fits"
+    if key in ("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"):
+        return "--use-vllm" + (" (vLLM was estimated, not probed: not installed where the search ran)"
+                               if key == "use_vllm" and not vllm_installed() else "")
     if key == "activation_offloading":
         return "activation-offload: saved activations wait in host memory for the backward pass"
     if key == "optim":

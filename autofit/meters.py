@@ -254,9 +254,11 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
 class CudaMeter(_PhaseLedger):
     """Peak reserved bytes plus this process's non-PyTorch device memory (NVML)."""
 
-    def __init__(self, budget_bytes: Optional[int] = None, device: int = 0) -> None:
+    def __init__(self, budget_bytes: Optional[int] = None, device: int = 0, empty_after: Tuple[str, ...] = ()
+                 ) -> None:
         super().__init__()
         self.device = device
+        self.empty_after = empty_after  # phases whose cached blocks are released when they end (vLLM's, estimated)
         self.budget_bytes = budget_bytes
         torch.cuda.init()
         self.total_bytes = torch.cuda.get_device_properties(device).total_memory
@@ -294,6 +296,12 @@ class CudaMeter(_PhaseLedger):
             if first.isdigit():
                 return int(first)
         return self.device
+
+    def set_phase(self, name: str) -> None:
+        if self.phase in self.empty_after and name != self.phase:
+            self._close_phase()
+            torch.cuda.empty_cache()
+        super().set_phase(name)
 
     def _read_peak(self) -> int:
         return torch.cuda.max_memory_reserved(self.device) + self.context_bytes

@@ -103,6 +103,8 @@ def search_spec(
     effective_batch: int = 8,
     gpus: Union[int, str] = 1,
     nodes: int = 1,
+    use_vllm: Optional[str] = None,
+    vllm_gpu_memory_utilization: float = 0.3,
     maximize: str = "batch",
     ladder: Union[None, str, Iterable[str]] = None,
     out_dir: Union[str, Path] = "autofit-out",
@@ -144,7 +146,8 @@ def search_spec(
     return SearchSpec(
         model=model, algo=algo, device=resolved, budget_bytes=budget_bytes(resolved, gpu_memory), max_length=length,
         min_length=floor, num_generations=num_generations, prompt_length=max_prompt_length,
-        user_args=user_training_args(training_args, beta), effective_batch=effective_batch, ranks=ranks, nodes=nodes, maximize=maximize,
+        user_args=user_training_args(training_args, beta), effective_batch=effective_batch, ranks=ranks, nodes=nodes, vllm=use_vllm,
+        vllm_utilization=vllm_gpu_memory_utilization, maximize=maximize,
         ladder=ladder_names(ladder), real_weights=real_weights, dtype=dtype, factory=factory,
         out_dir=Path(out_dir), probe_steps=probe_steps, verify_steps=verify_steps, probe_timeout_s=probe_timeout_s,
         build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,

@@ -71,7 +71,7 @@ class Search:
         self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.predict else None)
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         self.engine_failed = False  # the offload engine could not run here: its other candidates are not probed
-        if spec.algo in ("grpo", "rloo") and importlib.util.find_spec("vllm") is None:
+        if spec.algo in ("grpo", "rloo") and spec.vllm is None and importlib.util.find_spec("vllm") is None:
             self.report.notes.append(
                 "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
                 "(gpu_memory_utilization, max_num_seqs, sleep mode) were not searched"

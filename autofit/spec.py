@@ -99,7 +99,7 @@ class SearchSpec:
     effective_batch: int = 8  # sequences per optimizer step over every rank
     ranks: int = 1  # processes (GPUs) that train together on this machine (--gpus): what probes run
     nodes: int = 1  # machines the export is for (--nodes): the probes run one machine's ranks
-    vllm: Optional[str] = None  # estimate only: vLLM generates ("colocate" or "server")
+    vllm: Optional[str] = None  # vLLM generates ("colocate" or "server"; autofit.vllm_mode)
     vllm_utilization: float = 0.3  # colocate: the share of each GPU vLLM takes (TRL's vllm_gpu_memory_utilization)
     maximize: str = "batch"
     ladder: Optional[List[str]] = None  # rung names; None: the default ladder
@@ -185,6 +185,15 @@ class SearchSpec:
                     f"--effective-batch {self.effective_batch} cannot be divided into groups of --num-generations "
                     f"{self.num_generations}: use a multiple of {self.num_generations}"
                 )
+        if self.vllm is not None:
+            if self.vllm not in ("colocate", "server"):
+                raise InputError(f"--use-vllm '{self.vllm}' is not valid: accepted are colocate, server")
+            if self.algo not in GROUP_ALGOS:
+                raise InputError(f"--use-vllm applies to {' and '.join(GROUP_ALGOS)}, not to '{self.algo}'")
+        if isinstance(self.vllm_utilization, bool) or not isinstance(self.vllm_utilization, (int, float)) or \
+                not 0 < self.vllm_utilization < 1:
+            raise InputError(f"--vllm-gpu-memory-utilization {self.vllm_utilization!r} is not valid: a fraction "
+                             "between 0 and 1 is accepted")
         if not isinstance(self.prompt_length, int) or self.prompt_length < 1:
             raise InputError(f"--max-prompt-length {self.prompt_length!r} is not valid: it must be a positive integer")
         if self.min_length is None:
@@ -231,6 +240,8 @@ class SearchSpec:
             parts.append(f"ranks={self.ranks}")
         if self.nodes > 1:
             parts.append(f"nodes={self.nodes}")
+        if self.vllm is not None:
+            parts.append(f"vllm={self.vllm}:{self.vllm_utilization:g}")
         if self.algo in RL_ALGOS:
             parts += [str(self.num_generations), str(self.prompt_length)]
         return "|".join(parts)

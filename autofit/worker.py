@@ -26,6 +26,7 @@ from autofit.instrument import PHASE_FILE, PhaseFile, ProbeClock, instrument_rl_
 from autofit.observe import describe_trainer
 from autofit.others import others_bytes
 from autofit.outdir import record_probe_process
+from autofit.vllm_mode import exempt_phases
 from autofit.outcome import (
     BAD_FORK,
     ENGINE_FAILURE,
@@ -45,6 +46,8 @@ _AUTOFIT_DIR = str(Path(__file__).resolve().parent)
 
 
 def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
+    if exempt_phases(candidate):  # vLLM estimated: the budget is checked after the run, without its phases
+        budget_bytes = None
     if candidate.device == "cpu":
         from autofit.meters import SimulatedMeter
 
@@ -52,7 +55,8 @@ def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
                               host_aware=bool(candidate.offload or candidate.activation_offload))
     from autofit.meters import CudaMeter
 
-    return CudaMeter(budget_bytes, device=int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank
+    return CudaMeter(budget_bytes, device=int(os.environ.get("LOCAL_RANK", "0")),  # one GPU per rank
+                     empty_after=exempt_phases(candidate))
 
 
 def inherited_cuda() -> Optional[str]:
@@ -115,9 +119,14 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             if candidate.activation_offload:
                 host_stats["activation_host_bytes"] = offloaded_activations(trainer, host_copies, meter)
         peaks = meter.peaks()
+        held = {phase: peak for phase, peak in peaks.items() if phase not in exempt_phases(candidate)}
+        over = over_budget(held, budget_bytes) if exempt_phases(candidate) else None
+        if over is not None:
+            meter.phase, error = over  # where the device would have run out, for the probe's report
+            raise error
         return ProbeResult(
             Outcome.OK,
-            peak_bytes=max(peaks.values(), default=0),
+            peak_bytes=max(held.values(), default=0),
             phase_peaks=peaks,
             tokens_per_second=clock.tokens_per_second(tokens_per_step(candidate, observed)),
             steps=len(clock.step_times),
@@ -134,7 +143,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         if candidate.engine and outcome is Outcome.CRASH and fault != USER and fault != INFRASTRUCTURE:
             outcome, cause = Outcome.INVALID, ENGINE_FAILURE  # the rung's, like a config TRL rejects: not the search's
         log.error("probe ended with %s\n%s", outcome.value, "".join(traceback.format_exception(exc)))
-        peaks = _safe_peaks(meter)
+        peaks = {phase: peak for phase, peak in _safe_peaks(meter).items() if phase not in exempt_phases(candidate)}
         phase = meter.phase if meter is not None and stage != "setup" else stage
         return ProbeResult(
             outcome,
@@ -180,6 +189,21 @@ def offloaded_state(trainer, candidate: Candidate, meter) -> int:
         meter.set_host(tensors)
         meter.check_budget()
     return host_bytes(trainer)
+
+
+def over_budget(peaks: Dict[str, int], budget_bytes: Optional[int]):
+    """(phase, the out-of-memory error the device would have raised there) outside the exempt phases, checked after
+    the run; None when the peaks fit."""
+    import torch
+
+    if budget_bytes is None or not peaks:
+        return None
+    phase, peak = max(peaks.items(), key=lambda item: item[1])
+    if peak <= budget_bytes:
+        return None
+    return phase, torch.OutOfMemoryError(
+        f"out of memory (checked after the run, generation left to vLLM): peak {peak / 2**20:.2f} MiB > budget "
+        f"{budget_bytes / 2**20:.2f} MiB (phase {phase})")
 
 
 def offloaded_activations(trainer, host_copies, meter) -> int:

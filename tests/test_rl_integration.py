@@ -73,6 +73,13 @@ def test_probe_sees_a_generation_phase_that_alone_exceeds_the_budget(tmp_path, b
     capped = ProcessRunner(GRPO, budget, tmp_path / "capped").run(candidate, 2)
     assert capped.outcome is Outcome.OOM
     assert capped.error_phase == "generation"
+    # with vLLM to generate (estimated: not installed here), that phase is measured but is not the trainer's
+    assert importlib.util.find_spec("vllm") is None
+    trainer_only = ProcessRunner(GRPO, budget, tmp_path / "vllm").run(candidate.replace(vllm="colocate"), 2)
+    assert trainer_only.outcome is Outcome.OK, trainer_only.error
+    assert trainer_only.phase_peaks["generation"] > budget >= trainer_only.peak_bytes
+    assert trainer_only.peak_bytes == max(peak for phase, peak in trainer_only.phase_peaks.items()
+                                          if phase != "generation")
 
 
 def test_reference_model_is_measured_not_assumed(tmp_path):

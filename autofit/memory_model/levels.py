@@ -37,6 +37,7 @@ def base_candidate(spec: Any) -> Candidate:
         grad_accum=1,
         ranks=getattr(spec, "ranks", 1),
         vllm=getattr(spec, "vllm", None),
+        vllm_utilization=getattr(spec, "vllm_utilization", None) if getattr(spec, "vllm", None) else None,
         max_length=spec.max_length,
         user_args=tuple(sorted(dict(getattr(spec, "user_args", None) or {}).items())),
         real_weights=getattr(spec, "real_weights", False),

@@ -1,6 +1,6 @@
-"""``autofit estimate --use-vllm``: vLLM's colocated share of each GPU (weights, profiling peak, KV cache) from vLLM's
-own accounting, the trainer's budget beside it, server mode, and bad input. Estimated only: vLLM is not installed
-here and is not probed."""
+"""vLLM (``--use-vllm``) in ``autofit estimate`` and in a search: its colocated share of each GPU (weights, profiling
+peak, KV cache) from vLLM's own accounting, the trainer's budget beside it, server mode, the probes' training
+arguments, the notes, and bad input. vLLM is not installed here: its part is estimated, never probed."""
 
 from __future__ import annotations
 
@@ -72,4 +72,49 @@ def test_server_mode_gives_the_trainer_the_whole_budget():
 def test_bad_vllm_options_are_one_line_errors(args, message):
     out = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", "--model", "Qwen/Qwen2.5-0.5B",
                           "--gpu-memory", "24GB", *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+# -- a search with --use-vllm: probed where vLLM is installed, estimated where not (here) ---------------------------
+def test_probes_without_vllm_generate_themselves_and_the_export_uses_vllm(tmp_path):
+    from autofit.candidate import ProbeSettings
+
+    colocated = Candidate(algo="grpo", model="tiny-qwen2", device="cpu", micro_batch=2, grad_accum=1, max_length=32,
+                          vllm="colocate", vllm_utilization=0.4)
+    exported = colocated.training_args()
+    assert exported["use_vllm"] is True and exported["vllm_mode"] == "colocate"
+    assert exported["vllm_gpu_memory_utilization"] == 0.4
+    probed = colocated.replace(probe=ProbeSettings(steps=2, output_dir=str(tmp_path))).training_args()
+    assert "use_vllm" not in probed  # vLLM is not installed here: the probe generates with transformers
+    assert "vllm_gpu_memory_utilization" not in colocated.replace(vllm="server").training_args()
+    assert colocated.key() != colocated.replace(vllm=None, vllm_utilization=None).key()
+
+
+def test_the_trainers_budget_is_what_vllm_leaves_and_the_notes_say_it_was_estimated(tmp_path):
+    from autofit.vllm_mode import reserve_share
+
+    colocated = SearchSpec(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cpu", budget_bytes=24 * GB,
+                           vllm="colocate", vllm_utilization=0.25, out_dir=tmp_path)
+    notes = reserve_share(colocated)
+    assert colocated.budget_bytes == int(24 * GB * 0.75)
+    assert notes[0].startswith("vLLM is not installed here, so its part is estimated only")
+    assert notes[1].startswith("vLLM colocate, 25% of each GPU")
+    server = SearchSpec(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cpu", budget_bytes=24 * GB, vllm="server",
+                        out_dir=tmp_path)
+    reserve_share(server)
+    assert server.budget_bytes == 24 * GB
+    assert colocated.study_name() != SearchSpec(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cpu",
+                                                budget_bytes=18 * GB, out_dir=tmp_path).study_name()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--algo", "sft", "--use-vllm", "colocate"], "--use-vllm applies to grpo and rloo, not to 'sft'"),
+    (["--algo", "grpo", "--use-vllm", "remote"], "--use-vllm 'remote' is not valid: accepted are colocate, server"),
+    (["--algo", "grpo", "--use-vllm", "colocate", "--vllm-gpu-memory-utilization", "0"],
+     "--vllm-gpu-memory-utilization 0.0 is not valid"),
+])
+def test_bad_vllm_options_of_a_search_are_one_line_errors(tmp_path, args, message):
+    out = subprocess.run([sys.executable, "-m", "autofit.cli", "search", "--model", "tiny-qwen2", "--device", "cpu",
+                          "--gpu-memory", "200MiB", "--out", str(tmp_path), *args],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
