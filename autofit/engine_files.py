@@ -70,8 +70,9 @@ def deepspeed_config(device: str = "cuda", engine: str = ZERO2_OFFLOAD) -> Dict:
 def fsdp2_config(offload: bool = False) -> Dict:
     """FSDP2 full shard (TRL's ``fsdp2`` accelerate config): every layer sharded, gathered for its forward and
     backward; the model's own decoder layer class wraps (transformers' ``_no_split_modules``)."""
-    return {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_cpu_ram_efficient_loading": True,
-            "fsdp_offload_params": offload, "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "FULL_STATE_DICT"}
+    return {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_cpu_ram_efficient_loading": True, "fsdp_offload_params": offload,
+            "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "FULL_STATE_DICT"}
 
 
 MAIN_NODE_PLACEHOLDER = "MAIN_NODE_IP"
@@ -149,7 +150,11 @@ def launch_env(accelerate_yaml: Path, device: str, engine: str = ZERO2_OFFLOAD) 
     variables for ``engine`` (from accelerate's own launch code) plus torch.distributed's rank variables (this
     process's, when the runner set them; else those of a single process)."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+    from accelerate.utils.launch import (
+        prepare_deepspeed_cmd_env,
+        prepare_multi_gpu_env,
+        prepare_simple_launcher_cmd_env,
+    )
 
     args = launch_command_parser().parse_args(["--config_file", str(accelerate_yaml), "probe"])
     args, defaults, mixed_precision_from_config = _validate_launch_command(args)

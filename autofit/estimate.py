@@ -303,7 +303,8 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     lines += [render(row) for row in rows]
     lines.append("fits: the point prediction against the budget; '?' when the budget lies inside the ± band")
     if host:
-        lines.append("host: host memory (pinned RAM) offloaded optimizer states and activations take, not counted in the device's peak")
+        lines.append("host: host memory (pinned RAM) offloaded optimizer states and activations take, not counted in "
+                     "the device's peak")
     lines.append("")
     expected = result.expected
     if expected is None:

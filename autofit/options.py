@@ -146,8 +146,8 @@ def search_spec(
     return SearchSpec(
         model=model, algo=algo, device=resolved, budget_bytes=budget_bytes(resolved, gpu_memory), max_length=length,
         min_length=floor, num_generations=num_generations, prompt_length=max_prompt_length,
-        user_args=user_training_args(training_args, beta), effective_batch=effective_batch, ranks=ranks, nodes=nodes, vllm=use_vllm,
-        vllm_utilization=vllm_gpu_memory_utilization, maximize=maximize,
+        user_args=user_training_args(training_args, beta), effective_batch=effective_batch, ranks=ranks, nodes=nodes,
+        vllm=use_vllm, vllm_utilization=vllm_gpu_memory_utilization, maximize=maximize,
         ladder=ladder_names(ladder), real_weights=real_weights, dtype=dtype, factory=factory,
         out_dir=Path(out_dir), probe_steps=probe_steps, verify_steps=verify_steps, probe_timeout_s=probe_timeout_s,
         build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,

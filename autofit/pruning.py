@@ -5,10 +5,11 @@ optimizer that did not fit on its own, although with LoRA the optimizer states a
 earlier rung, the costliest first, the level is rebuilt from the ladder without it and searched; the fit is kept
 when it still fits (a quality rung: fewer changes to the training are always cheaper) or, for a speed rung
 (checkpointing), when it fits and is faster. A speed level whose last rung is an alternative to an earlier one
-(activation offloading to checkpointing) is tried without that one the same way. Not pruned: the rung that made the level fit, the micro-batch and
-allocator rungs (they only widen the search), bf16 weights under LoRA or a quantized base (the adapters train in
-float32 whatever the base's dtype, so it costs the training nothing), and searches for the longest length or with
-shorter sequences (dropping a rung there trades one quality cost for another).
+(activation offloading to checkpointing) is tried without that one the same way. Not pruned: the rung that made
+the level fit, the micro-batch and allocator rungs (they only widen the search), bf16 weights under LoRA or a
+quantized base (the adapters train in float32 whatever the base's dtype, so it costs the training nothing), and, in
+the quality class, searches for the longest length or with shorter sequences (dropping a rung there trades one
+quality cost for another).
 """
 
 from __future__ import annotations

@@ -67,7 +67,8 @@ EAGER_BACKWARD_BYTES = 4
 # (``max_fwd_stash_size``); the LM head's inputs stay (a no-op region). The backward pass brings each autograd node's
 # tensors back as it reaches it and frees the previous node's. Device shares, of one layer's saved activations:
 OFFLOAD_STASH_TENSORS = 5  # with checkpointing the stash is the last 5 layer inputs
-OFFLOAD_HEAD_LAYERS = 0.5  # at the head: the last MLP's and the final norm's tensors [V: CPU meter, tiny-qwen2 SFT, 0.48]
+# at the head: the last MLP's and the final norm's tensors [V: CPU meter, tiny-qwen2 SFT, 0.48]
+OFFLOAD_HEAD_LAYERS = 0.5
 # at a layer's backward: the node's tensors, the previous node's, what the stash still held [V: CPU meter, tiny-qwen2
 # reward, 0.72; on a GPU a brought-back tensor lives one node longer than on the simulated device: A]
 OFFLOAD_BACKWARD_LAYERS = 0.75
