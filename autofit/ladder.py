@@ -93,9 +93,10 @@ def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState
         reason = rung.unavailable(device) if hasattr(rung, "unavailable") else None
         if reason:
             left_out.setdefault(reason, []).append(rung.name)
-            log.info("rung %s left out: %s", rung.name, reason)
         else:
             usable.append(rung)
     notes = [f"rung{'s' if len(names) > 1 else ''} {', '.join(names)} left out: {reason}"
              for reason, names in left_out.items()]
+    for note in notes:
+        log.info("%s", note)
     return usable, notes
