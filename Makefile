@@ -25,7 +25,7 @@ DATASET ?=
 TRAIN_OUT ?= $(OUT)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families bench-offload bench-activation-offload bench-weightless
+.PHONY: help search estimate train venv demo test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families bench-offload bench-activation-offload bench-liger bench-weightless
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -40,6 +40,7 @@ help:
 	@echo "  make bench-families  the memory model against the CPU meter, family by family (docs/benchmarks.md)"
 	@echo "  make bench-offload   optimizer offload against the quality rungs where it is the answer (docs/benchmarks.md)"
 	@echo "  make bench-activation-offload  activation offloading against checkpointing, and its ledger (docs/benchmarks.md)"
+	@echo "  make bench-liger     Liger's kernels (a stand-in of their saved tensors) against the ledger, on the CPU meter"
 	@echo "  make bench-weightless  what a probe's checkpoint of a 7B to 72B model costs in disk, memory and time"
 	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
 
@@ -115,6 +116,7 @@ bench: venv
 	BENCH_COMMAND="make bench" $(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 	$(BIN)/python -m benchmarks.offload --write docs/benchmarks.md
 	$(BIN)/python -m benchmarks.activation_offload --write docs/benchmarks.md
+	$(BIN)/python -m benchmarks.liger --write docs/benchmarks.md
 	$(BIN)/python -m benchmarks.weightless --write docs/benchmarks.md
 
 clean:
@@ -134,6 +136,11 @@ bench-offload: venv
 # tables between the "activation-offload" markers of docs/benchmarks.md (part of bench).
 bench-activation-offload: venv
 	$(BIN)/python -m benchmarks.activation_offload --write docs/benchmarks.md
+
+# Liger's kernels on the CPU meter, through a stand-in with their saved-tensor contract (the Triton kernels need a GPU):
+# the ledger's saving against the measured one, the table between the "liger" markers of docs/benchmarks.md.
+bench-liger: venv
+	$(BIN)/python -m benchmarks.liger --write docs/benchmarks.md
 
 # What a probe's checkpoint costs for the big bundled models (weightless: headers only; written in seconds): the
 # table between the "weightless" markers of docs/benchmarks.md (part of bench).

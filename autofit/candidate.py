@@ -69,6 +69,8 @@ class Candidate:
     offload: Optional[str] = None
     # TRL's ``activation_offloading`` (SFT, reward): saved activations wait in host memory for the backward pass.
     activation_offload: bool = False
+    # Liger's Triton kernels (``use_liger_kernel``): RMSNorm, SwiGLU and RoPE that save fewer activations (CUDA).
+    liger: bool = False
     # Processes (one per GPU) that train together, and the engine that shards the training state across them
     # (``autofit.engine_files``: "zero1", "zero2", "zero3", "fsdp2"; None: plain data parallel with several ranks).
     ranks: int = 1
@@ -137,6 +139,8 @@ class Candidate:
             args["model_init_kwargs"] = {**(user_init if isinstance(user_init, dict) else {}), "dtype": self.dtype}
         if self.activation_offload:
             args["activation_offloading"] = True
+        if self.liger:  # TRL turns Liger's fused cross-entropy off itself: its own fused LM head stays
+            args["use_liger_kernel"] = True
         if self.trust_remote_code:  # a TRL config field: TRL passes it on to the model, config and tokenizer loading
             args["trust_remote_code"] = True
         if self.num_generations is not None:
@@ -226,7 +230,7 @@ class Candidate:
         for late in ("dtype", "offload"):  # added after studies were stored: keep their keys
             if data.get(late) is None:
                 data.pop(late)
-        for flag in ("trust_remote_code", "activation_offload", "sharding", "vllm", "vllm_utilization"):
+        for flag in ("trust_remote_code", "activation_offload", "liger", "sharding", "vllm", "vllm_utilization"):
             if not data.get(flag):
                 data.pop(flag, None)
         if data.get("ranks") == 1:
@@ -240,6 +244,8 @@ class Candidate:
             parts.append(self.sharding or "ddp")
         if self.num_generations is not None:
             parts.append(f"gen={self.num_generations}")
+        if self.liger:
+            parts.append("liger")
         if self.checkpointing:
             parts.append("ckpt")
         if self.activation_offload:

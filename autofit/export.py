@@ -105,6 +105,8 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
                                if key == "use_vllm" and not vllm_installed() else "")
     if key == "activation_offloading":
         return "activation-offload: saved activations wait in host memory for the backward pass"
+    if key == "use_liger_kernel":
+        return "liger-kernels: Liger's fused RMSNorm, SwiGLU and RoPE (same math; TRL keeps its own fused LM head)"
     if key == "optim":
         return "optimizer-8bit"
     if key in ("num_generations", "beta"):

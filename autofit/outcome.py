@@ -183,6 +183,9 @@ def _infrastructure_cause(exc: BaseException, text: str) -> Optional[str]:
 # The cause of a probe that failed under the optimizer-offload engine (DeepSpeed not building or starting): an
 # INVALID result of that rung, so the search leaves the rung and goes on instead of calling the machine broken.
 ENGINE_FAILURE = "engine"
+# The cause of a probe that Liger's kernels broke (Triton not compiling, a model Liger patches nothing of): an
+# INVALID result of that rung too (``autofit.rung_failures``).
+KERNEL_FAILURE = "kernel"
 
 
 def classify_exception(exc: BaseException, *, stage: str = "train", user_factory: bool = False

@@ -33,11 +33,12 @@ from autofit.guide import MemoryGuide, model_shape
 from autofit.host_memory import probeable_rungs
 from autofit.ladder import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.margin import best_margin_only_fit, evidence, within_margin
-from autofit.outcome import ENGINE_FAILURE, Outcome, ProbeResult
+from autofit.outcome import Outcome, ProbeResult
 from autofit.progress import PlainProgress, ProbeProgress
 from autofit.pruning import prune
 from autofit.refine import refine
 from autofit.report import Fit, Record, SearchReport, Skip, truncation_note, undominated
+from autofit.rung_failures import FailedRungs
 from autofit.runner import Runner
 from autofit.spec import InputError, SearchSpec, format_size
 from autofit.store import ProbeStore
@@ -70,7 +71,7 @@ class Search:
         self.report.notes.extend(unavailable)
         self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.predict else None)
         self.faults = FaultWatch(user_factory=spec.factory is not None)
-        self.engine_failed = False  # the offload engine could not run here: its other candidates are not probed
+        self.failed_rungs = FailedRungs()  # rungs whose machinery could not run here (``autofit.rung_failures``)
         if spec.algo in ("grpo", "rloo") and spec.vllm is None and importlib.util.find_spec("vllm") is None:
             self.report.notes.append(
                 "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
@@ -122,10 +123,9 @@ class Search:
             result, cached = self.store.measure(candidate, kind, key, level, run, fresh=True)
         if not cached:
             self.faults.observe(candidate, result)
-        if candidate.offload and result.cause == ENGINE_FAILURE and not self.engine_failed:
-            self.engine_failed = True
-            self.report.notes.append(f"optimizer offload could not run here ({result.error[:200]}); its other "
-                                     "candidates were not probed")
+        failure_note = self.failed_rungs.observe(candidate, result)
+        if failure_note:
+            self.report.notes.append(failure_note)
         self.report.notes.extend(self.guide.observe(candidate, result))
         if not self.report.records and result.outcome is Outcome.INVALID and result.error_phase == "load":
             # The trainer rejected the very first configuration (TRL validates its own invariants): bad input.
@@ -162,7 +162,7 @@ class Search:
         def fits_at(index: int) -> bool:
             tried.add(index)
             candidate = make(values[index])
-            if self._ruled_out(level, candidate) is not None or (candidate.offload and self.engine_failed):
+            if self._ruled_out(level, candidate) is not None or self.failed_rungs.skipped(candidate):
                 return False
             result = self._measure(level, candidate)
             if self.guide.fits(result):
@@ -208,7 +208,8 @@ class Search:
         batches = divisors(per_rank) if state.vary_batch else [per_rank]
 
         def at(batch: int, length: int) -> Candidate:
-            return state.candidate.replace(micro_batch=batch, grad_accum=per_rank // batch, max_length=length)
+            candidate = state.candidate.replace(micro_batch=batch, grad_accum=per_rank // batch, max_length=length)
+            return self.failed_rungs.runnable(candidate)
 
         if spec.maximize == "length":
             grid = length_grid(spec.min_length, spec.max_length)
@@ -305,9 +306,8 @@ class Search:
         for level in levels:
             state = self.levels[level]
             for batch in divisors(spec.rank_batch) if state.vary_batch else [spec.rank_batch]:
-                space[(level, batch)] = state.candidate.replace(
-                    micro_batch=batch, grad_accum=spec.rank_batch // batch, max_length=best.candidate.max_length
-                )
+                space[(level, batch)] = self.failed_rungs.runnable(state.candidate.replace(
+                    micro_batch=batch, grad_accum=spec.rank_batch // batch, max_length=best.candidate.max_length))
         known = {}
         for r in self.report.records:
             point = (r.level, r.candidate.micro_batch)

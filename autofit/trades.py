@@ -10,6 +10,8 @@ from autofit.memory_model.parameters import census_for
 
 FIXED = {
     "expandable-segments": "PyTorch's expandable segments: less fragmentation, nothing traded",
+    "liger-kernels": "Liger's fused RMSNorm, SwiGLU and RoPE kernels: the same math in other kernels (results equal to "
+                     "rounding), nothing traded; TRL 1.16 warns that use_liger_kernel goes in v2",
     "micro-batch": "smaller micro-batches with more accumulation: the same effective batch, more steps of less work",
     "checkpointing": "activation checkpointing: the same math, the forward recomputed in the backward (about a third "
                      "more compute)",

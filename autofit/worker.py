@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from autofit import activation_offload, probe_kit, virtual_checkpoint
+from autofit import activation_offload, kernels, probe_kit, virtual_checkpoint
 from autofit.candidate import Candidate
 from autofit.factory import FactoryPayload
 from autofit.files import atomic_write_text
@@ -31,6 +31,7 @@ from autofit.outcome import (
     BAD_FORK,
     ENGINE_FAILURE,
     INFRASTRUCTURE,
+    KERNEL_FAILURE,
     USER,
     BuildTimeout,
     FactoryMisuse,
@@ -108,6 +109,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
                 trainer = factory(candidate)
             _check_trainer(trainer, candidate)
             observed = describe_trainer(trainer)
+            if candidate.liger:
+                kernels.check_liger_flag(trainer)
             if hasattr(meter, "track"):  # weights loaded from disk bypass the dispatch mode
                 meter.track(*models_of(trainer))
             stage = "train"
@@ -115,6 +118,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             instrument_rl_phases(trainer, meter, clock, candidate)
             meter.set_phase("train_setup")
             trainer.train()
+            if candidate.liger:
+                observed["liger_modules"] = kernels.liger_patched(trainer)
             host_stats = {"host_bytes": offloaded_state(trainer, candidate, meter)} if candidate.offload else {}
             if candidate.activation_offload:
                 host_stats["activation_host_bytes"] = offloaded_activations(trainer, host_copies, meter)
@@ -142,6 +147,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         outcome, fault, cause = classify_exception(exc, stage=stage, user_factory=user_factory)
         if candidate.engine and outcome is Outcome.CRASH and fault != USER and fault != INFRASTRUCTURE:
             outcome, cause = Outcome.INVALID, ENGINE_FAILURE  # the rung's, like a config TRL rejects: not the search's
+        elif candidate.liger and outcome is Outcome.CRASH and fault != USER and fault != INFRASTRUCTURE:
+            outcome, cause = Outcome.INVALID, KERNEL_FAILURE  # Liger's kernels broke it: the search goes on without
         log.error("probe ended with %s\n%s", outcome.value, "".join(traceback.format_exception(exc)))
         peaks = {phase: peak for phase, peak in _safe_peaks(meter).items() if phase not in exempt_phases(candidate)}
         phase = meter.phase if meter is not None and stage != "setup" else stage

@@ -70,6 +70,11 @@ SCENARIOS = (
                                          "--max-length", "16384", "--effective-batch", "4",
                                          "--ladder", "micro-batch,checkpointing,activation-offload"],
              "the same with activation offloading: kept only where faster; host RAM measured"),
+    # Liger's kernels (issue 10): where liger-kernel travels with the wheels (gpu-wheels.sh ... liger-kernel==X), the
+    # same 0.5B SFT question with the free rung first; without the package it is left out with a note.
+    Scenario("sft-0.5b-liger", ["--model", "Qwen/Qwen2.5-0.5B", "--gpu-memory", "12GiB", "--max-length", "1024",
+                                "--ladder", "liger-kernels,micro-batch,checkpointing"],
+             "Qwen2.5-0.5B SFT at 12 GiB with Liger's kernels first: measured against sft-0.5b-batch"),
     # Big models (issue 18): probed from weightless checkpoints, so neither the disk nor the host holds the model.
     Scenario("sft-32b", ["--model", "Qwen/Qwen2.5-32B", "--gpu-memory", "80GB", "--max-length", "2048"],
              "Qwen2.5-32B SFT at 80 GB, 2048 tokens: which rungs, verified, in minutes", replay_steps=3),

@@ -10,6 +10,7 @@ from autofit.ladder import Rung
 from strategies.activation_offload import ActivationOffload
 from strategies.allocator import ExpandableSegments
 from strategies.checkpointing import GradientCheckpointing
+from strategies.liger import LigerKernels
 from strategies.lora import Lora
 from strategies.microbatch import MicroBatch
 from strategies.offload import OptimizerOffload
@@ -22,6 +23,7 @@ from strategies.sharding import SHARDING_RUNGS, Sharding
 
 DEFAULT_LADDER = (
     ExpandableSegments(),  # free
+    LigerKernels(),  # free; CUDA with liger-kernel installed
     MicroBatch(),  # speed
     *(Sharding(name) for name in SHARDING_RUNGS if name not in SHARDING_OFFLOAD),  # speed; several GPUs only
     GradientCheckpointing(),  # speed
@@ -40,6 +42,7 @@ RUNGS = {rung.name: rung for rung in DEFAULT_LADDER}
 # named: probed on the CPU too
 RUNGS[OptimizerOffload.name] = OptimizerOffload(on_simulated_device=True)
 RUNGS[ActivationOffload.name] = ActivationOffload(on_simulated_device=True)
+RUNGS[LigerKernels.name] = LigerKernels(on_simulated_device=True)
 
 
 def resolve_ladder(names: Optional[Iterable[str]]) -> List[Rung]:

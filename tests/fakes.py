@@ -13,7 +13,7 @@ Memory model (all integers, in bytes), with ``W = weight_bytes`` the 16-bit weig
     (dtype "bfloat16": weights, trainable and AdamW's states halved; 8-bit states stay 1 * the fp32-sized trainable)
     (offload: gradients and optimizer states are host memory, not counted)
     activations = micro_batch * max_length * act_bytes_per_token, divided by ckpt_divisor with checkpointing
-                  and by act_offload_divisor with activation offloading
+                  and by act_offload_divisor with activation offloading; times liger_act_share with Liger's kernels
     peak        = weights + grads + optimizer + activations
                   (+ fragmentation_bytes unless the candidate's env sets expandable segments)
                   (+ verify_extra_bytes when steps >= verify_from_steps, i.e. for the verification run)
@@ -22,7 +22,8 @@ A candidate whose peak is above ``budget_bytes`` returns ``Outcome.OOM`` with th
 Otherwise ``Outcome.OK`` with
 
     tokens_per_second = base_tps * micro_batch / (micro_batch + 1), times ckpt_speed with checkpointing,
-                        offload_speed with optimizer offload and act_offload_speed with activation offloading
+                        offload_speed with optimizer offload, act_offload_speed with activation offloading and
+                        liger_speed with Liger's kernels
 
 so a bigger micro-batch is faster and checkpointing is slower.
 
@@ -79,6 +80,8 @@ class FormulaRunner:
         offload_speed: float = 0.5,
         act_offload_divisor: int = 8,
         act_offload_speed: float = 0.85,
+        liger_act_share: float = 0.75,
+        liger_speed: float = 1.1,
         fragmentation_bytes: int = 0,
         verify_extra_bytes: int = 0,
         verify_from_steps: int = 10,
@@ -95,6 +98,8 @@ class FormulaRunner:
         self.offload_speed = offload_speed
         self.act_offload_divisor = act_offload_divisor
         self.act_offload_speed = act_offload_speed
+        self.liger_act_share = liger_act_share
+        self.liger_speed = liger_speed
         self.fragmentation_bytes = fragmentation_bytes
         self.verify_extra_bytes = verify_extra_bytes
         self.verify_from_steps = verify_from_steps
@@ -121,6 +126,7 @@ class FormulaRunner:
     def activation_bytes(self, candidate: Candidate) -> int:
         act = candidate.micro_batch * candidate.max_length * self.act_bytes_per_token
         act = act // self.ckpt_divisor if candidate.checkpointing else act
+        act = int(act * self.liger_act_share) if candidate.liger else act
         return act // self.act_offload_divisor if candidate.activation_offload else act
 
     def peak_bytes(self, candidate: Candidate, steps: int = 2) -> int:
@@ -133,7 +139,8 @@ class FormulaRunner:
         mb = candidate.micro_batch
         return (self.base_tps * mb / (mb + 1) * (self.ckpt_speed if candidate.checkpointing else 1.0)
                 * (self.offload_speed if candidate.offload else 1.0)
-                * (self.act_offload_speed if candidate.activation_offload else 1.0))
+                * (self.act_offload_speed if candidate.activation_offload else 1.0)
+                * (self.liger_speed if candidate.liger else 1.0))
 
     def fits(self, candidate: Candidate, steps: int = 2) -> bool:
         return self.peak_bytes(candidate, steps) <= self.budget_bytes

@@ -99,7 +99,10 @@ def test_generous_budget_needs_no_rung_and_two_runs(tmp_path, device):
         (chosen.key(), report.spec.probe_steps), (chosen.key(), report.spec.verify_steps)
     ]
     assert report.verified.fits and report.verified.steps == report.spec.verify_steps
-    assert report.probes_run == 2 and report.notes == []
+    assert report.probes_run == 2
+    # nothing to say but that Liger's kernels cannot run here (a GPU rung; liger-kernel is not installed in CI)
+    [note] = report.notes
+    assert note.startswith("rung liger-kernels left out: ") and ("CPU" in note) == (device == "cpu")
 
 
 def test_free_class_expandable_segments_on_cuda(tmp_path):

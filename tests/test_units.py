@@ -25,7 +25,7 @@ from strategies.quantization import QuantizedBase
 from strategies.sequence_length import ShorterSequences
 
 DEFAULT_NAMES = [
-    "expandable-segments", "micro-batch", "zero1", "zero2", "fsdp2", "zero3", "checkpointing", "activation-offload",
+    "expandable-segments", "liger-kernels", "micro-batch", "zero1", "zero2", "fsdp2", "zero3", "checkpointing", "activation-offload",
     "optimizer-offload", "fsdp2-offload", "zero3-offload", "bf16-weights", "optimizer-8bit",
     "lora", "quant-8bit", "quant-4bit", "shorter-length",
 ]
@@ -127,7 +127,7 @@ def test_resolve_ladder_default_and_order():
     assert [r.name for r in resolve_ladder(None)] == DEFAULT_NAMES
     assert list(RUNGS) == DEFAULT_NAMES
     assert [r.name for r in resolve_ladder(["lora", "micro-batch"])] == ["lora", "micro-batch"]
-    assert [r.cost for r in DEFAULT_LADDER] == [FREE] + [SPEED] * 10 + [QUALITY] * 6
+    assert [r.cost for r in DEFAULT_LADDER] == [FREE] * 2 + [SPEED] * 10 + [QUALITY] * 6
 
 
 def test_resolve_ladder_unknown_name():
@@ -149,7 +149,8 @@ def test_climb_skips_rungs_that_do_not_apply():
     levels = climb(state(device="cpu", checkpointing=True), resolve_ladder(None))
     names = [lvl.rungs[-1] for lvl in levels[1:]]
     assert "expandable-segments" not in names and "checkpointing" not in names
-    assert names == ["micro-batch", "bf16-weights", "optimizer-8bit", "lora", "quant-8bit", "quant-4bit",
+    # Liger's rung applies to the level; the search leaves it out on the CPU, with a note (usable_rungs)
+    assert names == ["liger-kernels", "micro-batch", "bf16-weights", "optimizer-8bit", "lora", "quant-8bit", "quant-4bit",
                      "shorter-length"]
 
 
