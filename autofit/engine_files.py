@@ -165,7 +165,7 @@ def launch_env(accelerate_yaml: Path, device: str, engine: str = ZERO2_OFFLOAD) 
         args.deepspeed_fields_from_accelerate_config = ",".join(fields + (["mixed_precision"] *
                                                                           mixed_precision_from_config))
         _, env = prepare_deepspeed_cmd_env(args)
-    elif device == "cpu":
+    elif device == "cpu" and engine not in FSDP_ENGINES:  # FSDP: the GPU launcher's (autofit.simulated_fsdp)
         _, env = prepare_simple_launcher_cmd_env(args)
     else:
         env = prepare_multi_gpu_env(args)

@@ -20,7 +20,7 @@ import weakref
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,8 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
     def _add(self, tensor: torch.Tensor) -> int:
         if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
             return 0
+        if is_traceable_wrapper_subclass(tensor):  # a DTensor: the memory is its shard (the wrapper's storage is
+            return sum(self._add(getattr(tensor, name)) for name in tensor.__tensor_flatten__()[0])  # global-sized)
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested or functional wrappers
@@ -160,6 +162,21 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         if added:
             self._bump(added, str(func))
         return out
+
+    def resized(self, tensor: torch.Tensor) -> None:
+        """``tensor``'s storage was resized in place, which no op shows the mode (``UntypedStorage.resize_``: FSDP2
+        frees its gathered weights and allocates them again this way)."""
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key not in self._seen:
+            self._bump(self._add(tensor), "resize_")
+            return
+        change = storage.nbytes() - self._seen[key]
+        self._seen[key] += change
+        self.live += change
+        if self._events is not None and change:
+            self._events.append((key, change))
+        self._bump(max(change, 0), "resize_")
 
     # -- host memory (optimizer offload) ------------------------------------------------------------------------
     def set_host(self, tensors) -> None:

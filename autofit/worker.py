@@ -18,8 +18,9 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from autofit import activation_offload, kernels, probe_kit, virtual_checkpoint
+from autofit import activation_offload, kernels, probe_kit, simulated_fsdp, virtual_checkpoint
 from autofit.candidate import Candidate
+from autofit.engine_files import FSDP_ENGINES
 from autofit.factory import FactoryPayload
 from autofit.files import atomic_write_text
 from autofit.instrument import PHASE_FILE, PhaseFile, ProbeClock, instrument_rl_phases, models_of, phase_callback
@@ -101,7 +102,9 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         context = meter if candidate.device == "cpu" else contextlib.nullcontext()
         offloading = activation_offload.instrumented(meter, candidate.device == "cpu") \
             if candidate.activation_offload else contextlib.nullcontext()
-        with context, offloading as host_copies:
+        sharded = simulated_fsdp.instrumented(meter) if candidate.device == "cpu" and candidate.engine in FSDP_ENGINES \
+            else contextlib.nullcontext()
+        with context, offloading as host_copies, sharded:
             stage = "load"
             meter.set_phase("load")
             fill = contextlib.nullcontext() if candidate.real_weights else virtual_checkpoint.fill_on_load()

@@ -27,8 +27,10 @@ HELP = {
     ZERO3_OFFLOAD: "DeepSpeed ZeRO-3 with weights and optimizer states in host memory (offload_param/_optimizer)",
 }
 # accelerate sets up DeepSpeed and FSDP with several processes only on an accelerator: on a CPU-only machine its
-# state counts one process under DeepSpeed (the batch checks fail) and refuses FSDP.
-CPU_REASON = "accelerate runs DeepSpeed and FSDP across several processes only on GPUs (on the CPU: data parallel)"
+# state counts one process under DeepSpeed (the batch checks fail) and keeps FSDP's ranks data parallel. FSDP2 full
+# shard runs there under autofit.simulated_fsdp; its host offload (pinned shards) and DeepSpeed do not.
+CPU_REASON = ("accelerate runs DeepSpeed and FSDP's offload across several processes only on GPUs (on the CPU: data "
+              "parallel and FSDP2)")
 
 
 class Sharding:
@@ -41,7 +43,7 @@ class Sharding:
         self.help = HELP[name]
 
     def unavailable(self, device: str) -> Optional[str]:
-        if device == "cpu":
+        if device == "cpu" and self.name != "fsdp2":
             return CPU_REASON
         return deepspeed_missing() if self.name in ZERO_STAGES else None
 
