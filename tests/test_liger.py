@@ -40,12 +40,14 @@ def liger_installed(monkeypatch):
     """The stand-in importable as ``liger_kernel``; gone again (modules and transformers' cached check) after."""
     from transformers.utils import import_utils
 
+    # transformers 5 caches the check (lru_cache); 4.56, the floor, asks again every time
+    forget = getattr(import_utils.is_liger_kernel_available, "cache_clear", lambda: None)
     monkeypatch.syspath_prepend(str(STAND_IN))
-    import_utils.is_liger_kernel_available.cache_clear()
+    forget()
     yield
     for name in [n for n in sys.modules if n.split(".")[0] == "liger_kernel"]:
         del sys.modules[name]
-    import_utils.is_liger_kernel_available.cache_clear()
+    forget()
 
 
 # -- the rung -------------------------------------------------------------------------------------------------------
