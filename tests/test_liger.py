@@ -218,3 +218,18 @@ def test_a_trainer_without_the_flag_is_named_and_a_model_liger_skips_is_the_rung
     result = _probe(tmp_path, sft.build_trainer, liger=True)
     assert result.outcome is Outcome.INVALID and result.cause == KERNEL_FAILURE
     assert "Liger patched no module of this model (model_type qwen2)" in result.error
+
+
+@pytest.mark.slow
+def test_grpo_generates_and_trains_with_the_kernels(tmp_path, liger_installed):
+    from autofit.algos import rl
+
+    import liger_kernel.transformers as stand_in
+
+    stand_in.APPLIED.clear()
+    result = _probe(tmp_path, rl.build_grpo_trainer, algo="grpo", max_length=32, num_generations=2, liger=True)
+    assert result.outcome is Outcome.OK, result.error
+    assert "generation" in result.phase_peaks and result.observed["liger_modules"] == 7
+    assert stand_in.APPLIED == [{"fused_linear_cross_entropy": False}]  # GRPO keeps its fused LM head too
+    c = candidate(device="cpu", algo="grpo", max_length=32, num_generations=2, liger=True)
+    assert mm.predict(c).total == pytest.approx(result.peak_bytes, rel=0.05)
