@@ -139,8 +139,13 @@ class Candidate:
             args["model_init_kwargs"] = {**(user_init if isinstance(user_init, dict) else {}), "dtype": self.dtype}
         if self.activation_offload:
             args["activation_offloading"] = True
-        if self.liger:  # TRL turns Liger's fused cross-entropy off itself: its own fused LM head stays
+        if self.liger:
+            # the layer kernels only: TRL keeps its own fused LM head and turns Liger's fused cross-entropy off, but
+            # after transformers before 5 has applied the kernels (in Trainer.__init__): so it is said here
+            user_config = args.get("liger_kernel_config")
             args["use_liger_kernel"] = True
+            args["liger_kernel_config"] = {**(user_config if isinstance(user_config, dict) else {}),
+                                           "fused_linear_cross_entropy": False}
         if self.trust_remote_code:  # a TRL config field: TRL passes it on to the model, config and tokenizer loading
             args["trust_remote_code"] = True
         if self.num_generations is not None:

@@ -107,6 +107,8 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
         return "activation-offload: saved activations wait in host memory for the backward pass"
     if key == "use_liger_kernel":
         return "liger-kernels: Liger's fused RMSNorm, SwiGLU and RoPE (same math; TRL keeps its own fused LM head)"
+    if key == "liger_kernel_config":
+        return "liger-kernels: the layer kernels only, TRL's fused LM head computes the loss"
     if key == "optim":
         return "optimizer-8bit"
     if key in ("num_generations", "beta"):

@@ -14,7 +14,7 @@ from typing import Optional
 from autofit.candidate import Candidate
 from autofit.outcome import ENGINE_FAILURE, KERNEL_FAILURE, ProbeResult
 
-LIGER_RUNG = "liger-kernels"  # strategies.liger's name (this module never imports the strategies)
+LIGER_RUNG = "liger-kernels"  # the name of strategies.liger's rung (autofit never imports the strategies)
 
 
 class FailedRungs:

@@ -150,8 +150,10 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         outcome, fault, cause = classify_exception(exc, stage=stage, user_factory=user_factory)
         if candidate.engine and outcome is Outcome.CRASH and fault != USER and fault != INFRASTRUCTURE:
             outcome, cause = Outcome.INVALID, ENGINE_FAILURE  # the rung's, like a config TRL rejects: not the search's
-        elif candidate.liger and outcome is Outcome.CRASH and fault != USER and fault != INFRASTRUCTURE:
-            outcome, cause = Outcome.INVALID, KERNEL_FAILURE  # Liger's kernels broke it: the search goes on without
+        elif candidate.liger and outcome in (Outcome.CRASH, Outcome.INVALID) and fault not in (USER, INFRASTRUCTURE):
+            # Liger's kernels broke it, or transformers refused the package (an ImportError, INVALID otherwise, would
+            # read as the trainer rejecting the configuration): the search goes on without them
+            outcome, cause = Outcome.INVALID, KERNEL_FAILURE
         log.error("probe ended with %s\n%s", outcome.value, "".join(traceback.format_exception(exc)))
         peaks = {phase: peak for phase, peak in _safe_peaks(meter).items() if phase not in exempt_phases(candidate)}
         phase = meter.phase if meter is not None and stage != "setup" else stage

@@ -16,9 +16,9 @@ import importlib.util
 from typing import Optional
 
 from autofit.ladder import FREE, LadderState
+from autofit.rung_failures import LIGER_RUNG
 
 SUPPORTED_ALGOS = ("sft", "reward", "grpo", "rloo")  # trl 1.12's PPO loop builds its own models: not patched
-LIGER_RUNG = "liger-kernels"
 
 
 def liger_missing() -> Optional[str]:

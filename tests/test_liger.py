@@ -40,9 +40,11 @@ def liger_installed(monkeypatch):
     """The stand-in importable as ``liger_kernel``; gone again (modules and transformers' cached check) after."""
     from transformers.utils import import_utils
 
-    # transformers 5 caches the check (lru_cache); 4.56, the floor, asks again every time
+    # transformers 5 caches the check (lru_cache); 4.56, the floor, decided at its import whether the package exists
     forget = getattr(import_utils.is_liger_kernel_available, "cache_clear", lambda: None)
     monkeypatch.syspath_prepend(str(STAND_IN))
+    if hasattr(import_utils, "_liger_kernel_available"):
+        monkeypatch.setattr(import_utils, "_liger_kernel_available", True)
     forget()
     yield
     for name in [n for n in sys.modules if n.split(".")[0] == "liger_kernel"]:
@@ -56,7 +58,8 @@ def test_the_rung_is_free_and_comes_right_after_the_allocator():
     assert names.index("liger-kernels") == names.index("expandable-segments") + 1
     state = LigerKernels().apply(LadderState(candidate()))
     assert state.cost == "free" and state.rungs == ("liger-kernels",) and state.candidate.liger
-    assert state.candidate.training_args()["use_liger_kernel"] is True
+    args = state.candidate.training_args()
+    assert args["use_liger_kernel"] is True and args["liger_kernel_config"] == {"fused_linear_cross_entropy": False}
     assert "use_liger_kernel" not in candidate().training_args()
 
 
@@ -92,7 +95,7 @@ def test_on_a_gpu_with_the_package_it_is_climbed(liger_installed):
 
 def test_stored_studies_keep_their_keys():
     plain = candidate()
-    assert "liger" not in json.dumps(plain.to_dict()) or plain.to_dict()["liger"] is False
+    assert plain.key() == "810448accf3451c3"  # the key before the field existed (commit 67abddb): studies resume
     assert plain.key() != candidate(liger=True).key()
     assert Candidate.from_dict(candidate(liger=True).to_dict()).liger
     assert candidate(liger=True).describe() == "mb=4x1 len=512 liger"
@@ -138,8 +141,9 @@ def test_export_sets_the_flag_and_says_what_it_trades(tmp_path, liger_installed)
     full = candidate(micro_batch=8)
     _, _, report = _search(tmp_path, (runner.peak_bytes(full) + runner.peak_bytes(full.replace(liger=True))) // 2)
     export_write(report, tmp_path)
-    assert "use_liger_kernel: true  # liger-kernels: Liger's fused RMSNorm, SwiGLU and RoPE" in \
-        (tmp_path / "best.yaml").read_text()
+    text = (tmp_path / "best.yaml").read_text()
+    assert "use_liger_kernel: true  # liger-kernels: Liger's fused RMSNorm, SwiGLU and RoPE" in text
+    assert "liger_kernel_config: {fused_linear_cross_entropy: false}  # liger-kernels: the layer kernels only" in text
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["config"]["use_liger_kernel"] is True
     assert any(t.startswith("Liger's fused RMSNorm") for t in best["trades"])
@@ -183,6 +187,7 @@ def _probe(tmp_path, factory, **changes):
 
 
 @pytest.mark.slow
+@pytest.mark.floor
 def test_trl_applies_the_kernels_and_the_ledger_counts_their_saving(tmp_path, liger_installed):
     from autofit.algos import reward, sft
 
@@ -198,7 +203,8 @@ def test_trl_applies_the_kernels_and_the_ledger_counts_their_saving(tmp_path, li
 
     stand_in.APPLIED.clear()
     assert _probe(tmp_path, sft.build_trainer, liger=True).outcome is Outcome.OK
-    assert stand_in.APPLIED == [{"fused_linear_cross_entropy": False}]  # TRL keeps its own fused LM head
+    # the layer kernels only, on transformers 4.56 too (it applies them before TRL's own setting): TRL's fused LM head
+    assert stand_in.APPLIED == [{"fused_linear_cross_entropy": False}]
 
 
 @pytest.mark.slow
@@ -233,3 +239,14 @@ def test_grpo_generates_and_trains_with_the_kernels(tmp_path, liger_installed):
     assert stand_in.APPLIED == [{"fused_linear_cross_entropy": False}]  # GRPO keeps its fused LM head too
     c = candidate(device="cpu", algo="grpo", max_length=32, num_generations=2, liger=True)
     assert mm.predict(c).total == pytest.approx(result.peak_bytes, rel=0.05)
+
+
+@pytest.mark.slow
+def test_a_package_transformers_refuses_is_the_rungs_failure_not_bad_input(tmp_path):
+    """find_spec found something, transformers' own check did not accept it (an old or broken liger-kernel): its
+    ImportError would otherwise read as the trainer rejecting the configuration, exit 2 on a first probe."""
+    from autofit.algos import sft
+
+    result = _probe(tmp_path, sft.build_trainer, liger=True)  # no package at all here: transformers refuses
+    assert result.outcome is Outcome.INVALID and result.cause == KERNEL_FAILURE
+    assert "liger-kernel" in result.error

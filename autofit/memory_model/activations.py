@@ -78,7 +78,7 @@ OFFLOAD_BACKWARD_LAYERS = 0.75
 OFFLOAD_OUTSIDE_COPIES = 2
 # Liger's kernels (``use_liger_kernel``) [D: liger_kernel's RMSNorm and SiLU-mul autograd functions against
 # transformers' modules; V: CPU meter, tiny-qwen2 reward model with a stand-in of the same saved-tensor contract
-# (tests/liger_stand_in), 38 MiB saved of the predicted 39 MiB in full fine-tuning, 22 of 22 under LoRA]. The fused
+# (tests/liger_stand_in), 38 MiB saved of the predicted 38 MiB in full fine-tuning, 22 of 22 under LoRA]. The fused
 # RMSNorm saves its input (compute dtype) and one fp32 value per row; transformers' saves a float32 copy of the input
 # (the input itself when that is float32 already) and, when the norm's weight trains, the normalized tensor. The
 # fused SwiGLU saves the gate and up projections and recomputes act(gate): one tensor of the intermediate size less.
@@ -176,7 +176,7 @@ def activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) ->
     tokens = train_tokens(candidate)
     per_layer = _per_layer(candidate, shape, act_bytes)
     # a layer's backward temporaries as without Liger: its kernels' backward passes work in place
-    plain = per_layer + (liger_saving_per_token_layer(shape, act_bytes, _norms_train(candidate)) if candidate.liger else 0)
+    plain = activation_bytes_per_token_layer(shape, act_bytes, candidate.lora, candidate.algo)
     temporaries = BACKWARD_TEMP_LAYERS * (plain - _layout_copies_at_2(shape) * act_bytes / 2)
     outside = ACT_OUTSIDE_LAYERS_BYTES_PER_H * shape.hidden * act_bytes / 2
     if candidate.activation_offload:
