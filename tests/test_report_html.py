@@ -15,7 +15,9 @@ SEARCH = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", 
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
-    """micro-batch 2x4 runs out of memory, checkpointing makes it fit (23 s on the CPU meter)."""
+    """micro-batch 1x8 fits, 2x4 runs out of memory and checkpointing makes 2x4 fit (23 s on the CPU meter). Which of
+    the two fits is chosen is a measured throughput, so no test here may depend on it: they read the choice from
+    best.json."""
     out = tmp_path_factory.mktemp("report")
     assert cli.main(SEARCH + ["--out", str(out)]) == 0
     return out, json.loads((out / "best.json").read_text())
@@ -36,8 +38,8 @@ def test_the_report_shows_the_answer_and_the_studys_numbers(searched):
     out, best = searched
     page = (out / "report.html").read_text()
     verify = [record for record in best["candidates"] if record["kind"] == "verify"][-1]
-    assert best["rungs"] == ["micro-batch", "checkpointing"]
-    assert f"Best: <b>{verify['candidate']}</b> [micro-batch, checkpointing]" in page
+    assert best["rungs"] == verify["rungs"] and best["rungs"] in (["micro-batch"], ["micro-batch", "checkpointing"])
+    assert f"Best: <b>{verify['candidate']}</b> [{', '.join(best['rungs'])}]" in page
     assert f"verified peak <b>{format_size(best['verified']['peak_bytes'])}</b> of 143.00 MiB" in page
     for trade in best["trades"]:  # what each rung cost, in the words best.json uses
         assert trade.replace("'", "&#x27;") in page
@@ -90,10 +92,10 @@ def test_the_model_curve_passes_through_what_it_was_calibrated_on(searched):
     out, best = searched
     data = gather(out)
     verify = [r for r in best["candidates"] if r["kind"] == "verify"][-1]
-    level = next(p.level for p in data.probes if p.kind == "verify")
-    curve = dict(data.curves[level])
+    chosen = next(p for p in data.probes if p.kind == "verify")
+    curve = dict(data.curves[chosen.level])
     assert sorted(curve) == [1, 2, 4, 8]  # every micro-batch that divides the effective batch
-    assert curve[2] == pytest.approx(verify["predicted_bytes"], rel=1e-6)
+    assert curve[chosen.candidate.micro_batch] == pytest.approx(verify["predicted_bytes"], rel=1e-6)
     assert sum(data.ledger.values()) == pytest.approx(verify["predicted_bytes"], rel=1e-6)
 
 

@@ -293,14 +293,10 @@ def test_two_micro_batches_show_the_peak_of_sixteen(tmp_path):
     # are resident from then on), so probes run two. Measured, not assumed.
     runner = ProcessRunner("autofit.algos.sft:build_trainer", None, tmp_path)
     candidate = Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=16, max_length=64)
-    started = time.perf_counter()
     full = runner.run(candidate, 2, full_accumulation=True)
-    full_seconds = time.perf_counter() - started
-    started = time.perf_counter()
     short = runner.run(candidate, 2)
-    short_seconds = time.perf_counter() - started
-    for result in (full, short):
+    for result in (full, short):  # the worker refuses a trainer that does not run the candidate's accumulation
         assert result.outcome is Outcome.OK, result.error
     assert abs(short.peak_bytes - full.peak_bytes) / full.peak_bytes < 0.005
     assert short.phase_peaks.keys() == full.phase_peaks.keys()
-    assert short.tokens_per_second > 0 and short_seconds < full_seconds
+    assert short.tokens_per_second > 0  # no timing comparison: two timed runs on a shared CPU can come either way
