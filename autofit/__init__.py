@@ -8,19 +8,19 @@ __all__ = ["fit", "Candidate", "FitResult", "NoFitError", "InfrastructureError",
 def __getattr__(name):
     # Lazy: the CLI must answer bad input without importing torch.
     if name in ("fit", "FitResult", "NoFitError"):
-        from autofit import api
+        from autofit import _api as api
 
         return getattr(api, name)
     if name == "InfrastructureError":
-        from autofit.faults import InfrastructureError
+        from autofit.search import InfrastructureError
 
         return InfrastructureError
     if name == "FactoryError":
-        from autofit.factory import FactoryError
+        from autofit.probe import FactoryError
 
         return FactoryError
     if name == "Candidate":
-        from autofit.candidate import Candidate
+        from autofit.core import Candidate
 
         return Candidate
     raise AttributeError(name)

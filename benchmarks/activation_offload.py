@@ -5,7 +5,7 @@ activation offloading after it, and says what each answer trains, its verified p
 activations took at most (measured / predicted) and its speed. Part two probes each workload's model with and
 without checkpointing under offloading and compares the device peak and the host memory with the ledger's.
 
-On the CPU the accelerator is the CPU itself (``autofit.activation_offload``): the copies cost a memcpy, not a PCIe
+On the CPU the accelerator is the CPU itself (``autofit.probe._activation_offload``): the copies cost a memcpy, not a PCIe
 transfer, so the throughput says nothing about a GPU.
 
     .venv/bin/python -m benchmarks.activation_offload [--write docs/benchmarks.md]   (make bench-activation-offload)
@@ -32,9 +32,9 @@ MiB = 2**20
 
 
 def search(model: str, algo: str, length: int, batch: int, budget_mib: int, ladder: List[str], out: Path) -> Dict:
-    from autofit.api import fit
+    from autofit._api import fit
 
-    fit(f"autofit.algos.{algo}:build_trainer", model=model, algo=algo, device="cpu", gpu_memory=f"{budget_mib}MiB",
+    fit(f"autofit.probe.algos.{algo}:build_trainer", model=model, algo=algo, device="cpu", gpu_memory=f"{budget_mib}MiB",
         max_length=length, effective_batch=batch, ladder=ladder, out_dir=out, quiet=True)
     data = json.loads((out / "best.json").read_text())
     return {"answer": data["candidates"][0]["candidate"] if data.get("candidates") else "-",
@@ -62,8 +62,8 @@ def prediction_errors(root: Path) -> List[str]:
     import importlib
 
     from autofit import memory_model as mm
-    from autofit.candidate import Candidate, ProbeSettings
-    from autofit.worker import run_probe
+    from autofit.core import Candidate, ProbeSettings
+    from autofit.probe._worker import run_probe
 
     lines = ["| model | algo | tokens | checkpointing | device peak MiB (measured / predicted) | error | "
              "host MiB (measured / predicted) | error |", "|---|---|---:|---|---:|---:|---:|---:|"]
@@ -77,7 +77,7 @@ def prediction_errors(root: Path) -> List[str]:
             candidate = Candidate(algo=algo, model=model, device="cpu", micro_batch=batch, grad_accum=1,
                                   max_length=length, checkpointing=checkpointing, activation_offload=True,
                                   probe=ProbeSettings(steps=2, output_dir=str(root / "grid")))
-            factory = importlib.import_module(f"autofit.algos.{algo}").build_trainer
+            factory = importlib.import_module(f"autofit.probe.algos.{algo}").build_trainer
             result = run_probe(factory, candidate, None)
             predicted = mm.predict(candidate).total
             host = result.stats.get("activation_host_bytes", 0)

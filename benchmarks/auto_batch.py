@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict
 
-PRELOAD = ["autofit.preload"]  # the same preload as autofit's ProcessRunner
+PRELOAD = ["autofit.probe._preload"]  # the same preload as autofit's ProcessRunner
 
 
 def run_in_fresh_process(job: Dict[str, Any], workdir: Path, timeout_s: float = 600.0) -> Dict[str, Any]:
@@ -50,7 +50,7 @@ def run_in_fresh_process(job: Dict[str, Any], workdir: Path, timeout_s: float = 
 
 
 def child_main(job: Dict[str, Any], result_path: str, log_path: str) -> None:
-    from autofit.worker import detach_into_log
+    from autofit.probe._worker import detach_into_log
 
     detach_into_log(log_path)
     try:
@@ -82,9 +82,9 @@ def _run(job: Dict[str, Any]) -> Dict[str, Any]:
     import torch
     from transformers import TrainerCallback
 
-    from autofit import probe_kit, virtual_checkpoint
-    from autofit.candidate import Candidate, ProbeSettings
-    from autofit.meters import SimulatedMeter
+    from autofit.probe import kit as probe_kit, _virtual_checkpoint as virtual_checkpoint
+    from autofit.core import Candidate, ProbeSettings
+    from autofit.probe._meters import SimulatedMeter
 
     module, _, name = job["factory"].partition(":")
     factory = getattr(importlib.import_module(module), name)

@@ -52,7 +52,7 @@ def write_family(family: str, root: Path) -> str:
 
 
 def family_candidate(model: str, algo: str, output_dir: str, qlora: bool = False):
-    from autofit.candidate import Candidate, LoraSettings, ProbeSettings
+    from autofit.core import Candidate, LoraSettings, ProbeSettings
 
     fields = dict(algo=algo, model=model, device="cpu", micro_batch=MICRO_BATCH, grad_accum=1, max_length=LENGTH,
                   probe=ProbeSettings(steps=2, output_dir=output_dir))
@@ -65,10 +65,10 @@ def family_candidate(model: str, algo: str, output_dir: str, qlora: bool = False
 
 def measure(model: str, algo: str, output_dir: str, qlora: bool = False) -> Tuple[Optional[int], float, str]:
     """(measured peak bytes or None, predicted bytes, the probe's error) of one probe in this process."""
-    from autofit.factory import prepare_factory
+    from autofit.probe import prepare_factory
     from autofit.memory_model import predict
-    from autofit.outcome import Outcome
-    from autofit.worker import run_probe
+    from autofit.core import Outcome
+    from autofit.probe._worker import run_probe
 
     candidate = family_candidate(model, algo, output_dir, qlora)
     result = run_probe(prepare_factory(algo).load(), candidate, None)
@@ -77,7 +77,7 @@ def measure(model: str, algo: str, output_dir: str, qlora: bool = False) -> Tupl
 
 
 def table(root: Path) -> str:
-    from autofit.census import ensure_census
+    from autofit.memory_model import ensure_census
     from autofit.memory_model import ModelShape, unchecked_reason
 
     lines = ["| family | params (counted) | algo | measured MiB | predicted MiB | error | checked |",

@@ -32,14 +32,14 @@ MiB = 2**20
 def table(root: Path) -> str:
     sys.path.insert(0, str(STAND_IN))
     from autofit import memory_model as mm
-    from autofit.candidate import Candidate, LoraSettings, ProbeSettings
-    from autofit.worker import run_probe
+    from autofit.core import Candidate, LoraSettings, ProbeSettings
+    from autofit.probe._worker import run_probe
 
     lines: List[str] = [
         "| model | algo | tokens | training | peak without MiB (measured / predicted) | with Liger | saved MiB "
         "(measured / predicted) | modules patched |", "|---|---|---:|---|---:|---:|---:|---:|"]
     for model, algo, batch, length in WORKLOADS:
-        factory = importlib.import_module(f"autofit.algos.{algo}").build_trainer
+        factory = importlib.import_module(f"autofit.probe.algos.{algo}").build_trainer
         for lora in (None, LoraSettings()):
             peaks, predicted, patched = [], [], 0
             for liger in (False, True):

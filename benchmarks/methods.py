@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from autofit.algos import FACTORIES
-from autofit.candidate import Candidate
-from autofit.ladder import FREE, QUALITY, SPEED
-from strategies import resolve_ladder
-from autofit.outcome import Outcome, ProbeResult
-from autofit.runner import ProcessRunner
+from autofit.core import FACTORIES
+from autofit.core import Candidate
+from autofit.rungs import FREE, QUALITY, SPEED
+from autofit.rungs import resolve_ladder
+from autofit.core import Outcome, ProbeResult
+from autofit.probe import ProcessRunner
 from autofit.search import Search, divisors
-from autofit.spec import SearchSpec, format_size
+from autofit.core import SearchSpec
+from autofit.core import format_size
 
 PROBE_STEPS = 2  # autofit's default probe length, used by every method's probes
 VERIFY_STEPS = 10  # autofit's default verification length, used for every method's chosen configuration

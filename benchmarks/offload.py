@@ -28,9 +28,9 @@ MiB = 2**20
 
 
 def search(model: str, algo: str, budget_mib: int, ladder: List[str], out: Path) -> Dict:
-    from autofit.api import fit
+    from autofit._api import fit
 
-    fit(f"autofit.algos.{algo}:build_trainer", model=model, algo=algo, device="cpu",
+    fit(f"autofit.probe.algos.{algo}:build_trainer", model=model, algo=algo, device="cpu",
                  gpu_memory=f"{budget_mib}MiB", max_length=LENGTH, effective_batch=EFFECTIVE_BATCH, ladder=ladder,
                  out_dir=out, quiet=True)
     data = json.loads((out / "best.json").read_text())

@@ -84,17 +84,17 @@ def versions() -> str:
 
 
 def autofit_commit() -> str:
-    """The commit of autofit/ and strategies/ this run measured, and whether they had uncommitted changes."""
+    """The commit of autofit/ this run measured, and whether they had uncommitted changes."""
     import subprocess
 
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "autofit", "strategies"], cwd=REPO,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "autofit"], cwd=REPO,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "an unknown commit (no git)"
-    return f"commit {head}" + (" plus uncommitted changes in autofit/ or strategies/" if dirty else "")
+    return f"commit {head}" + (" plus uncommitted changes in autofit/" if dirty else "")
 
 
 def short_model(model: str) -> str:
@@ -219,8 +219,8 @@ def result_cell(m: Dict, workload: Dict, oracle: Optional[Dict]) -> str:
 
 
 def quality_rungs() -> set:
-    from autofit.ladder import QUALITY
-    from strategies import resolve_ladder
+    from autofit.rungs import QUALITY
+    from autofit.rungs import resolve_ladder
 
     return {rung.name for rung in resolve_ladder(None) if rung.cost == QUALITY}
 

@@ -25,8 +25,8 @@ import json, resource, sys, time
 from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
-from autofit import virtual_checkpoint
-from autofit.registry import resolve_model
+from autofit.probe import _virtual_checkpoint as virtual_checkpoint
+from autofit.core._registry import resolve_model
 settings = dict(resolve_model(sys.argv[1]).config)
 config = AutoConfig.for_model(settings.pop("model_type"), **settings)
 folder = Path(sys.argv[2])

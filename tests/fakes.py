@@ -1,6 +1,6 @@
 """Test doubles for the search: a probe runner whose memory and speed are known formulas of the candidate.
 
-``FormulaRunner`` implements the ``autofit.runner.Runner`` protocol (``run(candidate, steps) -> ProbeResult``)
+``FormulaRunner`` implements the ``autofit.probe._runner.Runner`` protocol (``run(candidate, steps) -> ProbeResult``)
 without training anything, so a whole search runs in milliseconds and tests can derive the exact expected
 choice from the same formula (``runner.peak_bytes(candidate)``, ``runner.tokens_per_second(candidate)``).
 
@@ -39,9 +39,9 @@ from typing import Callable, List, Optional, Union
 
 from pathlib import Path
 
-from autofit.candidate import Candidate
-from autofit.outcome import Outcome, ProbeResult
-from autofit.spec import SearchSpec
+from autofit.core import Candidate
+from autofit.core import Outcome, ProbeResult
+from autofit.core import SearchSpec
 
 KiB = 2**10
 MiB = 2**20

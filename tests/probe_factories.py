@@ -22,7 +22,7 @@ def rejects_config(candidate):
 
 
 def ignores_candidate(candidate):
-    from autofit.algos.sft import build_trainer
+    from autofit.probe.algos.sft import build_trainer
 
     return build_trainer(candidate.replace(micro_batch=candidate.micro_batch + 1))
 
@@ -43,7 +43,7 @@ def own_lora_short_rows(candidate):
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
-    from autofit import probe_kit
+    from autofit.probe import kit as probe_kit
 
     rows = [[(5 * i + j) % 300 + 1 for j in range(8)] for i in range(64)]
     return SFTTrainer(
@@ -60,8 +60,8 @@ def own_grpo_settings(candidate):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from autofit import probe_kit
-    from autofit.algos.rl import length_reward
+    from autofit.probe import kit as probe_kit
+    from autofit.probe.algos.rl import length_reward
 
     prompts = [" ".join(f"t{(3 * i + j) % 300 + 1}" for j in range(24)) for i in range(64)]
     return GRPOTrainer(
@@ -93,7 +93,7 @@ def _out_dir(candidate):
 
 def hangs_once(candidate):
     """Hangs in the first probe of a search folder (until killed), builds the SFT trainer afterwards."""
-    from autofit.algos.sft import build_trainer
+    from autofit.probe.algos.sft import build_trainer
 
     marker = _out_dir(candidate) / "hung-once"
     if not marker.exists():
@@ -104,7 +104,7 @@ def hangs_once(candidate):
 
 def another_process_grows_once(candidate):
     """The simulated device's other process takes all of it for 2 s during the first probe's training."""
-    from autofit.algos.sft import build_trainer
+    from autofit.probe.algos.sft import build_trainer
 
     marker = _out_dir(candidate) / "grew-once"
     trainer = build_trainer(candidate)
@@ -120,7 +120,7 @@ def checks_its_weights(candidate):
     (the probe's weightless checkpoint filled on load) and generation produces finite logits."""
     import torch
 
-    from autofit.algos.rl import build_grpo_trainer
+    from autofit.probe.algos.rl import build_grpo_trainer
 
     trainer = build_grpo_trainer(candidate)
     for name, param in trainer.model.named_parameters():
@@ -146,7 +146,7 @@ def rank_one_holds_more(candidate):
     """The built-in SFT trainer; rank 1 also holds 16 MiB for the whole probe (a rank with more to carry)."""
     import torch
 
-    from autofit.algos.sft import build_trainer
+    from autofit.probe.algos.sft import build_trainer
 
     trainer = build_trainer(candidate)
     if os.environ.get("RANK") == "1":
@@ -155,7 +155,7 @@ def rank_one_holds_more(candidate):
 
 
 def rank_one_hangs(candidate):
-    from autofit.algos.sft import build_trainer
+    from autofit.probe.algos.sft import build_trainer
 
     if os.environ.get("RANK") == "1":
         time.sleep(600)

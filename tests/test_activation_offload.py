@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from autofit import memory_model as mm
-from autofit.candidate import Candidate, LoraSettings, ProbeSettings
+from autofit.core import Candidate, LoraSettings, ProbeSettings
 from autofit.export import write as export_write
-from autofit.host_memory import host_shortfalls
-from autofit.ladder import LadderState, climb
-from autofit.meters import SimulatedMeter
-from autofit.outcome import Outcome
+from autofit.search._host_memory import host_shortfalls
+from autofit.rungs import LadderState, climb
+from autofit.probe._meters import SimulatedMeter
+from autofit.core import Outcome
 from autofit.search import Search
-from autofit.spec import SearchSpec
-from strategies import DEFAULT_LADDER, RUNGS, resolve_ladder
-from strategies.activation_offload import ActivationOffload
+from autofit.core import SearchSpec
+from autofit.rungs import DEFAULT_LADDER, RUNGS, resolve_ladder
+from autofit.rungs import ActivationOffload
 
 try:
     from fakes import MiB, FormulaRunner, formula_spec
@@ -143,7 +143,7 @@ def test_ledger_moves_saved_activations_to_the_host():
 
 # -- real TRL probes on the simulated device ------------------------------------------------------------------------
 def _probe(tmp_path, factory, **changes):
-    from autofit.worker import run_probe
+    from autofit.probe._worker import run_probe
 
     probe = ProbeSettings(steps=2, output_dir=str(tmp_path / "probe"))
     return run_probe(factory, candidate(device="cpu", probe=probe, **changes), None)
@@ -152,7 +152,7 @@ def _probe(tmp_path, factory, **changes):
 @pytest.mark.slow
 @pytest.mark.floor
 def test_trl_offloads_on_the_simulated_device_as_the_ledger_says(tmp_path):
-    from autofit.algos import reward
+    from autofit.probe.algos import reward
 
     plain = _probe(tmp_path, reward.build_trainer)
     offloaded = _probe(tmp_path, reward.build_trainer, activation_offload=True)
@@ -166,7 +166,7 @@ def test_trl_offloads_on_the_simulated_device_as_the_ledger_says(tmp_path):
 
 @pytest.mark.slow
 def test_a_trainer_that_does_not_offload_is_named(tmp_path):
-    from autofit.algos import reward
+    from autofit.probe.algos import reward
 
     def ignores_the_candidate(candidate):
         return reward.build_trainer(candidate.replace(activation_offload=False))

@@ -24,10 +24,10 @@ def no_probes(monkeypatch, tmp_path):
     def no_search(*args, **kwargs):
         raise AssertionError("the search started for bad input")
 
-    import autofit.api
+    import autofit._api
 
-    monkeypatch.setattr(autofit.api, "ProcessRunner", NoRunner)
-    monkeypatch.setattr(autofit.api, "Search", no_search)
+    monkeypatch.setattr(autofit._api, "ProcessRunner", NoRunner)
+    monkeypatch.setattr(autofit._api, "Search", no_search)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an unknown model is not found in a real cache
 
 
@@ -115,7 +115,7 @@ def test_non_positive_probe_timeout_is_bad_input(tmp_path, capsys, timeout):
 def test_a_configuration_no_device_could_hold_is_refused(tmp_path, capsys):
     import json
 
-    from autofit.registry import BUNDLED_DIR
+    from autofit.core._registry import BUNDLED_DIR
 
     config = json.loads((BUNDLED_DIR / "tiny-qwen2.json").read_text())
     config["num_hidden_layers"] = 10**9

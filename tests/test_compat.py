@@ -6,11 +6,11 @@ import dataclasses
 import pytest
 from packaging.version import Version
 
-from autofit import compat
-from autofit.algos import FACTORIES
-from autofit.candidate import Candidate
-from autofit.outcome import Outcome
-from autofit.runner import ProcessRunner
+from autofit.core import _compat as compat
+from autofit.core import FACTORIES
+from autofit.core import Candidate
+from autofit.core import Outcome
+from autofit.probe import ProcessRunner
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 import autofit
-from autofit import api, cli
-from autofit.spec import InputError
+from autofit import _api as api
+from autofit import cli
+from autofit.core import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 # Options that are the CLI's own or fit()'s positional argument.

@@ -17,7 +17,7 @@ FACTORY = textwrap.dedent("""
     from trl import SFTConfig, SFTTrainer
 
     import autofit
-    from autofit import probe_kit
+    from autofit.probe import kit as probe_kit
 
     def make_trainer(candidate):
         return SFTTrainer(
@@ -65,7 +65,7 @@ def test_a_script_stdin_and_python_dash_c(tmp_path):
 
 def test_a_lambda_calling_a_closure(tmp_path):
     import autofit
-    from autofit.algos.sft import build_trainer
+    from autofit.probe.algos.sft import build_trainer
 
     seen_rows = []
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from autofit.census import ensure_census
-from autofit.census_build import build
+from autofit.memory_model import ensure_census
+from autofit.memory_model._census_build import build
 from autofit.memory_model import CHECKED, ModelShape, analytic_census, param_counts, predict, unchecked_reason
-from autofit.memory_model.census import Census, lora_tensors
+from autofit.memory_model._census import Census, lora_tensors
 from benchmarks.families import ALGOS, FAMILIES, family_candidate, measure, write_family
 
 # Real probes, and claims about how the installed transformers 5 builds each family (fused experts): not for the
@@ -31,9 +31,9 @@ def family_root(tmp_path_factory) -> Path:
 def prepared(family: str, root: Path) -> str:
     """The family's tiny model folder with its census in the cache, built in this process (faster than the child
     process the search starts, which ``test_mixtral_8x7b_is_counted_from_the_model_in_a_child_process`` covers)."""
-    from autofit.files import atomic_write_text
-    from autofit.memory_model.census import census_file
-    from autofit.registry import resolve_model
+    from autofit.core import atomic_write_text
+    from autofit.memory_model._census import census_file
+    from autofit.core import resolve_model
 
     model = write_family(family, root)
     path = census_file(resolve_model(model).config)
@@ -45,7 +45,7 @@ def prepared(family: str, root: Path) -> str:
 
 def counted(model: str) -> Census:
     """The census built in this process (the search builds it in a child process: ``ensure_census``)."""
-    from autofit.registry import resolve_model
+    from autofit.core import resolve_model
 
     source = resolve_model(model)
     folder = Path(source.local_path) if source.local_path else None
@@ -74,7 +74,7 @@ def test_mixtral_qlora_keeps_its_experts_in_bf16():
     """transformers 5 fuses the experts into 3-D parameters: bitsandbytes replaces nn.Linear only, so 4-bit leaves
     87 GB of expert weights in bf16; peft's all-linear adapts them through a materialized W + BA (another 87 GB at
     the forward). The estimate must not say QLoRA fits an 80 GB card."""
-    from autofit.candidate import Candidate, LoraSettings
+    from autofit.core import Candidate, LoraSettings
 
     ensure_census(MIXTRAL_8X7B)
     qlora = Candidate(algo="sft", model=MIXTRAL_8X7B, device="cuda", micro_batch=1, grad_accum=8, max_length=2048,
@@ -158,7 +158,7 @@ def test_unchecked_families_say_so_with_a_wider_band(family, algo, family_root):
 
 
 def test_estimate_names_an_unchecked_family(family_root, capsys):
-    from autofit import estimate
+    from autofit.cli import _estimate as estimate
     from autofit.cli import build_parser
 
     model = prepared("cohere", family_root)  # no reward model in transformers: never checked
@@ -199,8 +199,8 @@ def test_a_multimodal_wrapper_is_counted_whole(tmp_path):
 
 
 def test_a_damaged_census_in_the_cache_is_built_again(family_root):
-    from autofit.memory_model.census import census_file
-    from autofit.registry import resolve_model
+    from autofit.memory_model._census import census_file
+    from autofit.core import resolve_model
 
     model = write_family("qwen3_moe", family_root)
     path = census_file(resolve_model(model).config)
@@ -213,8 +213,8 @@ def test_a_damaged_census_in_the_cache_is_built_again(family_root):
 
 def test_the_search_notes_an_unchecked_family_in_its_report(family_root):
     from autofit.search import Search
-    from autofit.spec import SearchSpec
-    from strategies import resolve_ladder
+    from autofit.core import SearchSpec
+    from autofit.rungs import resolve_ladder
 
     try:
         from fakes import FormulaRunner
@@ -253,8 +253,8 @@ def test_estimate_of_a_moe_model_counts_it_in_a_child_and_never_imports_torch(tm
 def test_a_users_factory_may_load_a_model_without_a_causal_lm_class(tmp_path):
     from transformers import AutoConfig
 
-    from autofit.guide import model_shape
-    from autofit.spec import SearchSpec
+    from autofit.search._guide import model_shape
+    from autofit.core import SearchSpec
 
     AutoConfig.for_model("qwen2_5_vl").save_pretrained(tmp_path / "vl")
     spec = SearchSpec(model=str(tmp_path / "vl"), budget_bytes=2**34, out_dir=tmp_path / "out",
@@ -266,9 +266,9 @@ def test_a_users_factory_may_load_a_model_without_a_causal_lm_class(tmp_path):
 def test_a_configuration_the_sizes_cannot_read_means_plain_bisection_and_no_census_build(tmp_path):
     """transformers completes a config.json without intermediate_size from its defaults; the memory model's sizes
     cannot, so a user's factory is searched by plain bisection: no exception, and no census built for nothing."""
-    from autofit.guide import model_shape
-    from autofit.memory_model.census import census_file
-    from autofit.spec import SearchSpec
+    from autofit.search._guide import model_shape
+    from autofit.memory_model._census import census_file
+    from autofit.core import SearchSpec
 
     config = json.loads(Path(write_family("mixtral", tmp_path)).joinpath("config.json").read_text())
     del config["intermediate_size"]

@@ -1,6 +1,6 @@
 """Faults of shared, messy machines, as a user meets them: a search killed with SIGKILL, two searches on one folder,
 probes that abort or run the host out of memory, a damaged study, a busy device (the simulated device's "other
-process", autofit.others), an ``--out`` that is a file."""
+process", autofit.core._others), an ``--out`` that is a file."""
 
 import json
 import os
@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from autofit import cli
-from autofit.candidate import Candidate
-from autofit.outdir import exclusive, process_start_ticks
-from autofit.outcome import Outcome
-from autofit.runner import ProcessRunner
+from autofit.core import Candidate
+from autofit.core._outdir import exclusive, process_start_ticks
+from autofit.core import Outcome
+from autofit.probe import ProcessRunner
 from autofit.search import Search
-from autofit.spec import SearchSpec
-from autofit.store import STUDY_FILE
-from strategies import resolve_ladder
+from autofit.core import SearchSpec
+from autofit.search import STUDY_FILE
+from autofit.rungs import resolve_ladder
 
 try:
     from fakes import MiB, FormulaRunner
@@ -126,8 +126,8 @@ def test_an_oom_while_another_process_grew_is_run_again(tmp_path):
     others.write_text("0")
     script = textwrap.dedent(f"""
         import json, logging
-        from autofit.candidate import Candidate
-        from autofit.runner import ProcessRunner
+        from autofit.core._candidate import Candidate
+        from autofit.probe._runner import ProcessRunner
         if __name__ == "__main__":
             logging.basicConfig(level=logging.WARNING)
             runner = ProcessRunner("probe_factories:another_process_grows_once", 2**30, {str(tmp_path)!r})

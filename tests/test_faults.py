@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from autofit.candidate import Candidate
-from autofit.factory import FactoryError
-from autofit.faults import FaultWatch, InfrastructureError, check_no_fit_is_an_answer
-from autofit.outcome import BAD_FORK, FactoryMisuse, Outcome, ProbeResult, classify_exception, classify_exit
+from autofit.core import Candidate
+from autofit.probe import FactoryError
+from autofit.search import FaultWatch, InfrastructureError, check_no_fit_is_an_answer
+from autofit.core import BAD_FORK, FactoryMisuse, Outcome, ProbeResult, classify_exception, classify_exit
 
 
 def raised(exc):
@@ -121,7 +121,7 @@ def test_nothing_fits_only_when_memory_said_so():
 
 
 def test_an_errors_origin_is_named():
-    from autofit.outcome import error_origin
+    from autofit.core import error_origin
 
     mine = raised(ValueError("my own check"))
     assert error_origin(mine, "load", user_factory=True) == "your factory"

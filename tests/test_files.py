@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from autofit import cli
-from autofit.files import atomic_write_text, one_line
-from autofit.registry import BUNDLED_DIR
+from autofit.core import atomic_write_text, one_line
+from autofit.core._registry import BUNDLED_DIR
 
 
 def test_one_line_escapes_what_could_start_a_line():

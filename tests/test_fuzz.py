@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from autofit import api, cli
-from autofit.candidate import Candidate
-from autofit.store import STUDY_FILE, ProbeStore
+from autofit import _api as api
+from autofit import cli
+from autofit.core import Candidate
+from autofit.search import STUDY_FILE, ProbeStore
 
 # derandomize: the same examples on every run, so CI cannot fail on a draw the last run did not make (a local run
 # with a larger max_examples explores further)

@@ -24,11 +24,11 @@ def test_emulated_budget_holds_for_qwen_0_5b_sft(tmp_path):
 
 
 def test_cuda_oom_is_classified(tmp_path):
-    from autofit.candidate import Candidate
-    from autofit.outcome import Outcome
-    from autofit.runner import ProcessRunner
+    from autofit.core import Candidate
+    from autofit.core import Outcome
+    from autofit.probe import ProcessRunner
 
-    runner = ProcessRunner("autofit.algos.sft:build_trainer", 2 * 2**30, tmp_path)
+    runner = ProcessRunner("autofit.probe.algos.sft:build_trainer", 2 * 2**30, tmp_path)
     result = runner.run(Candidate("sft", "Qwen/Qwen2.5-0.5B", "cuda", micro_batch=64, grad_accum=1,
                                   max_length=4096), 2)
     assert result.outcome is Outcome.OOM, result.error

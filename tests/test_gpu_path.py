@@ -18,10 +18,12 @@ from autofit import cli
 
 TESTS = Path(__file__).resolve().parent
 
-# torch reports one CUDA device, and any initialization of CUDA is recorded (with its caller) and refused.
+# torch reports a CUDA build with one device, and any initialization of CUDA is recorded (with its caller) and refused.
 INSTRUMENT_CUDA = textwrap.dedent("""
     import json, sys, traceback
     import torch
+
+    torch.version.cuda = "13.0"
 
     calls = []
 
@@ -50,14 +52,26 @@ def run_instrumented(body: str) -> dict:
 def test_the_probe_server_preload_never_initializes_cuda():
     found = run_instrumented("""
         try:
-            import autofit.preload
+            import autofit.probe._preload
         except Exception as exc:  # an import that reached CUDA raises the instrument's error
             calls.append(f"preload raised {exc!r}")
         else:
-            assert autofit.preload.cuda_initialized is False
+            assert autofit.probe._preload.cuda_initialized is False
     """)
     assert found["calls"] == [], "the preload initializes CUDA:\n" + "\n".join(found["calls"])
     assert found["imported"] == []  # probes import peft and bitsandbytes themselves, after the fork
+
+
+def test_a_torch_built_without_cuda_preloads_peft_and_bitsandbytes():
+    # Nothing there can initialize CUDA, so the probe server imports them once instead of every probe.
+    script = "import sys, torch, autofit.probe._preload as p; print(torch.version.cuda, p.cuda_initialized, " \
+             "sorted(m for m in ('peft', 'bitsandbytes') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("torch here is built with CUDA")
+    assert done.stdout.split(None, 2) == ["None", "False", "['bitsandbytes', 'peft']\n"], done.stderr[-2000:]
 
 
 def test_the_instrument_sees_what_initializes_cuda():
@@ -79,13 +93,13 @@ def test_a_server_with_cuda_initialized_falls_back_to_spawn(tmp_path):
     script = tmp_path / "probe_once.py"
     script.write_text(textwrap.dedent(f"""
         import json, logging, sys
-        from autofit.candidate import Candidate
-        from autofit.runner import ProcessRunner
+        from autofit.core._candidate import Candidate
+        from autofit.probe._runner import ProcessRunner
 
         if __name__ == "__main__":
             logging.basicConfig(level=logging.WARNING)
-            runner = ProcessRunner("autofit.algos.sft:build_trainer", 2**30, {str(tmp_path)!r},
-                                   preload=("fake_cuda_server", "autofit.preload"))
+            runner = ProcessRunner("autofit.probe.algos.sft:build_trainer", 2**30, {str(tmp_path)!r},
+                                   preload=("fake_cuda_server", "autofit.probe._preload"))
             candidate = Candidate("sft", "tiny-qwen2", "cpu", micro_batch=2, grad_accum=1, max_length=16)
             first = runner.run(candidate, 2)
             second = runner.run(candidate.replace(micro_batch=1, grad_accum=2), 2)
@@ -151,7 +165,7 @@ def test_gpu_check_page_from_a_cpu_scenario(tmp_path):
 def test_gpu_check_replays_a_hub_model_from_the_probes_checkpoint(tmp_path):
     # The GPU machines cannot download: a replay of Qwen2.5-0.5B's answer loads the weightless checkpoint the probes
     # loaded; a folder the user gave stays as it is.
-    from autofit import virtual_checkpoint
+    from autofit.probe import _virtual_checkpoint as virtual_checkpoint
     from benchmarks import gpu_check
 
     best = tmp_path / "best.json"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("autofit", "strategies")
+PACKAGES = ("autofit",)
 MAX_LINES = 420
 
 

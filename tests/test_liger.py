@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from autofit import memory_model as mm
-from autofit.candidate import Candidate, LoraSettings, ProbeSettings
+from autofit.core import Candidate, LoraSettings, ProbeSettings
 from autofit.export import write as export_write
-from autofit.ladder import LadderState, climb, usable_rungs
-from autofit.outcome import KERNEL_FAILURE, Outcome, ProbeResult
+from autofit.rungs import LadderState, climb, usable_rungs
+from autofit.core import KERNEL_FAILURE, Outcome, ProbeResult
 from autofit.search import Search
-from strategies import DEFAULT_LADDER, RUNGS, resolve_ladder
-from strategies.liger import LigerKernels
+from autofit.rungs import DEFAULT_LADDER, RUNGS, resolve_ladder
+from autofit.rungs import LigerKernels
 
 try:
     from fakes import MiB, FormulaRunner, formula_spec
@@ -180,7 +180,7 @@ def test_families_liger_does_not_patch_save_nothing():
 
 # -- real TRL probes on the simulated device, with the stand-in -----------------------------------------------------
 def _probe(tmp_path, factory, **changes):
-    from autofit.worker import run_probe
+    from autofit.probe._worker import run_probe
 
     probe = ProbeSettings(steps=2, output_dir=str(tmp_path / "probe"))
     return run_probe(factory, candidate(device="cpu", probe=probe, **changes), None)
@@ -189,7 +189,7 @@ def _probe(tmp_path, factory, **changes):
 @pytest.mark.slow
 @pytest.mark.floor
 def test_trl_applies_the_kernels_and_the_ledger_counts_their_saving(tmp_path, liger_installed):
-    from autofit.algos import reward, sft
+    from autofit.probe.algos import reward, sft
 
     plain = _probe(tmp_path, reward.build_trainer, algo="reward")
     fused = _probe(tmp_path, reward.build_trainer, algo="reward", liger=True)
@@ -210,7 +210,7 @@ def test_trl_applies_the_kernels_and_the_ledger_counts_their_saving(tmp_path, li
 @pytest.mark.slow
 def test_a_trainer_without_the_flag_is_named_and_a_model_liger_skips_is_the_rungs_failure(tmp_path, liger_installed,
                                                                                            monkeypatch):
-    from autofit.algos import sft
+    from autofit.probe.algos import sft
 
     def ignores_the_candidate(cand):
         return sft.build_trainer(cand.replace(liger=False))
@@ -228,7 +228,7 @@ def test_a_trainer_without_the_flag_is_named_and_a_model_liger_skips_is_the_rung
 
 @pytest.mark.slow
 def test_grpo_generates_and_trains_with_the_kernels(tmp_path, liger_installed):
-    from autofit.algos import rl
+    from autofit.probe.algos import rl
 
     import liger_kernel.transformers as stand_in
 
@@ -245,7 +245,7 @@ def test_grpo_generates_and_trains_with_the_kernels(tmp_path, liger_installed):
 def test_a_package_transformers_refuses_is_the_rungs_failure_not_bad_input(tmp_path):
     """find_spec found something, transformers' own check did not accept it (an old or broken liger-kernel): its
     ImportError would otherwise read as the trainer rejecting the configuration, exit 2 on a first probe."""
-    from autofit.algos import sft
+    from autofit.probe.algos import sft
 
     result = _probe(tmp_path, sft.build_trainer, liger=True)  # no package at all here: transformers refuses
     assert result.outcome is Outcome.INVALID and result.cause == KERNEL_FAILURE

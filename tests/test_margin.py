@@ -1,4 +1,4 @@
-"""Headroom from evidence (autofit.margin): a better fit that only the margin rejected is verified, and kept or
+"""Headroom from evidence (autofit.search._margin): a better fit that only the margin rejected is verified, and kept or
 rejected by what the verification shows; the table says by how much a fit missed the margin. The H100 case of
 2026-11-22 at fake-runner scale: a full fine-tune with an 8-bit optimizer fitted 60 MB inside the 3% margin and
 the answer fell to LoRA."""
@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autofit.candidate import Candidate
+from autofit.core import Candidate
 from autofit.export import table_text
-from autofit.margin import evidence, over_margin
-from autofit.outcome import Outcome, ProbeResult
+from autofit.search._margin import evidence, over_margin
+from autofit.core import Outcome, ProbeResult
 from autofit.search import Search
-from autofit.spec import SearchSpec
-from strategies import resolve_ladder
+from autofit.core import SearchSpec
+from autofit.rungs import resolve_ladder
 
 try:
     from fakes import MiB, FormulaRunner

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from autofit import memory_model as mm
-from autofit.candidate import Candidate, LoraSettings
-from autofit.engine_files import deepspeed_missing
+from autofit.core import Candidate, LoraSettings
+from autofit.rungs._engines import deepspeed_missing
 from autofit.memory_model import (
     Calibration,
     ModelShape,
@@ -29,7 +29,7 @@ from autofit.memory_model import (
     predict,
     predict_calibrated,
 )
-from autofit.spec import SearchSpec
+from autofit.core import SearchSpec
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 REPO = Path(__file__).resolve().parents[1]
@@ -222,7 +222,7 @@ def test_activations_checkpointing_keeps_layer_inputs():
 def test_activations_follow_the_layer_layout():
     """torch LayerNorm and a non-gated MLP save less (starcoder2); a fused q/k/v projection and a concatenating
     RoPE save copies (phi3, glm4), which add no backward temporaries of their own."""
-    from autofit.memory_model.activations import BACKWARD_TEMP_LAYERS, activation_bytes
+    from autofit.memory_model._activations import BACKWARD_TEMP_LAYERS, activation_bytes
 
     base = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=8192, torch_dtype="float32")
@@ -435,7 +435,7 @@ def test_expected_rung_micro_batch_choice():
 # -- autofit estimate -------------------------------------------------------------------------------------------------
 ESTIMATE = """
 import sys, argparse
-from autofit.estimate import add_parser, run
+from autofit.cli._estimate import add_parser, run
 parser = argparse.ArgumentParser(prog="autofit")
 add_parser(parser.add_subparsers(dest="command"))
 rc = run(parser.parse_args(sys.argv[1:]))
@@ -470,7 +470,7 @@ def test_estimate_bad_input_is_one_line():
 
 
 def test_estimate_text_with_a_stored_calibration(tmp_path):
-    from autofit.estimate import estimate_text, load_calibration
+    from autofit.cli._estimate import estimate_text, load_calibration
 
     spec = _spec(model="tiny-qwen2", device="cpu", max_length=512, budget_bytes=512 * MiB)
     points = [(Candidate(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=m, grad_accum=1, max_length=512),
@@ -491,7 +491,7 @@ def test_estimate_text_with_a_stored_calibration(tmp_path):
 
 # -- what the export says the user trades -----------------------------------------------------------------------------
 def test_trades_name_each_rungs_cost_with_loras_share_of_parameters():
-    from autofit.trades import trades
+    from autofit.export import trades
 
     qwen = shape("Qwen/Qwen2.5-7B")
     c = cand(model="Qwen/Qwen2.5-7B", lora=LoraSettings(), quantization="4bit", max_length=512,
@@ -505,7 +505,7 @@ def test_trades_name_each_rungs_cost_with_loras_share_of_parameters():
 
 
 def test_estimate_counts_the_model_the_algorithm_trains():
-    from autofit.estimate import estimate_text
+    from autofit.cli._estimate import estimate_text
 
     shape = ModelShape.from_model("tiny-qwen2")
     texts = {algo: estimate_text(_spec(model="tiny-qwen2", algo=algo, budget_bytes=GiB, max_length=64))

@@ -11,10 +11,10 @@ import pytest
 import torch
 import yaml
 
-import strategies.offload as offload_module
+import autofit.rungs._offload as offload_module
 from autofit import memory_model as mm
-from autofit.candidate import Candidate, LoraSettings, ProbeSettings
-from autofit.engine_files import (
+from autofit.core import Candidate, LoraSettings, ProbeSettings
+from autofit.rungs._engines import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,
     MARKER,
@@ -24,16 +24,16 @@ from autofit.engine_files import (
     remove_stale_engine_files,
     write_engine_files,
 )
-from autofit.estimate import estimate_text
+from autofit.cli._estimate import estimate_text
 from autofit.export import write as export_write
-from autofit.host_memory import available_host_bytes, host_shortfalls
-from autofit.ladder import LadderState, climb
-from autofit.meters import SimulatedMeter
-from autofit.outcome import ENGINE_FAILURE, Outcome, ProbeResult
+from autofit.search._host_memory import available_host_bytes, host_shortfalls
+from autofit.rungs import LadderState, climb
+from autofit.probe._meters import SimulatedMeter
+from autofit.core import ENGINE_FAILURE, Outcome, ProbeResult
 from autofit.search import Search
-from autofit.spec import SearchSpec
-from strategies import RUNGS, resolve_ladder
-from strategies.offload import OptimizerOffload
+from autofit.core import SearchSpec
+from autofit.rungs import RUNGS, resolve_ladder
+from autofit.rungs import OptimizerOffload
 
 try:
     from fakes import MiB, FormulaRunner, formula_spec
@@ -112,7 +112,7 @@ def test_an_engine_that_cannot_run_leaves_its_rung_after_one_probe(tmp_path):
 
 @needs_deepspeed
 def test_a_failure_under_the_engine_is_the_rungs_not_the_machines(tmp_path):
-    from autofit.worker import run_probe
+    from autofit.probe._worker import run_probe
 
     def broken(candidate):
         raise RuntimeError("Error building extension 'cpu_adam'")
@@ -144,7 +144,7 @@ def test_host_shortfall_leaves_the_rung_out(tmp_path, monkeypatch):
     assert host_shortfalls(LadderState(candidate(micro_batch=8)), rungs, shape, "cuda", available=int(need))
     assert host_shortfalls(start, resolve_ladder(["lora"]), shape, "cuda", available=1) == []
 
-    monkeypatch.setattr("autofit.host_memory.available_host_bytes", lambda: 1)
+    monkeypatch.setattr("autofit.search._host_memory.available_host_bytes", lambda: 1)
     report = Search(spec(tmp_path, 10**12), FormulaRunner(10**12), rungs).run()
     assert any(n.startswith("rung optimizer-offload left out: its offloaded states need") for n in report.notes)
     assert all(state.candidate.offload is None for state in report.levels)
@@ -270,9 +270,9 @@ def test_export_writes_the_engine_beside_best_yaml(tmp_path):
 def test_seed_case_keeps_full_fine_tuning_through_offload(tmp_path):
     """A full fine-tune that fits until the optimizer's first step: DeepSpeed's offload keeps it full, the
     bf16-weights and LoRA rungs after it are not needed, and the host memory is what the ledger says."""
-    from autofit.api import fit
+    from autofit._api import fit
 
-    result = fit("autofit.algos.sft:build_trainer", model="tiny-qwen2", algo="sft", device="cpu", gpu_memory="70MiB", max_length=32,
+    result = fit("autofit.probe.algos.sft:build_trainer", model="tiny-qwen2", algo="sft", device="cpu", gpu_memory="70MiB", max_length=32,
                  effective_batch=1, ladder=["optimizer-offload", "bf16-weights", "lora"], out_dir=tmp_path)
     report = result.report
     baseline = report.records[0]

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from autofit import cli
-from autofit.candidate import Candidate, LoraSettings
-from autofit.outcome import Outcome
-from autofit.runner import ProcessRunner
-from autofit.spec import ppo_available
+from autofit.core import Candidate, LoraSettings
+from autofit.core import Outcome
+from autofit.probe import ProcessRunner
+from autofit.core import ppo_available
 
 pytestmark = [
     pytest.mark.slow,
@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.skipif(not ppo_available(), reason="this TRL has no PPOTrainer (run `make test-ppo`)"),
 ]
 
-PPO = "autofit.algos.ppo:build_trainer"
+PPO = "autofit.probe.algos.ppo:build_trainer"
 
 
 def test_ppo_probe_measures_four_models_and_lora_shares_the_reference(tmp_path):

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from autofit import cli, memory_model
-from strategies import resolve_ladder
-from autofit.outcome import Outcome, ProbeResult
-from autofit.report import undominated
+from autofit import cli
+from autofit import memory_model
+from autofit.rungs import resolve_ladder
+from autofit.core import Outcome, ProbeResult
+from autofit.search import undominated
 from autofit.search import Search
-from autofit.spec import SearchSpec
+from autofit.core import SearchSpec
 
 MiB = 2**20
 STATIC, DYNAMIC = 1.2, 0.85  # how far the "real" device is from the uncalibrated ledger
@@ -100,7 +101,7 @@ def test_headroom_rejects_fits_too_close_to_the_budget(tmp_path):
 
 
 def test_best_json_carries_the_model_and_estimate_reads_it(tmp_path, capsys):
-    from autofit import export
+    from autofit.export import _write as export
 
     report, _ = search(tmp_path, 700, max_probes=10)
     export.write(report, Path(tmp_path))
@@ -168,7 +169,7 @@ def test_a_level_whose_lightest_candidate_is_ruled_out_costs_no_probe(tmp_path):
 
 
 def test_nothing_probed_when_the_model_rules_everything_out(tmp_path):
-    from autofit.api import no_fit_message
+    from autofit._api import no_fit_message
 
     report, runner = search(tmp_path, 60)
     assert not report.fits and runner.calls == []
@@ -205,7 +206,7 @@ def test_margin_grows_with_the_models_measured_error_and_a_fit_outside_it_needs_
     assert report.margin == pytest.approx(worst) and report.margin > 0.04
     limit = spec.budget_bytes * (1 - report.margin)
     assert any(r.result.fits and limit < r.result.peak_bytes <= spec.budget_bytes for r in report.records)
-    # the choice: the faster fit outside the margin was verified (autofit.margin): its verification shows no drift,
+    # the choice: the faster fit outside the margin was verified (autofit.search._margin): its verification shows no drift,
     # so it is kept, and the note says by how much it missed the margin and why it stays
     within_budget = [r for r in report.records if r.kind == "probe" and r.result.fits
                      and r.result.peak_bytes <= spec.budget_bytes and report.levels[r.level].cost == "speed"]
@@ -279,8 +280,8 @@ def test_no_refinement_without_max_probes(tmp_path):
 
 
 def test_refine_answers_every_point_once_and_never_a_known_one():
-    from autofit.candidate import Candidate
-    from autofit.refine import refine
+    from autofit.core import Candidate
+    from autofit.search._refine import refine
 
     space = {(level, mb): Candidate(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=mb, grad_accum=8 // mb,
                                     max_length=64)
@@ -324,7 +325,7 @@ def test_the_full_batch_is_tried_when_accumulation_makes_the_small_ones_heavier(
 def test_a_stored_result_far_from_the_model_is_measured_again(tmp_path):
     import re
 
-    from autofit.store import STUDY_FILE
+    from autofit.search import STUDY_FILE
 
     first, _ = search(tmp_path, 250)
     journal = tmp_path / STUDY_FILE

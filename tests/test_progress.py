@@ -1,4 +1,4 @@
-"""The live progress line (autofit.progress), the phase file a probe keeps (autofit.instrument.PhaseFile), and how
+"""The live progress line (autofit.probe._progress), the phase file a probe keeps (autofit.probe._instrument.PhaseFile), and how
 the runner and the search drive them. No training: the runner tests use factories that sleep or fail."""
 
 import io
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from autofit.candidate import Candidate
-from autofit.instrument import PHASE_FILE, PhaseFile
-from autofit.outcome import Outcome
-from autofit.progress import LiveProgress, PlainProgress, ProbeProgress, make_progress
-from autofit.runner import ProcessRunner
+from autofit.core import Candidate
+from autofit.probe._instrument import PHASE_FILE, PhaseFile
+from autofit.core import Outcome
+from autofit.probe import LiveProgress, PlainProgress, ProbeProgress, make_progress
+from autofit.probe import ProcessRunner
 from autofit.search import Search
-from autofit.spec import SearchSpec
-from strategies import resolve_ladder
+from autofit.core import SearchSpec
+from autofit.rungs import resolve_ladder
 
 try:
     from fakes import MiB, FormulaRunner
@@ -109,7 +109,7 @@ def test_a_warning_logged_while_the_line_is_shown_is_written_above_it():
     try:
         progress = LiveProgress(console)
         progress.start(1, 0, "probe", CANDIDATE, None, None)
-        logging.getLogger("autofit.runner").warning("probe disturbed")
+        logging.getLogger("autofit.probe._runner").warning("probe disturbed")
         assert handler.stream is not out  # through rich, which draws it above the line
         progress.finish()
         assert handler.stream is out

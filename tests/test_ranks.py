@@ -14,17 +14,25 @@ import psutil
 import pytest
 
 from autofit import memory_model as mm
-from autofit.candidate import Candidate
-from autofit.engine_files import ACCELERATE_YAML, DEEPSPEED_JSON, ENGINES, ZERO_STAGES, launch_env, write_engine_files
+from autofit.core import Candidate
+from autofit.rungs._engines import (
+    ACCELERATE_YAML,
+    DEEPSPEED_JSON,
+    ENGINES,
+    ZERO_STAGES,
+    launch_env,
+    write_engine_files,
+)
 from autofit.export import write as export_write
-from autofit.ladder import LadderState, climb
-from autofit.outcome import Outcome
-from autofit.ranks import combine
-from autofit.runner import ProcessRunner
+from autofit.rungs import LadderState, climb
+from autofit.core import Outcome
+from autofit.probe._ranks import combine
+from autofit.probe import ProcessRunner
 from autofit.search import Search
-from autofit.spec import InputError, SearchSpec
-from strategies import DEFAULT_LADDER, resolve_ladder
-from strategies.sharding import SHARDING_RUNGS
+from autofit.core import InputError
+from autofit.core import SearchSpec
+from autofit.rungs import DEFAULT_LADDER, resolve_ladder
+from autofit.rungs import SHARDING_RUNGS
 
 try:
     from fakes import MiB, FormulaRunner, formula_spec
@@ -94,9 +102,9 @@ def test_an_oom_on_one_rank_is_the_candidates_and_the_other_rank_is_ended(tmp_pa
 
 @pytest.mark.slow
 def test_fsdp2_shards_the_training_state_over_the_ranks_on_the_cpu(tmp_path):
-    """FSDP2 full shard for real under gloo (autofit.simulated_fsdp): between steps each rank holds half the weights
+    """FSDP2 full shard for real under gloo (autofit.probe._simulated_fsdp): between steps each rank holds half the weights
     and AdamW states, where data parallel holds all of them and its gradient buckets."""
-    runs = {sharding: ProcessRunner("autofit.algos.sft:build_trainer", None, tmp_path / sharding, timeout_s=300)
+    runs = {sharding: ProcessRunner("autofit.probe.algos.sft:build_trainer", None, tmp_path / sharding, timeout_s=300)
             .run(two_ranks(sharding=None if sharding == "ddp" else sharding), steps=2) for sharding in ("ddp", "fsdp2")}
     assert all(result.outcome is Outcome.OK and result.steps == 2 for result in runs.values())
     ddp, fsdp2 = (runs[sharding].phase_peaks["between_steps"] for sharding in ("ddp", "fsdp2"))
@@ -104,7 +112,7 @@ def test_fsdp2_shards_the_training_state_over_the_ranks_on_the_cpu(tmp_path):
     assert max(runs["fsdp2"].stats["rank_peak_bytes"]) < min(runs["ddp"].stats["rank_peak_bytes"])
     # under accumulation the gradients wait unsharded (accelerate's no_sync): the ledger counts them whole
     accumulating = two_ranks(sharding="fsdp2", micro_batch=1, grad_accum=2, max_length=128)
-    result = ProcessRunner("autofit.algos.sft:build_trainer", None, tmp_path / "accumulating", timeout_s=300).run(
+    result = ProcessRunner("autofit.probe.algos.sft:build_trainer", None, tmp_path / "accumulating", timeout_s=300).run(
         accumulating, steps=2)
     assert result.outcome is Outcome.OK, result.error
     assert mm.predict(accumulating).total == pytest.approx(result.peak_bytes, rel=0.1)
@@ -120,7 +128,7 @@ def test_a_hung_rank_takes_the_probe_down_at_its_time_limit_with_no_orphans(tmp_
 
 # -- one result from the ranks' -----------------------------------------------------------------------------------
 def _result(outcome, peak, error=""):
-    from autofit.outcome import ProbeResult
+    from autofit.core import ProbeResult
 
     return ProbeResult(outcome, peak_bytes=peak, phase_peaks={"train": peak}, error=error)
 
@@ -275,7 +283,7 @@ def test_estimate_for_several_machines_is_at_their_world_size():
 
 
 def test_each_rank_watches_its_own_gpu_for_other_processes(monkeypatch):
-    from autofit.others import _nvml_index
+    from autofit.core._others import _nvml_index
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -287,7 +295,7 @@ def test_each_rank_watches_its_own_gpu_for_other_processes(monkeypatch):
 
 
 def test_a_rank_left_running_by_an_earlier_search_is_killed(tmp_path):
-    from autofit.outdir import PID_FILE, kill_orphan_probes, process_start_ticks
+    from autofit.core._outdir import PID_FILE, kill_orphan_probes, process_start_ticks
 
     stray = subprocess.Popen(["sleep", "60"])
     folder = tmp_path / "probes" / "abc-2" / "rank1"
@@ -298,7 +306,7 @@ def test_a_rank_left_running_by_an_earlier_search_is_killed(tmp_path):
 
 
 def test_every_gpu_of_the_search_must_be_free(tmp_path, monkeypatch):
-    from autofit import api
+    from autofit import _api as api
 
     free = {0: 80 * 2**30, 1: 10 * 2**30}  # another process holds most of the second GPU
     monkeypatch.setattr(api, "free_bytes", lambda device, budget, rank=None: free[rank or 0])

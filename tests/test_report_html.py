@@ -7,7 +7,7 @@ import re
 import pytest
 
 from autofit import cli
-from autofit.spec import format_size
+from autofit.core import format_size
 
 SEARCH = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "143MiB", "--max-length", "64",
           "--verify-steps", "3", "-q"]
@@ -87,7 +87,7 @@ def test_the_study_opens_by_path_with_each_probes_attributes(searched):
 
 @pytest.mark.slow
 def test_the_model_curve_passes_through_what_it_was_calibrated_on(searched):
-    from autofit.report_data import gather
+    from autofit.report import gather
 
     out, best = searched
     data = gather(out)
@@ -125,7 +125,8 @@ def test_estimate_plot_refuses_a_path_it_cannot_write(tmp_path, capsys, name, me
 
 
 def test_a_report_that_cannot_be_drawn_leaves_the_answer_standing(tmp_path, monkeypatch, caplog):
-    from autofit import api, report_html
+    from autofit import _api as api
+    from autofit import report as report_html
 
     def broken(out_dir):
         raise RuntimeError("no renderer")

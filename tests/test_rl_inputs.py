@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autofit import cli
-from strategies import resolve_ladder
+from autofit.rungs import resolve_ladder
 from autofit.search import Search
-from autofit.spec import InputError, SearchSpec
+from autofit.core import InputError
+from autofit.core import SearchSpec
 from fakes import MiB, FormulaRunner
 
 def exit_code(argv):
@@ -30,7 +31,7 @@ def _no_probe(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a probe was started for bad input")
 
-    monkeypatch.setattr("autofit.api.ProcessRunner", refuse)
+    monkeypatch.setattr("autofit._api.ProcessRunner", refuse)
 
 
 @pytest.mark.parametrize(

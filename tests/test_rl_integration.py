@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from autofit import cli
-from autofit.candidate import Candidate, LoraSettings
-from autofit.outcome import Outcome
-from autofit.runner import ProcessRunner
+from autofit.core import Candidate, LoraSettings
+from autofit.core import Outcome
+from autofit.probe import ProcessRunner
 
 pytestmark = pytest.mark.slow
 
-GRPO = "autofit.algos.rl:build_grpo_trainer"
-RLOO = "autofit.algos.rl:build_rloo_trainer"
+GRPO = "autofit.probe.algos.rl:build_grpo_trainer"
+RLOO = "autofit.probe.algos.rl:build_rloo_trainer"
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +113,8 @@ def test_trl_rejecting_the_configuration_is_bad_input(tmp_path, capsys):
 def test_probe_generation_uses_the_kv_cache(tmp_path, checkpointing):
     # Generation speed on a GPU depends on it: with the KV cache each new token is one position through the model;
     # without it (checkpointing left on during generate, say) every step re-runs the whole sequence.
-    from autofit.algos.rl import build_grpo_trainer
-    from autofit.candidate import ProbeSettings
+    from autofit.probe.algos.rl import build_grpo_trainer
+    from autofit.core import ProbeSettings
 
     candidate = Candidate("grpo", "tiny-qwen2", "cpu", micro_batch=4, grad_accum=1, max_length=12, num_generations=2,
                           prompt_length=8, checkpointing=checkpointing,

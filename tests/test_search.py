@@ -15,13 +15,13 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from autofit.candidate import Candidate, LoraSettings
-from strategies import resolve_ladder
-from autofit.faults import InfrastructureError
-from autofit.outcome import Outcome, ProbeResult
+from autofit.core import Candidate, LoraSettings
+from autofit.rungs import resolve_ladder
+from autofit.search import InfrastructureError
+from autofit.core import Outcome, ProbeResult
 from autofit.search import Search, length_grid
-from autofit.spec import SearchSpec
-from autofit.store import STUDY_FILE
+from autofit.core import SearchSpec
+from autofit.search import STUDY_FILE
 
 try:
     from fakes import MiB, FormulaRunner

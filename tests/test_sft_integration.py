@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from autofit import cli
-from autofit.candidate import Candidate
-from autofit.outcome import Outcome
-from autofit.runner import ProcessRunner
+from autofit.core import Candidate
+from autofit.core import Outcome
+from autofit.probe import ProcessRunner
 
 pytestmark = pytest.mark.slow
 
@@ -132,9 +132,9 @@ def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
 
 
 def test_quantized_lora_probe_runs_and_uses_less_memory(tmp_path):
-    runner = ProcessRunner("autofit.algos.sft:build_trainer", None, tmp_path)
+    runner = ProcessRunner("autofit.probe.algos.sft:build_trainer", None, tmp_path)
     full = Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=2, max_length=32)
-    qlora = full.replace(quantization="4bit", lora=__import__("autofit.candidate").candidate.LoraSettings())
+    qlora = full.replace(quantization="4bit", lora=__import__("autofit.core._candidate").candidate.LoraSettings())
     full_result, qlora_result = runner.run(full, 2), runner.run(qlora, 2)
     assert full_result.outcome is Outcome.OK, full_result.error
     assert qlora_result.outcome is Outcome.OK, qlora_result.error
@@ -166,7 +166,7 @@ def test_misbehaving_probes_are_classified(tmp_path, factory, outcome, fault, me
 
 def test_verification_time_cap_stops_after_the_minimum_steps(tmp_path):
     # --verify-steps auto: at most 10 steps, at least 3, and no more once the time cap has passed (0 s here)
-    runner = ProcessRunner("autofit.algos.sft:build_trainer", 2**30, tmp_path)
+    runner = ProcessRunner("autofit.probe.algos.sft:build_trainer", 2**30, tmp_path)
     candidate = Candidate("sft", "tiny-qwen2", "cpu", micro_batch=2, grad_accum=2, max_length=16)
     capped = runner.run(candidate, 10, min_steps=3, time_cap_s=0.0)
     assert capped.outcome is Outcome.OK, capped.error
@@ -197,7 +197,7 @@ def test_fit_api_with_the_example_factory(tmp_path):
 
 def test_unimportable_factory_stops_the_search_at_once(tmp_path):
     import autofit
-    from autofit.spec import InputError
+    from autofit.core import InputError
 
     for ref in ("probe_factories:does_not_exist", "__main__:does_not_exist"):
         with pytest.raises(InputError, match="cannot be imported"):  # seen by the caller, before any probe
@@ -291,7 +291,7 @@ def test_a_factory_that_hangs_is_named_after_its_build_deadline(tmp_path):
 def test_two_micro_batches_show_the_peak_of_sixteen(tmp_path):
     # The shortcut, proven: an SFT step of 16 accumulated micro-batches peaks where its second does (the gradients
     # are resident from then on), so probes run two. Measured, not assumed.
-    runner = ProcessRunner("autofit.algos.sft:build_trainer", None, tmp_path)
+    runner = ProcessRunner("autofit.probe.algos.sft:build_trainer", None, tmp_path)
     candidate = Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=16, max_length=64)
     full = runner.run(candidate, 2, full_accumulation=True)
     short = runner.run(candidate, 2)

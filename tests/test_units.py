@@ -9,20 +9,22 @@ import signal
 import pytest
 import torch
 
-from autofit.candidate import Candidate, LoraSettings, ProbeSettings
-from autofit.factory import FactoryError, identity, prepare_factory
-from autofit.ladder import FREE, QUALITY, SPEED, LadderState, climb
-from autofit.outcome import Outcome, ProbeResult, classify_exception, classify_exit
-from autofit.registry import UnknownModelError, resolve_model
-from autofit.spec import InputError, SearchSpec, format_size, parse_size
-from strategies import DEFAULT_LADDER, RUNGS, resolve_ladder
-from strategies.allocator import ALLOC_ENV, ExpandableSegments
-from strategies.checkpointing import GradientCheckpointing
-from strategies.lora import Lora
-from strategies.microbatch import MicroBatch
-from strategies.optimizer import EIGHT_BIT_ADAMW, EightBitOptimizer
-from strategies.quantization import QuantizedBase
-from strategies.sequence_length import ShorterSequences
+from autofit.core import Candidate, LoraSettings, ProbeSettings
+from autofit.probe import FactoryError, identity, prepare_factory
+from autofit.rungs import FREE, QUALITY, SPEED, LadderState, climb
+from autofit.core import Outcome, ProbeResult, classify_exception, classify_exit
+from autofit.core import UnknownModelError, resolve_model
+from autofit.core import InputError
+from autofit.core import SearchSpec
+from autofit.core import format_size, parse_size
+from autofit.rungs import DEFAULT_LADDER, RUNGS, resolve_ladder
+from autofit.rungs import ALLOC_ENV, ExpandableSegments
+from autofit.rungs import GradientCheckpointing
+from autofit.rungs import Lora
+from autofit.rungs import MicroBatch
+from autofit.rungs._optimizer import EIGHT_BIT_ADAMW, EightBitOptimizer
+from autofit.rungs import QuantizedBase
+from autofit.rungs import ShorterSequences
 
 DEFAULT_NAMES = [
     "expandable-segments", "liger-kernels", "micro-batch", "zero1", "zero2", "fsdp2", "zero3", "checkpointing", "activation-offload",
@@ -215,7 +217,7 @@ def test_shorter_length_rung():
 
 # -- candidates -------------------------------------------------------------------------------------------------
 def test_training_args_sets_checkpointing_both_ways():
-    from autofit.compat import checkpointing_field
+    from autofit.core import checkpointing_field
 
     field, other = checkpointing_field(), {"activation_checkpointing", "gradient_checkpointing"}
     for ckpt in (False, True):
@@ -327,9 +329,9 @@ def test_any_callable_crosses_by_value():
 
 
 def test_builtin_and_named_factories():
-    for name in ("sft", "autofit.algos.sft:build_trainer"):
+    for name in ("sft", "autofit.probe.algos.sft:build_trainer"):
         payload = prepare_factory(name)
-        assert payload.builtin and payload.ref == "autofit.algos.sft:build_trainer" and payload.identity == ""
+        assert payload.builtin and payload.ref == "autofit.probe.algos.sft:build_trainer" and payload.identity == ""
     named = prepare_factory("test_units:module_level_factory")
     assert not named.builtin and named.ref == "test_units:module_level_factory"
     assert named.identity == identity(module_level_factory)  # the study is the same, by name or by value
@@ -360,7 +362,7 @@ def test_a_factory_that_cannot_cross_is_refused_before_any_probe(tmp_path):
 
 @pytest.mark.parametrize("ref, message", [
     ("no_such_module_xyz:fn", "cannot be imported"),
-    ("autofit.algos.sft:no_such_function", "cannot be imported"),
+    ("autofit.probe.algos.sft:no_such_function", "cannot be imported"),
     ("notaref", "not of the form"),
 ])
 def test_bad_factory_names(ref, message):
@@ -423,7 +425,7 @@ def test_parse_size_rejects_sizes_that_round_to_zero():
 
 
 def test_bf16_weights_rung():
-    from strategies.precision import Bf16Weights
+    from autofit.rungs import Bf16Weights
 
     applied = Bf16Weights().apply(state())
     assert applied.candidate.dtype == "bfloat16" and applied.cost == QUALITY

@@ -10,10 +10,12 @@ import sys
 import pytest
 
 from autofit import memory_model as mm
-from autofit.candidate import Candidate
-from autofit.estimate import estimate_text, trainer_budget
-from autofit.memory_model.vllm import vllm_share
-from autofit.spec import SearchSpec, format_size
+from autofit.core import Candidate
+from autofit.cli._estimate import estimate_text
+from autofit.memory_model import trainer_budget
+from autofit.memory_model import vllm_share
+from autofit.core import SearchSpec
+from autofit.core import format_size
 
 GB = 10**9
 
@@ -77,7 +79,7 @@ def test_bad_vllm_options_are_one_line_errors(args, message):
 
 # -- a search with --use-vllm: probed where vLLM is installed, estimated where not (here) ---------------------------
 def test_probes_without_vllm_generate_themselves_and_the_export_uses_vllm(tmp_path):
-    from autofit.candidate import ProbeSettings
+    from autofit.core import ProbeSettings
 
     colocated = Candidate(algo="grpo", model="tiny-qwen2", device="cpu", micro_batch=2, grad_accum=1, max_length=32,
                           vllm="colocate", vllm_utilization=0.4)
@@ -91,7 +93,7 @@ def test_probes_without_vllm_generate_themselves_and_the_export_uses_vllm(tmp_pa
 
 
 def test_the_trainers_budget_is_what_vllm_leaves_and_the_notes_say_it_was_estimated(tmp_path):
-    from autofit.vllm_mode import reserve_share
+    from autofit.search import reserve_share
 
     colocated = SearchSpec(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cpu", budget_bytes=24 * GB,
                            vllm="colocate", vllm_utilization=0.25, out_dir=tmp_path)

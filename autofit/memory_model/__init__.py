@@ -5,41 +5,44 @@ buffer, the RL generation phase, a reference model, the allocator's overhead and
 from the model's configuration dict and the candidate, following ``notes/memory-facts.md`` (sections 2.1 to 2.7
 and 5.1). One module per family of terms:
 
-- ``shape``: the model's sizes from its configuration;
-- ``census``: the parameters tensor by tensor, counted from the model built on the meta device (``autofit.census``)
-  or computed from the sizes, and what peft's LoRA and bitsandbytes do to them;
-- ``checked``: the families the prior was checked on, and the wider band of the others;
-- ``parameters``: weights, gradients, optimizer states, a reference model (2.1-2.3, 2.6);
-- ``activations``: what the backward pass keeps, per token and layer (2.4), mixture-of-experts and eager attention
+- ``_shape``: the model's sizes from its configuration;
+- ``_census``: the parameters tensor by tensor, counted from the model built on the meta device (``_census_build``,
+  run in its own process by ``_census_cache``, which keeps the result) or computed from the sizes, and what peft's
+  LoRA and bitsandbytes do to them;
+- ``_checked``: the families the prior was checked on, and the wider band of the others;
+- ``_parameters``: weights, gradients, optimizer states, a reference model (2.1-2.3, 2.6);
+- ``_activations``: what the backward pass keeps, per token and layer (2.4), mixture-of-experts and eager attention
   included;
-- ``logits``: TRL's fused LM head and the RL generation phase (2.5, 2.6);
-- ``allocator``: the CUDA context and the caching allocator's overhead (2.7, 5.1);
-- ``ledger``: the terms at each phase of a step and the predicted peak;
-- ``calibration``: a scale on the static part (what does not depend on the tokens) and one on the dynamic part
+- ``_logits``: TRL's fused LM head and the RL generation phase (2.5, 2.6);
+- ``_allocator``: the CUDA context and the caching allocator's overhead (2.7, 5.1);
+- ``_ledger``: the terms at each phase of a step and the predicted peak;
+- ``_calibration``: a scale on the static part (what does not depend on the tokens) and one on the dynamic part
   (activations, LM-head buffers, generation), fitted by least squares on measured peaks;
-- ``levels``: the ladder walked over predicted peaks (``autofit estimate``) and the search's grids.
+- ``_levels``: the ladder walked over predicted peaks (``autofit estimate``) and the search's grids;
+- ``_sharding``, ``_offload``, ``_vllm``: several GPUs, optimizer offload, and vLLM's share of a GPU.
 
 Pure Python: this package imports neither torch nor transformers (the search process never imports torch). Every
 coefficient is a named constant with its source; "[V]", "[D]", "[M]" are memory-facts' tags (verified, derived,
 from memory), "[A]" marks an assumption that only calibration checks.
 """
 
-from autofit.memory_model.activations import (
+from autofit.memory_model._activations import (
     ACT_OUTSIDE_LAYERS_BYTES_PER_H,
     activation_bytes_per_token_layer,
     sequence_length,
     train_tokens,
 )
-from autofit.memory_model.calibration import (
+from autofit.memory_model._calibration import (
     CALIBRATED_UNCERTAINTY_FLOOR,
     SINGLE_POINT_UNCERTAINTY,
     Calibration,
     calibrate,
     predict_calibrated,
 )
-from autofit.memory_model.census import Census, analytic_census
-from autofit.memory_model.checked import CHECKED, prior_uncertainty, unchecked_reason
-from autofit.memory_model.ledger import (
+from autofit.memory_model._census import Census, analytic_census
+from autofit.memory_model._census_cache import NoCausalLM, ensure_census
+from autofit.memory_model._checked import CHECKED, prior_uncertainty, sizes_are_exact, unchecked_reason
+from autofit.memory_model._ledger import (
     PRIOR_UNCERTAINTY,
     TERM_GROUPS,
     TERM_HELP,
@@ -49,7 +52,7 @@ from autofit.memory_model.ledger import (
     phase_ledgers,
     predict,
 )
-from autofit.memory_model.levels import (
+from autofit.memory_model._levels import (
     LevelEstimate,
     RungEstimate,
     base_candidate,
@@ -57,24 +60,28 @@ from autofit.memory_model.levels import (
     expected_rung,
     length_grid,
 )
-from autofit.memory_model.logits import (
+from autofit.memory_model._logits import (
     GEN_LOGITS_COPIES,
     GEN_PREFILL_HIDDEN_COPIES,
     GEN_PREFILL_MLP_COPIES,
     fused_head_buffer_bytes,
     kv_cache_bytes,
 )
-from autofit.memory_model.parameters import (
+from autofit.memory_model._parameters import (
     ParamCounts,
+    census_for,
     Tensors,
     lora_params,
     optimizer_state_bytes,
     param_counts,
     trainable_tensors,
 )
-from autofit.memory_model.shape import ModelShape, dtype_bytes, shape_or_none
+from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
+from autofit.memory_model._vllm import VLLM_MODES, trainer_budget, vllm_lines, vllm_share
 
 __all__ = [
+    "NoCausalLM", "VLLM_MODES", "census_for", "ensure_census", "sizes_are_exact", "trainer_budget", "vllm_lines",
+    "vllm_share",
     "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CHECKED", "Census", "analytic_census", "prior_uncertainty", "unchecked_reason",
     "CALIBRATED_UNCERTAINTY_FLOOR", "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES",
     "GEN_PREFILL_MLP_COPIES", "PRIOR_UNCERTAINTY", "SINGLE_POINT_UNCERTAINTY", "TERMS", "TERM_GROUPS", "TERM_HELP", "Calibration",

@@ -1,0 +1,253 @@
+"""Probe outcomes and the one place where errors are classified.
+
+Nothing else in autofit inspects exception types or error strings. A failed probe gets three answers here:
+
+- ``outcome``: what it means for the candidate (OOM: does not fit; INVALID: a combination the libraries refuse;
+  CRASH, TIMEOUT: no answer);
+- ``fault``: whose problem it is when it is not the candidate's: ``"infrastructure"`` (the machine or the
+  environment: a bad fork, no disk space, a CUDA driver that cannot start, a missing package) or ``"user"`` (an
+  exception raised by the user's own trainer factory, or a factory that returns something that is not a Trainer);
+  empty when the failure belongs to the candidate;
+- ``cause``: a short stable code for the reason (``bad-fork``, ``disk``, ``cuda``, ``import``, ``factory``, ...).
+
+The search stops on a user fault at once and on the same non-memory error for two different candidates; it never
+turns such failures into "nothing fits".
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import re
+import signal
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, Optional, Tuple
+
+
+class Outcome(str, enum.Enum):
+    OK = "OK"
+    OOM = "OOM"  # the configuration does not fit: an infeasible point, not a failure
+    INVALID = "INVALID"  # the configuration is rejected by TRL/transformers/peft (bad combination)
+    CRASH = "CRASH"  # anything else: a bug, a killed process, a broken CUDA context
+    TIMEOUT = "TIMEOUT"
+
+
+INFRASTRUCTURE = "infrastructure"
+USER = "user"
+
+# Causes (``ProbeResult.cause``).
+BAD_FORK = "bad-fork"  # the probe was forked from a process that had initialized CUDA
+
+
+@dataclass
+class ProbeResult:
+    outcome: Outcome
+    peak_bytes: int = 0
+    phase_peaks: Dict[str, int] = field(default_factory=dict)
+    tokens_per_second: float = 0.0
+    steps: int = 0
+    seconds: float = 0.0
+    error: str = ""
+    error_phase: str = ""
+    stats: Dict[str, Any] = field(default_factory=dict)
+    config_class: str = ""  # the trainer's config class, e.g. "trl.trainer.sft_config.SFTConfig"
+    config_defaults: Dict[str, Any] = field(default_factory=dict)  # its defaults for the keys autofit sets
+    fault: str = ""  # "", "infrastructure" or "user" (see the module docstring)
+    cause: str = ""
+    log_path: str = ""  # the probe's log, for messages that send the user there
+    detail: str = ""  # user faults: the traceback frames of the user's own code
+    origin: str = ""  # where the error came from: your factory, the model, TRL's validation, training, setup
+    # RL: tokens generated per second in the generation phase alone (0 where there is none)
+    generation_tokens_per_second: float = 0.0
+    observed: Dict[str, Any] = field(default_factory=dict)  # what the built trainer runs (autofit.probe._observe)
+
+    @property
+    def fits(self) -> bool:
+        return self.outcome is Outcome.OK
+
+    def signature(self) -> str:
+        """What makes two failures "the same error": outcome, phase and message, numbers and paths aside."""
+        message = re.sub(r"(/[^\s:'\"]+)+", "PATH", self.error)
+        message = re.sub(r"0x[0-9a-fA-F]+|\d+(\.\d+)?", "N", message)
+        return f"{self.outcome.value}|{self.error_phase}|{message}"
+
+    def to_dict(self) -> Dict[str, Any]:
+        data = asdict(self)
+        data["outcome"] = self.outcome.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "ProbeResult":
+        """A stored result, checked field by field (a damaged or edited study must not become an answer): raises
+        ``ValueError`` naming the first field that is not what a probe writes."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a result is a JSON object, not {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        data = {key: value for key, value in data.items() if key in known}
+        data["outcome"] = Outcome(data.get("outcome"))
+        for name, value in data.items():
+            expected = _FIELD_TYPES.get(name)
+            if expected is not None and (isinstance(value, bool) and bool not in expected
+                                         or not isinstance(value, expected)):
+                raise ValueError(f"result field {name!r} is {type(value).__name__}, not {expected[0].__name__}")
+        if data.get("peak_bytes", 0) < 0 or any(not isinstance(v, int) or isinstance(v, bool) or v < 0
+                                                 for v in data.get("phase_peaks", {}).values()):
+            raise ValueError("result peaks must be whole numbers of bytes, 0 or more")
+        return cls(**data)
+
+
+_FIELD_TYPES = {
+    "peak_bytes": (int,), "phase_peaks": (dict,), "tokens_per_second": (float, int), "steps": (int,),
+    "seconds": (float, int), "error": (str,), "error_phase": (str,), "stats": (dict,), "config_class": (str,),
+    "config_defaults": (dict,), "fault": (str,), "cause": (str,), "log_path": (str,), "detail": (str,),
+    "origin": (str,), "generation_tokens_per_second": (float, int), "observed": (dict,),
+}
+
+
+class FactoryMisuse(TypeError):
+    """Raised by the probe worker when a factory's return value cannot be what the candidate asked for."""
+
+
+class BuildTimeout(Exception):
+    """Raised in the probe when the factory has not returned the trainer by its deadline."""
+
+
+# Out-of-memory errors raised outside PyTorch's caching allocator carry no exception type of their own.
+_OOM_MARKERS = (
+    "out of memory",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "cudaerrormemoryallocation",
+    "failed to allocate",
+)
+_BAD_FORK_MARKERS = ("cannot re-initialize cuda in forked subprocess",)
+# The GPU, its driver or the CUDA build of torch cannot be used: nothing about the candidate.
+_CUDA_MARKERS = (
+    "cuda driver",
+    "no cuda gpus are available",
+    "torch not compiled with cuda enabled",
+    "no cuda-capable device",
+    "cudaerrornodevice",
+    "cudaerrorinsufficientdriver",
+    "cuda error: initialization error",
+    "cuda error: unknown error",
+    "cuda initialization",
+    "nvml",
+    "found no nvidia driver",
+)
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+# Errors that mean "this combination of settings is not accepted", raised before or while building.
+_INVALID_TYPES = (ValueError, TypeError, NotImplementedError, ImportError)
+# Frames of these packages are library code: an error raised there is not the user's own.
+LIBRARY_PACKAGES = frozenset({
+    "autofit", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes",
+    "tokenizers", "safetensors", "huggingface_hub", "numpy", "pyarrow", "pandas", "optuna", "deepspeed",
+    "liger_kernel", "triton", "jinja2", "tqdm", "packaging", "yaml", "filelock", "fsspec", "multiprocess",
+})
+
+
+def _text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".lower()
+
+
+def _innermost_module(exc: BaseException) -> Optional[str]:
+    """The module of the frame that raised ``exc`` (the innermost frame of its traceback)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_globals.get("__name__")
+
+
+def raised_by_user_code(exc: BaseException) -> bool:
+    """The innermost frame is neither a library autofit knows nor Python's standard library."""
+    module = _innermost_module(exc)
+    if not module:
+        return False
+    top = module.split(".")[0]
+    return top not in LIBRARY_PACKAGES and top not in sys.stdlib_module_names and not top.startswith("_")
+
+
+def _infrastructure_cause(exc: BaseException, text: str) -> Optional[str]:
+    if any(marker in text for marker in _BAD_FORK_MARKERS):
+        return BAD_FORK
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS or "no space left on device" in text:
+        return "disk"
+    if any(marker in text for marker in _CUDA_MARKERS):
+        return "cuda"
+    return None
+
+
+# The cause of a probe that failed under the optimizer-offload engine (DeepSpeed not building or starting): an
+# INVALID result of that rung, so the search leaves the rung and goes on instead of calling the machine broken.
+ENGINE_FAILURE = "engine"
+# The cause of a probe that Liger's kernels broke (Triton not compiling, a model Liger patches nothing of): an
+# INVALID result of that rung too (``autofit.rungs._failures``).
+KERNEL_FAILURE = "kernel"
+
+
+def classify_exception(exc: BaseException, *, stage: str = "train", user_factory: bool = False
+                       ) -> Tuple[Outcome, str, str]:
+    """(outcome, fault, cause) of an exception raised in a probe.
+
+    ``stage``: "import" (importing the factory), "setup" (before the factory runs: the random checkpoint, the
+    meter), "load" (the factory building the trainer) or "train". ``user_factory``: the factory is the user's own,
+    not one of autofit's built-in ``--algo`` factories."""
+    import torch
+
+    if isinstance(exc, BuildTimeout):
+        return Outcome.TIMEOUT, (USER if user_factory else ""), "build-timeout"
+    text = _text(exc)
+    if isinstance(exc, torch.OutOfMemoryError) or any(marker in text for marker in _OOM_MARKERS):
+        return Outcome.OOM, "", "oom"
+    cause = _infrastructure_cause(exc, text)
+    if cause is not None:
+        return Outcome.CRASH, INFRASTRUCTURE, cause
+    if isinstance(exc, MemoryError):  # host memory, not the device's: no answer about the budget
+        return Outcome.CRASH, "", "host-memory"
+    if stage in ("import", "setup"):
+        if stage == "import" and user_factory:
+            return Outcome.CRASH, USER, "factory-import"
+        kind = "import" if isinstance(exc, ImportError) else stage
+        return Outcome.CRASH, INFRASTRUCTURE, kind
+    if user_factory and stage == "load":
+        if isinstance(exc, FactoryMisuse) or raised_by_user_code(exc):
+            return Outcome.CRASH, USER, "factory"
+    if isinstance(exc, _INVALID_TYPES):
+        return Outcome.INVALID, "", "rejected"
+    return Outcome.CRASH, "", "error"
+
+
+MODEL_PACKAGES = ("transformers", "peft", "bitsandbytes", "safetensors", "huggingface_hub", "accelerate", "torch")
+
+
+def error_origin(exc: BaseException, stage: str, user_factory: bool) -> str:
+    """Where an error came from, for the user: their factory's own code, loading the model, TRL (or transformers)
+    validating the config, the training steps, or the probe's setup (before the factory ran)."""
+    if stage == "train":
+        return "training"
+    if stage in ("setup", "import"):
+        return "setup" if stage == "setup" else ("importing your factory" if user_factory else "setup")
+    module = _innermost_module(exc) or ""
+    if user_factory and raised_by_user_code(exc) or isinstance(exc, FactoryMisuse):
+        return "your factory"
+    if module.split(".")[0] == "trl" or module == "transformers.training_args":
+        return "the config's validation"
+    if module.split(".")[0] in MODEL_PACKAGES:
+        return "the model"
+    return "building the trainer"
+
+
+def classify_exit(exitcode: Optional[int], timed_out: bool) -> ProbeResult:
+    """A probe that ended without writing its result: killed, hung or crashed hard."""
+    if timed_out:
+        return ProbeResult(Outcome.TIMEOUT, error="probe exceeded its time limit and was killed", cause="timeout")
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.Signals._value2member_map_ else str(-exitcode)
+        hint = " (host memory exhausted?)" if -exitcode == signal.SIGKILL else ""
+        return ProbeResult(Outcome.CRASH, error=f"probe killed by signal {name}{hint}", fault=INFRASTRUCTURE,
+                           cause=f"signal-{name}")
+    return ProbeResult(Outcome.CRASH, error=f"probe exited with code {exitcode} without a result", fault=INFRASTRUCTURE,
+                       cause="exit")

@@ -1,0 +1,161 @@
+"""One search per ``--out`` at a time, and nothing an earlier search left running there.
+
+- **The lock**: ``DIR/search.lock`` is held with ``flock`` for the whole search and says who holds it (pid, start
+  time, host, command). A second search on the same folder exits 2 naming the holder: two searches would run
+  every probe twice, halve each other's throughput and, on a GPU, eat each other's memory. The kernel releases a
+  ``flock`` when its process dies however it dies, so a lock left by a killed search is taken over, with a note.
+- **Orphan probes**: every probe records its pid and the kernel's start time of its process in
+  ``DIR/probes/*/pid``, and asks the kernel to kill it when its parent dies (``PR_SET_PDEATHSIG``; the parent of a
+  forked probe is the probe server, which exits when the search does). A search that starts still kills any probe
+  of an earlier run that is alive (same pid and same start time, so never a process that reused the pid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+from autofit.core._files import atomic_write_text
+from autofit.core._errors import InputError
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = "search.lock"
+PID_FILE = "pid"  # in a probe's folder: its process, for the next start to end it if it outlived the search
+PHASE_FILE = "phase"  # in a probe's folder: its current phase, for the search's progress display
+PR_SET_PDEATHSIG = 1
+
+
+class OutDirBusy(InputError):
+    """Another search holds this --out (CLI exit 2)."""
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text() or "{}")
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe(holder: dict) -> str:
+    started = holder.get("started")
+    when = datetime.datetime.fromtimestamp(started).isoformat(timespec="seconds") if isinstance(started, (int, float)) \
+        else "an unknown time"
+    command = " ".join(holder.get("argv") or [])[:200]
+    return f"pid {holder.get('pid')} on {holder.get('host')}, started {when}" + (f" ({command})" if command else "")
+
+
+@contextlib.contextmanager
+def exclusive(out_dir: Path) -> Iterator[List[str]]:
+    """Hold ``out_dir`` for one search; yields notes (a lock taken over, orphan probes killed)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir} is a file: a folder (new or of an earlier search) is accepted")
+    check_owned(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        raise InputError(f"--out {out_dir} cannot be written: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_json(path)
+        os.close(fd)
+        raise OutDirBusy(f"another autofit search is running on {out_dir}: {_describe(holder)}; wait for it to end, "
+                         "or use another --out") from None
+    notes = []
+    previous = _read_json(path)
+    if previous and not previous.get("released"):
+        notes.append(f"the search that held {out_dir} before ({_describe(previous)}) ended without releasing it "
+                     "(killed?): taken over")
+    notes += kill_orphan_probes(out_dir)
+    me = {"pid": os.getpid(), "started": time.time(), "host": socket.gethostname(), "argv": sys.argv, "released": False}
+    _rewrite(fd, me)
+    for note in notes:
+        log.warning("%s", note)
+    try:
+        yield notes
+    finally:
+        _rewrite(fd, {**me, "released": True})
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def check_owned(out_dir: Path) -> None:
+    """An --out that another user owns, or that others may write to, decides what this search writes and reads
+    (a link put there for best.json, a study that poisons the answer): refused."""
+    if not out_dir.exists():
+        return
+    info = out_dir.stat()
+    if info.st_uid != os.geteuid():
+        raise InputError(f"--out {out_dir} belongs to another user (uid {info.st_uid}): use a folder of yours")
+    if info.st_mode & 0o002:
+        raise InputError(f"--out {out_dir} can be written by every user (mode {oct(info.st_mode & 0o777)}): use a "
+                         "folder others cannot write to, e.g. chmod o-w it")
+    for name in ("study.journal", "probes"):
+        if (out_dir / name).is_symlink():
+            raise InputError(f"--out {out_dir}: {name} is a symbolic link; autofit does not write through links")
+
+
+def _rewrite(fd: int, data: dict) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(data).encode(), 0)
+
+
+def process_start_ticks(pid: int) -> Optional[int]:
+    """The kernel's start time of ``pid`` (clock ticks since boot), None when it is gone or unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def record_probe_process(probe_dir: Path) -> None:
+    """In the probe: say who it is, and die with its parent.
+
+    A probe forked by the probe server inherits the write end of the pipe through which the server learns that
+    the search has gone (it exits when every copy is closed); a probe that kept it would keep the server, its
+    parent, alive after a SIGKILL of the search, and so itself. It is closed here: the probe starts no process
+    through the server."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if alive_fd is not None and os.getpid() != getattr(server, "_forkserver_pid", None):
+        with contextlib.suppress(OSError):
+            os.close(alive_fd)
+        server._forkserver_alive_fd = None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the orphan check on the next start still applies
+        pass
+    atomic_write_text(probe_dir / PID_FILE, json.dumps({"pid": os.getpid(), "start": process_start_ticks(os.getpid())}))
+
+
+def kill_orphan_probes(out_dir: Path) -> List[str]:
+    notes = []
+    probes = out_dir / "probes"
+    for pid_file in sorted([*probes.glob(f"*/{PID_FILE}"), *probes.glob(f"*/rank*/{PID_FILE}")]):  # every rank
+        seen = _read_json(pid_file)
+        pid, start = seen.get("pid"), seen.get("start")
+        if isinstance(pid, int) and start is not None and process_start_ticks(pid) == start:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            notes.append(f"killed probe pid {pid} ({pid_file.parent.name}), left running by an earlier search")
+        pid_file.unlink(missing_ok=True)
+    return notes

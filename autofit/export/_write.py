@@ -1,0 +1,356 @@
+"""Writes the search's answer: best.yaml (for ``trl <algo> --config``), best.json (structured), and the table."""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from autofit import memory_model
+from autofit.core import RL_ALGOS, Candidate
+from autofit.core import atomic_write_text, one_line
+from autofit.core import first_gpu
+from autofit.rungs import ACCELERATE_YAML, remove_stale_engine_files, write_engine_files
+from autofit.core import vllm_installed
+from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
+from autofit.search import over_margin
+from autofit.probe.kit import trainable_checkpoint
+from autofit.core import resolve_model
+from autofit.search import SearchReport
+from autofit.core import format_size
+from autofit.search import STUDY_FILE
+from autofit.export._trades import trades
+
+log = logging.getLogger(__name__)
+
+PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "optuna")
+
+
+def versions(packages=PACKAGES) -> Dict[str, Optional[str]]:
+    found = {}
+    for name in packages:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def loadable_name(candidate: Candidate) -> str:
+    """The model as TRL should load it: a hub id or folder as given; for a bundled toy model without a hub id
+    (tiny-qwen2), a random-weight checkpoint of it (the probes loaded a weightless one)."""
+    source = resolve_model(candidate.model)
+    if source.local_path or "/" in candidate.model:
+        return source.local_path or candidate.model
+    return str(trainable_checkpoint(source.config, candidate.model))
+
+
+def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """TRL ``ModelConfig`` fields (the CLI's model, LoRA and quantization flags, the attention implementation the
+    probes measured)."""
+    args: Dict[str, Any] = {"model_name_or_path": loadable_name(candidate)}
+    if candidate.lora is not None:
+        args.update(
+            use_peft=True,
+            lora_r=candidate.lora.r,
+            lora_alpha=candidate.lora.alpha,
+            lora_dropout=candidate.lora.dropout,
+            lora_target_modules=candidate.lora.target_modules,
+        )
+    if candidate.dtype is not None:
+        args["dtype"] = candidate.dtype  # TRL's ModelConfig --dtype (the scripts pass it as model_init_kwargs)
+    if candidate.quantization == "8bit":
+        args["load_in_8bit"] = True
+    elif candidate.quantization == "4bit":
+        args.update(load_in_4bit=True, bnb_4bit_quant_type="nf4", use_bnb_nested_quant=True)
+    if (observed or {}).get("attn_implementation"):
+        args["attn_implementation"] = observed["attn_implementation"]
+    return args
+
+
+def as_trained(candidate: Candidate, observed: Dict[str, Any]) -> Candidate:
+    """The candidate with what the user's trainer adds on its own (read back in the probe): its LoRA, its 4/8-bit
+    base, its number of generations. Exported as measured: a best.yaml without the user's LoRA would describe a full
+    fine-tune that does not fit."""
+    from autofit.core import LoraSettings
+
+    changes: Dict[str, Any] = {}
+    peft = (observed or {}).get("peft")
+    if peft and candidate.lora is None:
+        changes["lora"] = LoraSettings(r=peft.get("r") or 16, alpha=peft.get("lora_alpha") or 32,
+                                       dropout=peft.get("lora_dropout") or 0.0,
+                                       target_modules=peft.get("target_modules") or "all-linear")
+    quantization = (observed or {}).get("quantization") or {}
+    if candidate.quantization is None and (quantization.get("load_in_4bit") or quantization.get("load_in_8bit")):
+        changes["quantization"] = "4bit" if quantization.get("load_in_4bit") else "8bit"
+    generations = (observed or {}).get("args", {}).get("num_generations")
+    if candidate.is_rl and candidate.num_generations is None and isinstance(generations, int):
+        changes["num_generations"] = generations
+    return candidate.replace(**changes) if changes else candidate
+
+
+def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) -> str:
+    """The rung (or the reason) behind one exported key."""
+    rungs = candidate.rungs
+    if key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        return "micro-batch (effective batch kept)" if "micro-batch" in rungs else "effective batch"
+    if key in ("activation_checkpointing", "gradient_checkpointing"):
+        return "checkpointing" if candidate.checkpointing else "baseline: off is fastest and fits"
+    if key in ("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"):
+        return "--use-vllm" + (" (vLLM was estimated, not probed: not installed where the search ran)"
+                               if key == "use_vllm" and not vllm_installed() else "")
+    if key == "activation_offloading":
+        return "activation-offload: saved activations wait in host memory for the backward pass"
+    if key == "use_liger_kernel":
+        return "liger-kernels: Liger's fused RMSNorm, SwiGLU and RoPE (same math; TRL keeps its own fused LM head)"
+    if key == "liger_kernel_config":
+        return "liger-kernels: the layer kernels only, TRL's fused LM head computes the loss"
+    if key == "optim":
+        return "optimizer-8bit"
+    if key in ("num_generations", "beta"):
+        return f"--{key.replace('_', '-')}"
+    if key in ("max_length", "max_completion_length"):
+        if maximize == "length":
+            return "longest that fits (--maximize length)"
+        flag = "--max-completion-length" if candidate.is_rl else "--max-length"
+        return "shorter-length" if candidate.max_length < spec_max_length else flag
+    if key in ("use_cpu", "bf16"):
+        return "CPU device (simulated meter)"
+    if key.startswith(("lora_", "use_peft")):
+        return "lora" if "lora" in rungs else next((r for r in rungs if r.startswith("quant")),
+                                                   "your trainer's own LoRA (measured)")
+    if key.startswith(("load_in", "bnb_", "use_bnb")):
+        return next((r for r in rungs if r.startswith("quant")), "your trainer's own quantization (measured)")
+    if key in ("dtype", "model_init_kwargs") and candidate.dtype is not None:
+        if "bf16-weights" in rungs:
+            return ("bf16-weights: pure bf16 training, weights, gradients and optimizer states in bfloat16 "
+                    "(no float32 master weights)")
+        return "--dtype"
+    if key == "attn_implementation":
+        return "the attention implementation the probes measured"
+    if key == "trust_remote_code":
+        return "--trust-remote-code: the model's own code runs"
+    if key == "model_name_or_path":
+        return "random weights were probed; memory does not depend on their values"
+    return "yours"
+
+
+def usage(algo: str, offload: Optional[str] = None) -> str:
+    if algo == "ppo":
+        return ("# TRL has no ppo command: build PPOConfig(**best.json['config']); PPO's loop does not enable "
+                "checkpointing from its config, so call model.gradient_checkpointing_enable() when it is set")
+    engine = f" --accelerate_config {ACCELERATE_YAML}" if offload else ""
+    return f"# use: trl {algo} --config best.yaml{engine} --dataset_name YOUR_DATASET"
+
+
+def _scalar(value: Any) -> str:
+    """One YAML line: strings as double-quoted JSON (escapes keep a newline in a value from starting a key)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip().removesuffix("...").strip()
+
+
+def yaml_text(report: SearchReport) -> str:
+    fit, spec = report.chosen, report.spec
+    candidate = as_trained(fit.candidate, report.verified.observed or fit.result.observed)
+    defaults = fit.result.config_defaults or report.verified.config_defaults
+    train = {k: v for k, v in candidate.training_args().items() if k not in defaults or defaults[k] != v}
+    lines = [
+        f"# autofit: best {one_line(spec.algo)} configuration for {one_line(spec.model)} within "
+        f"{format_size(spec.budget_bytes)}",
+        f"# verified peak {format_size(report.verified.peak_bytes)} over {report.verified.steps} steps; "
+        f"rungs: {', '.join(candidate.rungs) or 'none'}",
+        usage(one_line(spec.algo), exported_engine(report)),
+    ]
+    lines += engine_comments(report, candidate)
+    if candidate.is_rl and candidate.prompt_length:
+        lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.algo)} does not "
+                     "truncate prompts, so keep yours this short (or search with --max-prompt-length)")
+    observed = report.verified.observed or fit.result.observed or {}
+    for key, value in {**model_args(candidate, observed), **train}.items():
+        lines.append(f"{key}: {_scalar(value)}  # {one_line(_why(key, candidate, spec.max_length, spec.maximize))}")
+    if candidate.env:
+        lines.append("env:")
+        for key, value in candidate.env:
+            lines.append(f"  {key}: {_scalar(value)}  # expandable-segments")
+    return "\n".join(lines) + "\n"
+
+
+def _peft_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
+    if candidate.lora is None:
+        return None
+    return {"type": "lora", "r": candidate.lora.r, "lora_alpha": candidate.lora.alpha,
+            "lora_dropout": candidate.lora.dropout, "target_modules": candidate.lora.target_modules}
+
+
+def _quantization_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
+    if candidate.quantization == "8bit":
+        return {"load_in_8bit": True}
+    if candidate.quantization == "4bit":
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
+    return None
+
+
+def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str, Any]:
+    spec = report.spec
+    gpu = first_gpu() if spec.device == "cuda" else None
+    data: Dict[str, Any] = {
+        "fits": report.fits,
+        "model": spec.model,
+        "algo": spec.algo,
+        "device": spec.device,
+        "gpu": gpu.name if gpu else None,
+        "budget_bytes": spec.budget_bytes,
+        "probes": report.probes_total,
+        "probes_this_run": report.probes_run,
+        "search": {
+            "maximize": spec.maximize,
+            "effective_batch": spec.effective_batch,
+            "max_length": spec.max_length,
+            "min_length": spec.min_length,
+            "ladder": [rung for state in report.levels[:report.ladder_len] for rung in state.rungs[-1:]],
+            "probe_steps": spec.probe_steps,
+            "verify_steps": spec.verify_steps,
+            "prompt_length": spec.prompt_length if spec.algo in RL_ALGOS else None,
+        },
+        "notes": report.notes,
+        "study": {"name": spec.study_name(), "journal": STUDY_FILE},
+        "candidates": [
+            {
+                "kind": r.kind,
+                "rungs": list(r.candidate.rungs),
+                "candidate": r.candidate.describe(),
+                "outcome": r.result.outcome.value,
+                "peak_bytes": r.result.peak_bytes,
+                "tokens_per_second": round(r.result.tokens_per_second, 1),
+                "error": r.result.error or None,
+                "error_phase": r.result.error_phase or None,
+                "fault": r.result.fault or None,
+                "origin": r.result.origin or None,
+                "log": r.result.log_path or None,
+                "generation_tokens_per_second": round(r.result.generation_tokens_per_second, 1) or None,
+                "predicted_bytes": round(r.predicted_bytes) if r.predicted_bytes is not None else None,
+                "prior_predicted_bytes": round(r.prior_bytes) if r.prior_bytes is not None else None,
+                "stored": r.cached,
+                "stage": r.stage,
+            }
+            for r in report.records
+        ],
+        "skipped": [
+            {
+                "rungs": list(s.candidate.rungs),
+                "candidate": s.candidate.describe(),
+                "predicted_bytes": round(s.predicted_bytes),
+                "uncertainty": round(s.uncertainty, 4),
+            }
+            for s in report.skipped
+        ],
+        "margin": round(report.margin, 4),
+        "stopped": report.stopped,
+        "versions": versions(),
+        "memory_model": report.calibration.to_dict() if report.calibration is not None else None,
+        "prediction_error": prediction_error(report),
+    }
+    if report.fits:
+        fit, verified = report.chosen, report.verified
+        candidate = as_trained(fit.candidate, verified.observed or fit.result.observed)
+        data.update(
+            peak_bytes=max(verified.peak_bytes, fit.result.peak_bytes),
+            tokens_per_second=round(verified.tokens_per_second, 1),
+            generation_tokens_per_second=round(verified.generation_tokens_per_second, 1) or None,
+            rungs=list(candidate.rungs),
+            trades=trades(candidate, spec.max_length, memory_model.shape_or_none(spec.model)),
+            cost_class=report.levels[fit.level].cost,
+            config=candidate.training_args(),
+            config_class=verified.config_class,
+            model_args=model_args(candidate, verified.observed or fit.result.observed),
+            peft=_peft_dict(candidate),
+            quantization=_quantization_dict(candidate),
+            env=dict(candidate.env),
+            engine=engine_data(report, candidate, out_dir),
+            host_memory=host_memory_data(report, candidate),
+            phase_peaks=fit.result.phase_peaks,
+            probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
+            verified={"steps": verified.steps, "peak_bytes": verified.peak_bytes, "phase_peaks": verified.phase_peaks,
+                      "outcome": verified.outcome.value, "stats": verified.stats},
+        )
+    else:
+        failure = report.lightest_failure()
+        data.update(peak_bytes=None, rungs=[], config=None, smallest_oom_peak_bytes=failure.result.peak_bytes if failure else None)
+    return data
+
+
+def prediction_error(report: SearchReport) -> Dict[str, Optional[float]]:
+    """Relative error of the memory model's predictions against the measured peaks of probes that fitted:
+    before calibration (the prior alone) and as the search saw it (calibrated on the probes before each one)."""
+    measured = [r for r in report.records if r.result.fits and r.result.peak_bytes and not r.cached]
+
+    def errors(attribute: str) -> Dict[str, Optional[float]]:
+        values = [abs(getattr(r, attribute) - r.result.peak_bytes) / r.result.peak_bytes
+                  for r in measured if getattr(r, attribute) is not None]
+        if not values:
+            return {"mean": None, "max": None, "points": 0}
+        return {"mean": round(sum(values) / len(values), 4), "max": round(max(values), 4), "points": len(values)}
+
+    return {"prior": errors("prior_bytes"), "calibrated": errors("predicted_bytes")}
+
+
+def _outcome_cell(result, budget: Optional[int] = None, margin: float = 0.0) -> str:
+    """OOM with the phase that ran out (the optimizer step, generation, ...): where the memory went; a fit of the
+    budget that the margin rejected, with by how much."""
+    if result.outcome.value == "OOM" and result.error_phase:
+        return f"OOM in {result.error_phase}"
+    over = over_margin(result, budget, budget * (1 - margin)) if budget is not None else None
+    if over is not None:
+        return f"OK, over the margin by {format_size(over)}"
+    return result.outcome.value
+
+
+def table_text(report: SearchReport) -> str:
+    """One row per probe. tok/s is training throughput (prompt and completion tokens per second of whole steps);
+    for RL, gen tok/s is the generation phase alone (completion tokens per second of generation)."""
+    generation = any(r.result.generation_tokens_per_second for r in report.records)
+    header = ("#", "kind", "rungs", "candidate", "outcome", "peak", "tok/s") + (("gen tok/s",) if generation else ())
+    rows: List[Tuple[str, ...]] = [header]
+    for index, r in enumerate(report.records, 1):
+        row = (
+            str(index), ("refine" if r.stage == "refine" else r.kind) + ("*" if r.cached else ""),
+            "+".join(r.candidate.rungs) or "baseline", r.candidate.describe(),
+            _outcome_cell(r.result, report.spec.budget_bytes, report.margin),
+            format_size(r.result.peak_bytes), f"{r.result.tokens_per_second:,.0f}" if r.result.fits else "-",
+        )
+        if generation:
+            rate = r.result.generation_tokens_per_second
+            row += (f"{rate:,.0f}" if r.result.fits and rate else "-",)
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if any(r.cached for r in report.records):
+        lines.append("* stored: measured by an earlier run of this search (same --out), not repeated")
+    if report.skipped:
+        lines.append("not probed, predicted over the budget even at the low end of the model's error band: "
+                     + "; ".join(f"{s.candidate.describe()} ({format_size(s.predicted_bytes)} ± {s.uncertainty:.0%})"
+                                 for s in report.skipped))
+    return "\n".join(lines)
+
+
+def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "best.json", "yaml": out_dir / "best.yaml"}
+    atomic_write_text(paths["json"], json.dumps(json_data(report, out_dir), indent=2, default=str) + "\n")
+    engine = exported_engine(report) if report.fits else None
+    if engine:
+        chosen = report.chosen.candidate
+        paths.update(write_engine_files(out_dir, engine, chosen.device, chosen.ranks, report.spec.nodes))
+    else:
+        remove_stale_engine_files(out_dir)
+    if report.fits:
+        atomic_write_text(paths["yaml"], yaml_text(report))
+    else:
+        paths["yaml"].unlink(missing_ok=True)  # a stale answer from an earlier search would mislead
+    return paths

@@ -1,0 +1,50 @@
+"""Which model families the ledger has been checked on, and how wide the band is for the others.
+
+A family is checked for an algorithm when its tiny configuration, probed on the CPU meter, agrees with the
+uncalibrated prediction within 5 % (``tests/test_families.py`` measures every entry here; docs/benchmarks.md has
+the table, ``make bench-families`` rebuilds it). Anything else gets a wider band and a note, and the search's
+probes calibrate it: no confident wrong number.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from autofit.memory_model._census import ANALYTIC
+
+CHECKED_UNCERTAINTY = 0.25  # the prior's band for a checked family (the activation coefficients' spread, 2.4)
+UNCHECKED_UNCERTAINTY = 0.5
+
+_ALL = ("sft", "grpo", "rloo", "reward")
+_LM = ("sft", "grpo", "rloo")
+CHECKED = {
+    "llama": _ALL, "mistral": _ALL, "qwen2": _ALL, "qwen3": _ALL, "gemma": _ALL, "gemma2": _ALL, "gemma3_text": _ALL,
+    "olmo2": _ALL, "glm4": _ALL, "mixtral": _ALL, "qwen2_moe": _ALL, "qwen3_moe": _ALL, "phi3": _ALL,
+    "starcoder2": _ALL,
+    # no sequence-classification class in transformers: no reward model to check
+    "olmoe": _LM, "granite": _LM, "cohere": _LM,
+}
+# Dense families whose parameters the configuration's sizes give exactly (``census.analytic_census``, a test
+# compares it with the model): no census needs building for them. The others need the census counted from the model
+# (mixture-of-experts: peft's LoRA on the fused experts is only known from peft itself).
+ANALYTIC_EXACT = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text")
+
+
+def sizes_are_exact(shape) -> bool:
+    return shape.model_type in ANALYTIC_EXACT and not (shape.moe_layers or shape.eager_attention or shape.nested)
+
+
+def unchecked_reason(shape, algo: str) -> Optional[str]:
+    """Why the prediction for this model and algorithm is not a checked one, or None."""
+    family = "gemma3_text" if shape.model_type == "gemma3" else shape.model_type
+    algo = "grpo" if algo == "ppo" else algo
+    census = shape.parameters()
+    if census.source == ANALYTIC and not sizes_are_exact(shape):
+        return f"the parameters of {family} were not counted from the model (computed from its configuration)"
+    if algo not in CHECKED.get(family, ()):
+        return f"the activation terms of {family} are not checked against measurements for {algo}"
+    return None
+
+
+def prior_uncertainty(shape, algo: str) -> float:
+    return CHECKED_UNCERTAINTY if unchecked_reason(shape, algo) is None else UNCHECKED_UNCERTAINTY

@@ -1,0 +1,195 @@
+"""The ledger: bytes live at each phase of a training step, by term, and the predicted peak.
+
+The peak is the largest of these phases:
+
+- ``train``: the LM head's backward in a micro-batch (weights, optimizer states from the previous step, gradients
+  when ``grad_accum >= 2`` because the 2nd micro-batch runs while they are resident, every saved activation, the
+  LM-head buffers);
+- ``backward``: a decoder layer's backward (its gradient temporaries, or the recomputed layer with checkpointing);
+- ``step``: the end of the backward and the optimizer step (weights, gradients, optimizer states, temporaries);
+- ``generation`` (grpo, rloo): the completions of the whole generation batch (KV cache, per-step logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional
+
+from autofit.core import Candidate
+from autofit.memory_model._activations import activation_bytes, offloaded_activation_bytes
+from autofit.memory_model._allocator import context_bytes, reserved_factor
+from autofit.memory_model._checked import CHECKED_UNCERTAINTY, prior_uncertainty
+from autofit.memory_model._logits import generation_bytes, logit_bytes
+from autofit.memory_model._offload import (
+    engine_setup_bytes,
+    gradient_transient_bytes,
+    offloaded_state_bytes,
+    optimizer_host_bytes,
+)
+from autofit.memory_model._parameters import compute_bytes, state_bytes, weight_bytes
+from autofit.memory_model._shape import ModelShape
+from autofit.memory_model._sharding import sharded_state, sharding_host_bytes
+
+# The error band of an uncalibrated prediction for a checked family: the activation coefficient alone spans
+# 8..16 B·h (2.4) and the logits/loss costs are version-dependent (2.5) [A]. Unchecked families: ``checked``.
+PRIOR_UNCERTAINTY = CHECKED_UNCERTAINTY
+
+STATIC_TERMS = ("weights", "gradients", "optimizer", "reference", "cuda_context")
+DYNAMIC_TERMS = ("activations", "logits", "generation")
+TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "generation", "reference", "allocator",
+         "cuda_context")
+# The terms as a reader groups them: (column header of `autofit estimate`, label in plots, ledger terms summed).
+TERM_GROUPS = (
+    ("weights", "weights", ("weights",)),
+    ("grads", "gradients", ("gradients",)),
+    ("optim", "optimizer states", ("optimizer",)),
+    ("activ", "activations", ("activations",)),
+    ("logits", "logits", ("logits",)),
+    ("gen", "KV cache / generation", ("generation",)),
+    ("ref", "reference model", ("reference",)),
+    ("ctx+alloc", "context and allocator", ("cuda_context", "allocator")),
+)
+TERM_HELP = {
+    "weights": "model weights (quantized linears at 0.516/1 B, adapters, autocast copy, dequant transient)",
+    "gradients": "gradients of the trainable parameters (resident in forward when grad_accum >= 2)",
+    "optimizer": "optimizer states (+ the step's temporaries in the step phase)",
+    "activations": "activations saved for backward (checkpointing keeps layer inputs)",
+    "logits": "TRL's fused LM-head buffer, fp32 hidden/LM-head gradient accumulators",
+    "generation": "grpo/rloo generation: KV cache, per-step logits, prefill",
+    "reference": "frozen reference model (beta > 0 without LoRA)",
+    "allocator": "caching allocator overhead (reserved - allocated)",
+    "cuda_context": "CUDA context",
+}
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Bytes live at the predicted peak, by term; ``total`` is their sum. ``phase`` names the peak phase and
+    ``phase_totals`` gives every phase's total. ``uncertainty`` is the relative error band (0.25 = ±25 %)."""
+
+    weights: float = 0.0
+    gradients: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    logits: float = 0.0
+    generation: float = 0.0
+    reference: float = 0.0
+    allocator: float = 0.0
+    cuda_context: float = 0.0
+    phase: str = "train"
+    phase_totals: Dict[str, float] = field(default_factory=dict)
+    uncertainty: float = PRIOR_UNCERTAINTY
+    reserved_factor: float = 1.0
+    host: float = 0.0  # host memory offloaded states and activations take: not device memory, not in ``total``
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, name) for name in TERMS)
+
+    @property
+    def static(self) -> float:
+        """What does not depend on the tokens (its allocator share included): what the static scale multiplies."""
+        return self.reserved_factor * sum(getattr(self, n) for n in STATIC_TERMS if n != "cuda_context") + self.cuda_context
+
+    @property
+    def dynamic(self) -> float:
+        """Activations, LM-head buffers, generation (allocator share included): what the dynamic scale multiplies."""
+        return self.reserved_factor * sum(getattr(self, n) for n in DYNAMIC_TERMS)
+
+    @property
+    def low(self) -> float:
+        return self.total * (1 - self.uncertainty)
+
+    @property
+    def high(self) -> float:
+        return self.total * (1 + self.uncertainty)
+
+    def fits(self, budget_bytes: float) -> bool:
+        """The point prediction is within the budget."""
+        return self.total <= budget_bytes
+
+    def verdict(self, budget_bytes: float) -> str:
+        """"yes" when even the high end of the band fits, "no" when even the low end does not, else "maybe"."""
+        if self.high <= budget_bytes:
+            return "yes"
+        if self.low > budget_bytes:
+            return "no"
+        return "maybe"
+
+    def terms(self) -> Dict[str, float]:
+        return {name: getattr(self, name) for name in TERMS}
+
+    def scaled(self, static_scale: float, dynamic_scale: float, uncertainty: float) -> "Ledger":
+        """This ledger with the static and dynamic terms scaled (calibration)."""
+        changes = {n: getattr(self, n) * static_scale for n in STATIC_TERMS}
+        changes.update({n: getattr(self, n) * dynamic_scale for n in DYNAMIC_TERMS})
+        torch_part = sum(changes[n] for n in TERMS if n in changes and n != "cuda_context")
+        changes["allocator"] = (self.reserved_factor - 1) * torch_part
+        return replace(self, uncertainty=uncertainty, **changes)
+
+
+@dataclass(frozen=True)
+class _Phase:
+    name: str
+    terms: Dict[str, float]
+
+
+def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase]:
+    act_bytes = compute_bytes(candidate, shape, device)
+    state = sharded_state((offloaded_state_bytes if candidate.offload else state_bytes)(candidate, shape, device),
+                          candidate, shape, device)
+    saved, layer_moment = activation_bytes(candidate, shape, act_bytes)
+    logits = logit_bytes(candidate, shape, device, act_bytes, weight_bytes(candidate, shape))
+    # offload: its staging buffers; several ranks: the engine's gradient buffers (DDP buckets, ZeRO partitions)
+    resident_gradients = candidate.grad_accum >= 2 or candidate.offload or candidate.ranks > 1
+    static = {"weights": state.weights + state.autocast_copy, "reference": state.reference,
+              "optimizer": state.optimizer, "gradients": state.gradients if resident_gradients else 0.0}
+    phases = [
+        _Phase("train", {**static, "activations": saved, "logits": logits}),
+        _Phase("backward", {**static, "activations": layer_moment, "gradients": static["gradients"] + (
+            gradient_transient_bytes(candidate, shape, device) if candidate.offload else 0.0)}),
+        _Phase("step", {"weights": state.weights, "reference": state.reference, "gradients": state.gradients,
+                        "optimizer": state.optimizer + max(state.step_temporaries, state.embedding_temporaries)}),
+    ]
+    if candidate.offload:
+        phases.append(_Phase("engine_setup", {"weights": engine_setup_bytes(candidate, shape, device)}))
+    if candidate.is_rl and not candidate.vllm:  # with vLLM the trainer does not generate (``vllm``)
+        phases.append(_Phase("generation", {"weights": state.weights, "reference": state.reference,
+                                            "optimizer": state.optimizer,
+                                            "generation": generation_bytes(candidate, shape, act_bytes)}))
+    return phases
+
+
+def _ledger(phase: _Phase, rho: float, context: float, totals: Dict[str, float], uncertainty: float,
+            host: float) -> Ledger:
+    terms = {name: float(value) for name, value in phase.terms.items()}
+    torch_part = sum(terms.values())
+    return Ledger(**terms, allocator=(rho - 1) * torch_part, cuda_context=context, phase=phase.name,
+                  phase_totals=totals, uncertainty=uncertainty, reserved_factor=rho, host=host)
+
+
+def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, device: Optional[str] = None
+                  ) -> List[Ledger]:
+    """One uncalibrated ledger per phase (train, step, and generation for grpo/rloo)."""
+    shape = shape or ModelShape.from_model(candidate.model)
+    device = device or candidate.device
+    rho = reserved_factor(candidate, device)
+    context = context_bytes(device)
+    phases = _phases(candidate, shape, device)
+    totals = {p.name: rho * sum(p.terms.values()) + context for p in phases}
+    uncertainty = prior_uncertainty(shape, candidate.algo)
+    host = host_bytes(candidate, shape, device)
+    return [_ledger(p, rho, context, totals, uncertainty, host) for p in phases]
+
+
+def host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
+    """Host memory the candidate's offloading takes at most (pinned on a GPU machine): the optimizer's offloaded
+    states and the offloaded activations."""
+    return optimizer_host_bytes(candidate, shape, device) + sharding_host_bytes(candidate, shape, device) + \
+        offloaded_activation_bytes(candidate, shape, compute_bytes(candidate, shape, device))
+
+
+def predict(candidate: Candidate, shape: Optional[ModelShape] = None, *, device: Optional[str] = None) -> Ledger:
+    """The uncalibrated ledger at the predicted peak phase. ``shape`` defaults to the candidate's model config,
+    ``device`` to the candidate's device ("cuda": bf16 autocast, CUDA context, allocator overhead)."""
+    return max(phase_ledgers(candidate, shape, device=device), key=lambda ledger: ledger.total)

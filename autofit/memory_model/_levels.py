@@ -1,0 +1,141 @@
+"""Which rung the model expects to be needed: the ladder walked over predicted peaks (``autofit estimate``), and the
+search's grids of micro-batches and lengths."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
+
+from autofit.core import RL_ALGOS, Candidate
+from autofit.memory_model._calibration import Calibration, predict_calibrated
+from autofit.memory_model._ledger import Ledger
+from autofit.memory_model._shape import ModelShape
+
+
+def divisors(n: int) -> List[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def length_grid(low: int, high: int) -> List[int]:
+    """The search's grid of sequence lengths from ``low`` to ``high``: multiples of a step that keeps about 64
+    points (``autofit.search`` uses it too)."""
+    step = max(8, 2 ** int(math.log2(max(high, 8) / 64))) if high > low else 1
+    inner = range((low // step + 1) * step, high, step)
+    return sorted({low, *inner, high})
+
+
+def base_candidate(spec: Any) -> Candidate:
+    """The ladder's starting point for a ``SearchSpec``-like object, as the search builds it: micro-batch = the
+    effective batch, no accumulation, full length, checkpointing off."""
+    return Candidate(
+        algo=spec.algo,
+        model=spec.model,
+        device=spec.device,
+        micro_batch=spec.effective_batch // (getattr(spec, "ranks", 1) * getattr(spec, "nodes", 1)),
+        grad_accum=1,
+        ranks=getattr(spec, "ranks", 1),
+        vllm=getattr(spec, "vllm", None),
+        vllm_utilization=getattr(spec, "vllm_utilization", None) if getattr(spec, "vllm", None) else None,
+        max_length=spec.max_length,
+        user_args=tuple(sorted(dict(getattr(spec, "user_args", None) or {}).items())),
+        real_weights=getattr(spec, "real_weights", False),
+        dtype=getattr(spec, "dtype", None),
+        trust_remote_code=bool(getattr(spec, "trust_remote_code", False)),
+        num_generations=getattr(spec, "num_generations", None),
+        prompt_length=getattr(spec, "prompt_length", None) if spec.algo in RL_ALGOS else None,
+    )
+
+
+@dataclass
+class LevelEstimate:
+    level: int
+    rungs: Tuple[str, ...]
+    cost: str
+    candidate: Candidate  # the largest micro-batch (or longest length) predicted to fit; else the smallest tried
+    ledger: Ledger
+    fits: bool  # point prediction within the budget
+
+
+@dataclass
+class RungEstimate:
+    budget_bytes: int
+    levels: List[LevelEstimate]
+    expected: Optional[LevelEstimate]  # the first level predicted to fit; None: nothing is predicted to fit
+
+    @property
+    def rungs(self) -> Optional[Tuple[str, ...]]:
+        return self.expected.rungs if self.expected is not None else None
+
+    @property
+    def rung(self) -> Optional[str]:
+        """The rung the model expects to be needed first ("baseline" when none is; None when nothing fits)."""
+        if self.expected is None:
+            return None
+        return self.expected.rungs[-1] if self.expected.rungs else "baseline"
+
+
+def _predictor(calibration: Optional[Calibration], shape: ModelShape):
+    def at(candidate: Candidate) -> Ledger:
+        return predict_calibrated(candidate, calibration, shape)
+
+    return at
+
+
+def _best_at_level(state, spec: Any, budget: int, predict_at) -> Tuple[Candidate, Ledger, bool]:
+    effective = spec.effective_batch // (getattr(spec, "ranks", 1) * getattr(spec, "nodes", 1))  # per rank
+    batches = divisors(effective) if state.vary_batch else [effective]
+    min_length = getattr(spec, "min_length", None) or spec.max_length
+    maximize = getattr(spec, "maximize", "batch")
+
+    def at(batch: int, length: int) -> Candidate:
+        return state.candidate.replace(micro_batch=batch, grad_accum=effective // batch, max_length=length)
+
+    def scan(pairs: Iterable[Tuple[int, int]]) -> Optional[Tuple[Candidate, Ledger]]:
+        for batch, length in pairs:  # largest first
+            candidate = at(batch, length)
+            ledger = predict_at(candidate)
+            if ledger.fits(budget):
+                return candidate, ledger
+        return None
+
+    if maximize == "length":
+        found = scan((batches[0], n) for n in reversed(length_grid(min_length, spec.max_length)))
+    else:
+        found = scan((b, spec.max_length) for b in reversed(batches))
+        if found is None and state.vary_length:
+            found = scan((b, n) for n in reversed(length_grid(min_length, spec.max_length)[:-1])
+                         for b in reversed(batches))
+    if found is not None:
+        return found[0], found[1], True
+    smallest = at(batches[0], min_length if (state.vary_length or maximize == "length") else spec.max_length)
+    return smallest, predict_at(smallest), False
+
+
+def expected_rung(spec: Any, budget_bytes: Optional[int] = None, *, calibration: Optional[Calibration] = None,
+                  shape: Optional[ModelShape] = None, rungs: Optional[Sequence[Any]] = None) -> RungEstimate:
+    """Walk the ladder (``spec.ladder`` or the default order) over predicted peaks: at each level the largest
+    divisor of the effective batch predicted to fit (shorter lengths once that rung is on, or the longest length
+    with ``maximize="length"``); the first level with a fit is the rung the model expects to be needed.
+    ``spec`` is a ``SearchSpec`` or any object with its fields (model, algo, device, effective_batch,
+    max_length, min_length, maximize, num_generations, prompt_length, user_args, ladder)."""
+    from autofit.rungs import LadderState, climb, usable_rungs
+    from autofit.rungs import resolve_ladder
+
+    budget = budget_bytes if budget_bytes is not None else spec.budget_bytes
+    if budget is None:
+        raise ValueError("expected_rung needs a budget")
+    shape = shape or (calibration.shape if calibration is not None and calibration.shape is not None else None) \
+        or ModelShape.from_model(spec.model)
+    rungs = list(rungs) if rungs is not None else resolve_ladder(getattr(spec, "ladder", None))
+    rungs, _ = usable_rungs(rungs, spec.device, LadderState(base_candidate(spec)))  # as the search climbs it
+    start = LadderState(base_candidate(spec), min_length=getattr(spec, "min_length", None) or spec.max_length,
+                        maximize=getattr(spec, "maximize", "batch"))
+    predict_at = _predictor(calibration, shape)
+    levels = []
+    for index, state in enumerate(climb(start, rungs)):
+        candidate, ledger, fits = _best_at_level(state, spec, budget, predict_at)
+        levels.append(LevelEstimate(index, tuple(state.rungs), state.cost, candidate, ledger, fits))
+    expected = next((level for level in levels if level.fits), None)
+    return RungEstimate(budget, levels, expected)

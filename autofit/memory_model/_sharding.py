@@ -1,0 +1,123 @@
+"""Several GPUs: each rank's share of the parameters' bytes under data parallel, DeepSpeed ZeRO 1-3 and FSDP2.
+
+Activations, the LM head's buffers and generation are per rank already (each rank runs its own micro-batch); what
+changes is ``parameters.state_bytes``' part. World size N, trainable parameters T, all parameters P, on CUDA under
+TRL's ``bf16=True``:
+
+- data parallel (DDP): the whole state on every rank, plus DDP's gradient buckets, a flat copy of every gradient
+  (accelerate and the Trainer leave ``gradient_as_bucket_view`` off) [D: torch ``Reducer``];
+- DeepSpeed casts the module to the training dtype (bf16) and keeps fp32 master weights and Adam states (12 B per
+  trainable parameter) partitioned over N from ZeRO-1 on; ZeRO-1 keeps whole bf16 gradients, ZeRO-2 a 1/N bf16
+  partition plus its fp32 copy for the step, and ZeRO-3 also partitions the bf16 weights, gathering a layer (and the
+  prefetch bucket, 0.9·h² elements, the Trainer's "auto") for its forward and backward [D: DeepSpeed 0.19
+  ``stage_1_and_2.py``, ``stage3.py``; transformers' ``deepspeed.py`` "auto" values];
+- FSDP2 full shard keeps every parameter, its gradient and AdamW's states sharded in the loaded dtype (float32: 16 B
+  per trainable parameter over N), and unshards a layer in bf16 for its compute, the next one prefetched
+  [D: torch ``fully_shard`` with accelerate's mixed-precision policy]. Under gradient accumulation the Trainer runs
+  every micro-batch but the last in accelerate's ``no_sync``, which for FSDP2 turns gradient sync off: the gradients
+  then accumulate unsharded, whole in the compute dtype, until the last micro-batch reduce-scatters them
+  [V: CPU meter, 2 gloo ranks under ``autofit.probe._simulated_fsdp``, tiny-qwen2: 123.1 MiB per rank measured at
+  accumulation 4 where the sharded gradients alone predicted 109.4].
+
+The offload variants keep the shards on the host: ``fsdp2-offload`` every parameter, gradient and AdamW state
+(the step runs on the CPU), ``zero3-offload`` the bf16 weights' partitions, the fp32 master weights, gradients and
+Adam states; the GPU holds the gathered layers and the reduction bucket. The host figure is the machine's: all of
+its ranks' shards.
+
+A reference model (GRPO/RLOO with beta > 0) is sharded by ZeRO-3 and FSDP2 (TRL prepares it with the engine), whole
+otherwise. DeepSpeed is measured only at world size 1 on the CPU (accelerate runs it across processes only on
+GPUs); FSDP2 full shard runs across CPU ranks under ``autofit.probe._simulated_fsdp``. The rest is derived, for
+``autofit estimate --gpus N`` and the search's predicted starts [D].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autofit.core import Candidate
+from autofit.memory_model._parameters import StateBytes, compute_bytes, param_counts, trainable_tensors, weight_bytes
+from autofit.memory_model._shape import ModelShape
+
+OFFLOADED = ("fsdp2-offload", "zero3-offload")
+ZERO_HOST_FP32_BYTES = 4 + 4 + 8  # fp32 master weight, its gradient, Adam's two states
+DDP_BUCKET_COPIES = 1  # a flat copy of every gradient
+ZERO_MASTER_AND_ADAM_BYTES = 4 + 8  # fp32 master weight, exp_avg, exp_avg_sq
+ZERO_FP32_GRAD_BYTES = 4  # the partition's gradient in fp32 for the step (ZeRO-2 and 3)
+ZERO3_PREFETCH_H2 = 0.9  # stage3_prefetch_bucket_size "auto": 0.9 x hidden^2 elements
+UNSHARDED_LAYERS = 2  # the layer being computed and the one prefetched (ZeRO-3 and FSDP2)
+ADAMW_STATE_COPIES = 2
+
+
+def _layer_params(shape: ModelShape, candidate: Candidate) -> float:
+    counts = param_counts(shape, candidate.algo)
+    return (counts.total - counts.embedding - counts.lm_head) / max(shape.layers, 1)
+
+
+def sharded_state(state: StateBytes, candidate: Candidate, shape: ModelShape, device: str) -> StateBytes:
+    """One rank's share of ``state`` (a single GPU's) under the candidate's engine across ``candidate.ranks``."""
+    ranks = candidate.ranks
+    if ranks < 2 or candidate.offload:
+        return state
+    strategy = candidate.sharding or "ddp"
+    if strategy in OFFLOADED:
+        return _offloaded(state, candidate, shape, device, strategy)
+    if strategy == "ddp":
+        return dataclasses.replace(state, gradients=state.gradients * (1 + DDP_BUCKET_COPIES))
+    trainable = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))
+    frozen_weights = max(state.weights - trainable * state.trainable_bytes, 0.0)
+    c_bytes = compute_bytes(candidate, shape, device)
+    layer = _layer_params(shape, candidate)
+    reference = state.reference
+    if strategy == "fsdp2":
+        w_bytes = weight_bytes(candidate, shape)
+        unsharded = UNSHARDED_LAYERS * layer * c_bytes
+        gradients = trainable * (c_bytes if candidate.grad_accum >= 2 else w_bytes / ranks) + layer * c_bytes
+        return dataclasses.replace(
+            state, weights=frozen_weights / ranks + trainable * w_bytes / ranks + unsharded, autocast_copy=0.0,
+            gradients=gradients,
+            optimizer=ADAMW_STATE_COPIES * trainable * w_bytes / ranks,
+            step_temporaries=state.step_temporaries / ranks, embedding_temporaries=0.0, reference=reference / ranks)
+    # DeepSpeed ZeRO: the module in the training dtype, master weights and Adam states partitioned
+    engine = c_bytes if device == "cuda" else weight_bytes(candidate, shape)  # on the CPU: the load dtype
+    bucket = shape.hidden * shape.hidden * engine  # reduce_bucket_size "auto"
+    w_bytes = weight_bytes(candidate, shape)
+    weights = frozen_weights * engine / w_bytes + trainable * engine  # DeepSpeed casts the whole module
+    optimizer = ZERO_MASTER_AND_ADAM_BYTES * trainable / ranks
+    if strategy == "zero1":
+        gradients = trainable * engine + bucket
+    else:
+        gradients = trainable * (engine + ZERO_FP32_GRAD_BYTES) / ranks + bucket
+    if strategy == "zero3":
+        weights = weights / ranks + (UNSHARDED_LAYERS * layer + ZERO3_PREFETCH_H2 * shape.hidden ** 2) * engine
+        reference = reference / ranks
+    return dataclasses.replace(state, weights=weights, autocast_copy=0.0, gradients=gradients, optimizer=optimizer,
+                               step_temporaries=state.step_temporaries / ranks, embedding_temporaries=0.0,
+                               reference=reference)
+
+
+def _offloaded(state: StateBytes, candidate: Candidate, shape: ModelShape, device: str, strategy: str) -> StateBytes:
+    """The GPU's share under the offloading shardings: the gathered layers and their transients only."""
+    c_bytes = compute_bytes(candidate, shape, device)
+    layer = _layer_params(shape, candidate)
+    if strategy == "fsdp2-offload":
+        return dataclasses.replace(state, weights=UNSHARDED_LAYERS * layer * c_bytes, autocast_copy=0.0,
+                                   gradients=layer * c_bytes, optimizer=0.0, step_temporaries=0.0,
+                                   embedding_temporaries=0.0, reference=state.reference / candidate.ranks)
+    engine = c_bytes if device == "cuda" else weight_bytes(candidate, shape)
+    gathered = (UNSHARDED_LAYERS * layer + ZERO3_PREFETCH_H2 * shape.hidden ** 2) * engine
+    return dataclasses.replace(state, weights=gathered, autocast_copy=0.0,
+                               gradients=shape.hidden * shape.hidden * engine, optimizer=0.0, step_temporaries=0.0,
+                               embedding_temporaries=0.0, reference=state.reference / candidate.ranks)
+
+
+def sharding_host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
+    """Host memory the offloading shardings take on this machine (every rank's shards)."""
+    if candidate.ranks < 2 or candidate.sharding not in OFFLOADED or candidate.offload:
+        return 0.0
+    total = param_counts(shape, candidate.algo).total
+    trainable = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))
+    if candidate.sharding == "fsdp2-offload":
+        w_bytes = weight_bytes(candidate, shape)
+        return total * w_bytes + trainable * w_bytes * (1 + ADAMW_STATE_COPIES)
+    engine = compute_bytes(candidate, shape, device) if device == "cuda" else weight_bytes(candidate, shape)
+    return total * engine + trainable * ZERO_HOST_FP32_BYTES

@@ -1,0 +1,105 @@
+"""vLLM generating for GRPO/RLOO (``use_vllm``): its share of each GPU, from vLLM's own memory accounting.
+
+vLLM takes ``gpu_memory_utilization`` of the GPU's total memory for itself and splits it, at start-up, into the
+model's weights, the peak of a profiling run, and the KV cache: whatever is left [D: vLLM docs, "gpu_memory_utilization:
+the fraction of GPU memory to be used for the model executor ... KV cache size is determined by the remaining memory
+after the model weights and activations"]. It refuses to start when the KV cache cannot hold one sequence of
+``max_model_len`` tokens, and queues sequences (slower, never an out-of-memory error) when it cannot hold the
+batch's. TRL 1.16 (``grpo_trainer.py``) starts it with ``max_num_seqs`` = per-device batch x tensor parallel x
+``steps_per_generation``, ``max_num_batched_tokens`` = 4096 and ``max_model_len`` = ``vllm_max_model_length``
+(None: the model's ``max_position_embeddings``).
+
+``colocate``: vLLM runs in each training process, so the trainer has ``1 - utilization`` of the GPU and does not
+generate with transformers (no generation phase in its ledger). ``server``: vLLM runs on other GPUs
+(``trl vllm-serve``); the trainer has the whole GPU and no generation phase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from autofit.core import format_size
+from autofit.core import SearchSpec
+
+from autofit.memory_model._parameters import param_counts
+from autofit.memory_model._shape import ModelShape
+
+VLLM_MODES = ("colocate", "server")
+TRL_DEFAULT_UTILIZATION = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
+TRL_MAX_NUM_BATCHED_TOKENS = 4096
+VLLM_WEIGHT_BYTES = 2  # bf16
+KV_BYTES = 2  # bf16 cache
+# The profiling run's peak per batched token: the MLP's gate/up outputs and a few hidden-size tensors in bf16 [A];
+# the sampler's fp32 logits for every sequence.
+PROFILE_BYTES_PER_TOKEN_I, PROFILE_BYTES_PER_TOKEN_H = 2 * 2, 4 * 2
+SAMPLER_LOGIT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class VllmShare:
+    share: float  # bytes vLLM takes of the GPU (colocate)
+    weights: float
+    profile_peak: float
+    kv_cache: float  # what is left for the KV cache (negative: nothing)
+    kv_per_token: float
+    max_model_len: int
+    start_tokens: int  # the KV cache vLLM needs to start: one sequence of max_model_len
+    batch_tokens: int  # what TRL's batch needs at once: max_num_seqs sequences of prompt + completion
+
+    @property
+    def starts(self) -> bool:
+        return self.kv_cache >= self.start_tokens * self.kv_per_token
+
+    @property
+    def holds_the_batch(self) -> bool:
+        return self.kv_cache >= self.batch_tokens * self.kv_per_token
+
+
+def vllm_share(shape: ModelShape, budget_bytes: int, utilization: float, max_num_seqs: int, sequence_tokens: int,
+               max_model_len: Optional[int] = None, algo: str = "grpo") -> VllmShare:
+    """vLLM's colocated share of one GPU of ``budget_bytes`` (tensor parallel 1)."""
+    share = utilization * budget_bytes
+    weights = param_counts(shape, algo).total * VLLM_WEIGHT_BYTES
+    profile = TRL_MAX_NUM_BATCHED_TOKENS * (PROFILE_BYTES_PER_TOKEN_I * shape.intermediate
+                                            + PROFILE_BYTES_PER_TOKEN_H * shape.hidden) \
+        + max_num_seqs * shape.vocab * SAMPLER_LOGIT_BYTES
+    kv_per_token = 2 * shape.layers * shape.kv_dim * KV_BYTES  # K and V of every layer
+    model_len = max_model_len or shape.max_positions or sequence_tokens
+    return VllmShare(share=share, weights=weights, profile_peak=profile, kv_cache=share - weights - profile,
+                     kv_per_token=kv_per_token, max_model_len=model_len, start_tokens=model_len,
+                     batch_tokens=max_num_seqs * sequence_tokens)
+
+
+def trainer_budget(spec: SearchSpec) -> int:
+    """The memory the trainer has on each GPU: all of it, less vLLM's share when it is colocated."""
+    if spec.vllm == "colocate":
+        return int(spec.budget_bytes * (1 - spec.vllm_utilization))
+    return spec.budget_bytes
+
+
+def vllm_lines(spec: SearchSpec, shape: ModelShape) -> List[str]:
+    """What vLLM's share of each GPU holds (``memory_model.vllm``), and whether it starts and holds TRL's batch."""
+    if spec.vllm is None:
+        return []
+    if spec.vllm == "server":
+        return ["vllm: server mode: vLLM runs on other GPUs (trl vllm-serve), the trainer has the whole budget and "
+                "does not generate; size the server's GPUs with its own --gpu-memory-utilization"]
+    per_rank = spec.effective_batch // (spec.ranks * spec.nodes)
+    share = vllm_share(shape, spec.budget_bytes, spec.vllm_utilization, max_num_seqs=per_rank,
+                       sequence_tokens=spec.prompt_length + spec.max_length, algo=spec.algo)
+    head = (f"vllm: colocate, {spec.vllm_utilization:.0%} of each GPU ({format_size(share.share)}): weights "
+            f"{format_size(share.weights)} (bf16) + profiling peak {format_size(share.profile_peak)}; ")
+    if share.kv_cache <= 0 or not share.starts:
+        need = (share.weights + share.profile_peak + share.start_tokens * share.kv_per_token) / spec.budget_bytes
+        return [head + f"no room for a KV cache of one {share.max_model_len}-token sequence: vLLM will not start. "
+                f"Raise --vllm-gpu-memory-utilization to at least {need:.2f} (the trainer then has the rest), set "
+                "vllm_max_model_length, or use server mode"]
+    tokens = int(share.kv_cache // share.kv_per_token)
+    batch = (f"it holds TRL's {per_rank} sequences of {spec.prompt_length + spec.max_length} tokens at once"
+             if share.holds_the_batch else
+             f"TRL's {per_rank} sequences of {spec.prompt_length + spec.max_length} tokens need "
+             f"{share.batch_tokens:,}: vLLM queues the rest (slower generation, no error)")
+    return [head + f"KV cache {format_size(share.kv_cache)} = {tokens:,} tokens; {batch}",
+            f"vllm: the trainer's budget is the rest, {format_size(trainer_budget(spec))} per GPU, without a "
+            "generation phase (estimated only: vLLM is not probed)"]

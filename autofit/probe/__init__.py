@@ -1,0 +1,15 @@
+"""Probes: one candidate measured by real training in a fresh process.
+
+The search's side is public here: ``ProcessRunner`` (and the ``Runner`` protocol a fake runner follows), how a
+trainer factory crosses to a probe (``prepare_factory``), and the progress shown while one runs. The child process's
+modules (the worker, the meters, the instrument, the virtual checkpoints, the engines' read-backs) are private and
+imported only in the probe. Two public submodules serve user factories: ``autofit.probe.kit`` (a loadable model of
+a configuration, a synthesized tokenizer, worst-case rows) and ``autofit.probe.algos`` (the built-in factories).
+"""
+
+from autofit.probe._factory import FactoryError, FactoryPayload, identity, prepare_factory
+from autofit.probe._progress import LiveProgress, PlainProgress, ProbeProgress, make_progress
+from autofit.probe._runner import ProcessRunner, Runner
+
+__all__ = ["FactoryError", "FactoryPayload", "LiveProgress", "PlainProgress", "ProbeProgress", "ProcessRunner",
+           "Runner", "identity", "make_progress", "prepare_factory"]

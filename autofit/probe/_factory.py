@@ -1,0 +1,131 @@
+"""How a trainer factory reaches a probe process.
+
+By name ("package.module:function", the CLI's ``--factory`` and the built-in ``--algo`` factories): the probe
+imports it. By value (any callable given to ``autofit.fit``): it is pickled with cloudpickle, the library Ray, Dask
+and loky use for exactly this, so module functions, functions of a script run directly or fed on stdin,
+``python -c``, closures, lambdas and notebook cells all work, with the globals they use. A factory that cannot
+cross (it holds an open file, a lock, a tensor on a GPU) is refused before the first probe, with the reason.
+
+The study that stores the probes is named by the factory's identity: its qualified name and a hash of its code,
+not the module it was found in, so a script's factory resumes whether it ran as ``__main__`` or was imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import io
+import logging
+import sys
+import types
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+from autofit.core import FACTORIES
+from autofit.core import InputError
+
+log = logging.getLogger(__name__)
+
+LARGE_PAYLOAD_BYTES = 256 * 2**20  # each probe receives a copy: say so when a factory carries this much
+
+
+class FactoryError(InputError):
+    """The user's trainer factory cannot be used, or failed (CLI exit 2)."""
+
+
+@dataclass(frozen=True)
+class FactoryPayload:
+    """What a probe process needs to get the factory: a name to import, or the pickled callable."""
+
+    ref: Optional[str] = None
+    pickled: Optional[bytes] = None
+    identity: str = ""  # names the study; the built-in ones are named by their algorithm
+    builtin: bool = False
+    name: str = ""  # for messages
+
+    def load(self) -> Callable:
+        if self.pickled is not None:
+            import cloudpickle
+
+            try:
+                return cloudpickle.loads(self.pickled)
+            except Exception as exc:  # noqa: BLE001 - a module it needs is missing in the probe, say
+                raise FactoryError(f"trainer factory {self.name} cannot be loaded in the probe: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        return load_factory(self.ref)
+
+
+def _code_digest(code: types.CodeType, digest) -> None:
+    digest.update(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_digest(const, digest)
+        else:
+            digest.update(repr(const).encode())
+
+
+def identity(factory: Callable) -> str:
+    """Qualified name and a hash of the code: the same function wherever it was imported from."""
+    name = getattr(factory, "__qualname__", type(factory).__qualname__)
+    code = getattr(factory, "__code__", None) or getattr(getattr(factory, "__call__", None), "__code__", None)
+    if code is None:
+        return name
+    digest = hashlib.sha1()
+    _code_digest(code, digest)
+    return f"{name}@{digest.hexdigest()[:12]}"
+
+
+def _pickle(factory: Callable, name: str) -> bytes:
+    import cloudpickle
+
+    class CheckedPickler(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
+                raise FactoryError(f"trainer factory {name} cannot be sent to a probe process: it holds a tensor on "
+                                   f"{obj.device} (a probe must build its model itself, on its own device)")
+            return super().reducer_override(obj)
+
+    buffer = io.BytesIO()
+    try:
+        CheckedPickler(buffer).dump(factory)
+    except FactoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - open files, locks, sockets, generators ...
+        raise FactoryError(f"trainer factory {name} cannot be sent to a probe process: {type(exc).__name__}: "
+                           f"{exc} (build what it needs inside the function, or from module-level names)") from None
+    data = buffer.getvalue()
+    if len(data) > LARGE_PAYLOAD_BYTES:
+        log.warning("trainer factory %s carries %.0f MiB to every probe (the data it closes over): load the data "
+                    "inside the function to avoid the copies", name, len(data) / 2**20)
+    return data
+
+
+def prepare_factory(factory: Union[str, Callable]) -> FactoryPayload:
+    """The payload for ``factory`` (a built-in algorithm's name, "module:function", or a callable); raises
+    ``FactoryError`` when a fresh process could not get it."""
+    if isinstance(factory, str):
+        if factory in FACTORIES or factory in FACTORIES.values():
+            return FactoryPayload(ref=FACTORIES.get(factory, factory), identity="", builtin=True, name=factory)
+        if ":" not in factory:
+            raise FactoryError(f"trainer factory '{factory}' is not of the form 'package.module:function'")
+        return FactoryPayload(ref=factory, identity=identity(load_factory(factory)), name=f"'{factory}'")
+    if not callable(factory):
+        raise FactoryError(f"trainer factory {factory!r} is not callable: pass a function that builds the trainer "
+                           "from a candidate")
+    name = getattr(factory, "__qualname__", repr(factory))
+    return FactoryPayload(pickled=_pickle(factory, name), identity=identity(factory), name=name)
+
+
+def load_factory(ref: str) -> Callable:
+    module_name, _, qualname = ref.partition(":")
+    try:
+        target = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise FactoryError(f"trainer factory '{ref}' cannot be imported: {exc}") from exc
+    if not callable(target):
+        raise FactoryError(f"trainer factory '{ref}' is not callable")
+    return target

@@ -1,0 +1,46 @@
+"""Liger's kernels in a probe: which modules of the trainer's model they patched, read back after training
+(transformers' Trainer applies them when ``train()`` starts, where ``use_liger_kernel`` is set).
+
+Liger binds its fused forwards to the module instances (``module.forward`` comes from ``liger_kernel``), so the
+count needs no knowledge of its internals. A trainer whose config has the flag off measured something else (the
+user's factory's mistake, named); a model Liger patched nothing of is the rung's failure, not the search's.
+"""
+
+from __future__ import annotations
+
+from autofit.core import FactoryMisuse
+
+LIGER_PACKAGE = "liger_kernel"
+
+
+class KernelsNotApplied(RuntimeError):
+    """Liger was asked for and patched no module of this model (a family it does not know)."""
+
+
+def liger_modules(model) -> int:
+    """Modules whose forward (bound to the instance) or class comes from Liger."""
+    count = 0
+    for module in model.modules():
+        forward = module.__dict__.get("forward")
+        origin = getattr(getattr(forward, "__func__", forward), "__module__", None) or type(module).__module__
+        if origin.split(".")[0] == LIGER_PACKAGE:
+            count += 1
+    return count
+
+
+def check_liger_flag(trainer) -> None:
+    """Before training: the trainer's config must ask for the kernels, or the probe would not measure them."""
+    if not getattr(trainer.args, "use_liger_kernel", False):
+        raise FactoryMisuse(
+            "the candidate uses Liger's kernels but the trainer's config has use_liger_kernel off: build the "
+            "trainer's config from candidate.training_args() inside the factory"
+        )
+
+
+def liger_patched(trainer) -> int:
+    """After training (transformers applies the kernels when ``train()`` starts): the modules Liger patched."""
+    patched = liger_modules(trainer.model)
+    if not patched:
+        model_type = getattr(getattr(trainer.model, "config", None), "model_type", "?")
+        raise KernelsNotApplied(f"Liger patched no module of this model (model_type {model_type})")
+    return patched

@@ -1,0 +1,38 @@
+"""Imported once by the probe forkserver (see ``autofit.probe._runner``): the heavy imports every probe shares.
+
+Not peft and not bitsandbytes: on a CUDA machine importing them initializes CUDA (bitsandbytes asks the device's
+compute capability when it loads its native library, and peft imports bitsandbytes), and a process forked after
+CUDA was initialized can never use CUDA ("Cannot re-initialize CUDA in forked subprocess"). Probes import them
+themselves, after the fork. ``cuda_initialized`` records whether the preload initialized CUDA all the same (a
+future library version, a module of the user's): every forked probe checks it and reports a bad fork, and the
+runner falls back to the spawn start method.
+
+A build of torch without CUDA (the CPU wheel, as in CI) cannot initialize it, so there peft and bitsandbytes are
+preloaded too: each probe is spared their imports (about 1.5 s of a tiny model's 4-5 s probe).
+"""
+
+import importlib
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+PRELOADED = ("torch", "transformers", "trl", "datasets", "autofit.probe._worker")
+WITHOUT_CUDA_BUILD = ("peft", "bitsandbytes")  # preloaded only where torch is built without CUDA
+
+
+def preload_modules() -> bool:
+    """Import ``PRELOADED``; True when that initialized CUDA in this process."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    cpu_build = torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+    for name in PRELOADED + (WITHOUT_CUDA_BUILD if cpu_build else ()):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # the probe will report it properly
+            log.debug("preload of %s failed: %s", name, exc)
+    return bool(torch.cuda.is_initialized())
+
+
+cuda_initialized = preload_modules()

@@ -1,0 +1,183 @@
+"""Building blocks for trainer factories: a loadable model, a synthesized tokenizer, worst-case data.
+
+Random weights by default: peak memory does not depend on weight values. A checkpoint of the configuration (its
+weights a hole in the file, see ``autofit.probe._virtual_checkpoint``, plus a synthesized tokenizer) is written once per
+configuration to a cache folder, so TRL loads the model from a path exactly as ``trl sft --model_name_or_path``
+would, quantization included; the probe fills the loaded weights with finite values.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from autofit.probe import _virtual_checkpoint as virtual_checkpoint
+from autofit.core import Candidate
+from autofit.core import cache_dir
+from autofit.core import resolve_model
+
+log = logging.getLogger(__name__)
+
+
+def special_token_ids(config: Dict) -> Dict[str, int]:
+    """pad/eos/bos ids for the synthesized tokenizer: the configuration's own where it has them."""
+    vocab = config["vocab_size"]
+
+    def first(value, fallback):
+        if isinstance(value, list):
+            value = value[0] if value else None
+        return value if isinstance(value, int) and 0 <= value < vocab else fallback
+
+    eos = first(config.get("eos_token_id"), vocab - 2)
+    bos = first(config.get("bos_token_id"), vocab - 3)
+    pad = first(config.get("pad_token_id"), vocab - 1)
+    if pad == eos:
+        pad = vocab - 1 if eos != vocab - 1 else vocab - 4
+    return {"pad": pad, "eos": eos, "bos": bos}
+
+
+def synthesize_tokenizer(config: Dict):
+    """A word-level tokenizer whose vocabulary has exactly the model's size (token ``t{i}`` is id i)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(config["vocab_size"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    ids = special_token_ids(config)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=f"t{ids['pad']}",
+        eos_token=f"t{ids['eos']}",
+        bos_token=f"t{ids['bos']}",
+        unk_token="t0",
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    return tokenizer
+
+
+def _config_hash(config: Dict) -> str:
+    return hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def model_path(candidate: Candidate) -> str:
+    """A path TRL can load: the user's folder with ``--real-weights``, else a cached weightless checkpoint."""
+    source = resolve_model(candidate.model)
+    if candidate.real_weights:
+        return source.local_path or candidate.model
+    code_from = (source.local_path or candidate.model) if candidate.trust_remote_code else None
+    return str(random_checkpoint(source.config, candidate.model, code_from=code_from))
+
+
+def checkpoint_folder(config: Dict, name: str) -> Path:
+    return cache_dir() / "weightless-checkpoints" / f"{name.replace('/', '--')}-{_config_hash(config)}"
+
+
+def random_checkpoint(config: Dict, name: str, code_from: Optional[str] = None) -> Path:
+    """Write (once, under a lock) a weightless checkpoint and a synthesized tokenizer. ``code_from``: the
+    folder (or hub id) of a model that runs its own code (``--trust-remote-code``); its code goes along."""
+    folder = checkpoint_folder(config, name)
+    if (folder / ".complete").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".complete").exists():
+            _write_random_checkpoint(config, folder, code_from)
+            (folder / ".complete").touch()
+    return folder
+
+
+def _write_random_checkpoint(config: Dict, folder: Path, code_from: Optional[str] = None) -> None:
+    from transformers import AutoConfig
+
+    settings = dict(config)
+    model_type = settings.pop("model_type")
+    trust = code_from is not None
+    hf_config = AutoConfig.from_pretrained(code_from, trust_remote_code=True) if trust else \
+        AutoConfig.for_model(model_type, **settings)
+    started = time.perf_counter()
+    # The weights are a hole in the file (autofit.probe._virtual_checkpoint): a 70B checkpoint is a few hundred KB on disk
+    # and is written in seconds; every probe fills what it loads with finite values on its own device.
+    written = virtual_checkpoint.write(hf_config, folder, trust_remote_code=trust)
+    if trust and Path(code_from).is_dir():  # the model's code beside its weights, where from_pretrained looks
+        for module in Path(code_from).glob("*.py"):
+            shutil.copy(module, folder / module.name)
+    synthesize_tokenizer(config).save_pretrained(folder)
+    log.info("weightless checkpoint of %s (%.2f GB of tensors, %.1f MB on disk) written to %s in %.1f s",
+             model_type, written["tensor_bytes"] / 1e9, written["allocated_bytes"] / 1e6, folder,
+             time.perf_counter() - started)
+
+
+def trainable_checkpoint(config: Dict, name: str) -> Path:
+    """A checkpoint of a bundled toy model (one without a hub id) with finite values stored, for the user's own
+    training run after the search: written once, beside the weightless one the probes load, by a child process
+    (the search process never imports torch)."""
+    folder = checkpoint_folder(config, name + "-filled")
+    if not (folder / ".complete").exists():
+        done = subprocess.run([sys.executable, "-c", "import sys; from autofit.probe import kit as probe_kit; from autofit.core._registry "
+                               "import resolve_model; probe_kit.write_trainable_checkpoint("
+                               "resolve_model(sys.argv[1]).config, sys.argv[1])", name], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"could not write a random-weight checkpoint of {name} to {folder}: "
+                               f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    return folder
+
+
+def write_trainable_checkpoint(config: Dict, name: str) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    source = random_checkpoint(config, name)
+    folder = checkpoint_folder(config, name + "-filled")
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".complete").exists():
+            with virtual_checkpoint.fill_on_load():
+                model = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
+            model.save_pretrained(folder)
+            synthesize_tokenizer(config).save_pretrained(folder)
+            (folder / ".complete").touch()
+    return folder
+
+
+def load_tokenizer(candidate: Candidate, **kwargs):
+    """The tokenizer for ``model_path(candidate)``. A synthesized one is loaded as the generic fast tokenizer:
+    AutoTokenizer would pick the architecture's own class (Qwen2Tokenizer, ...) and rebuild it wrongly."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = model_path(candidate)
+    loader = AutoTokenizer if candidate.real_weights else PreTrainedTokenizerFast
+    return loader.from_pretrained(path, **kwargs)
+
+
+def synthetic_token_rows(candidate: Candidate, length: int, rows: int) -> List[List[int]]:
+    """``rows`` sequences of exactly ``length`` random ordinary token ids (no special tokens), drawn as one tensor
+    (seeded: every probe of a search sees the same data)."""
+    import torch
+
+    config = resolve_model(candidate.model).config
+    vocab = config["vocab_size"]
+    special = sorted(set(special_token_ids(config).values()))
+    high = min(vocab, 1 << 16)
+    ids = torch.randint(0, high, (rows, length), generator=torch.Generator().manual_seed(0))
+    ordinary = next(i for i in range(high) if i not in special)
+    ids[torch.isin(ids, torch.tensor(special))] = ordinary
+    return ids.tolist()
+
+
+def probe_rows(candidate: Candidate) -> int:
+    """As many rows as the probe consumes: its micro-batches of every step, on every rank."""
+    steps = candidate.probe.steps if candidate.probe else 1
+    return candidate.micro_batch * candidate.probe_accumulation * steps * candidate.ranks

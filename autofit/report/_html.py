@@ -1,0 +1,139 @@
+"""``report.html``: one self-contained page (inline SVG, inline CSS, no script, no network) that shows a search's
+answer, why, and the measurements behind it. Written with every search and again by ``autofit report DIR``."""
+
+from __future__ import annotations
+
+import html
+import logging
+from pathlib import Path
+from typing import List, Optional
+
+from autofit.report import _plots as plots
+from autofit.core import atomic_write_text
+from autofit.memory_model import TERM_GROUPS
+from autofit.report._data import ReportData, gather
+from autofit.core import format_size
+from autofit.search import STUDY_FILE
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "report.html"
+STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
+h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.85rem; } td, th { padding: 0.2rem 0.6rem; border-bottom: 1px solid #eee; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; } .OOM { color: #b00; } .OK { color: #070; }
+code { background: #f4f4f4; padding: 0 0.2rem; } .answer { font-size: 1.05rem; background: #f6f8fa; padding: 0.8rem; }
+"""
+
+
+def _e(value) -> str:
+    return html.escape(str(value))
+
+
+def _size(value: Optional[float]) -> str:
+    return format_size(value) if value else "-"
+
+
+def answer_section(data: ReportData) -> List[str]:
+    best = data.best
+    budget = best.get("budget_bytes")
+    parts = [f"<h1>autofit: {_e(best['algo'])} {_e(best['model'])} on {_e(best.get('gpu') or best['device'])}, "
+             f"budget {_e(_size(budget))}</h1>"]
+    if best.get("fits"):
+        verify = _verified(best)
+        rungs = ", ".join(best.get("rungs") or []) or "no rung needed"
+        speed = best.get("tokens_per_second") or 0
+        parts.append(f"<p class='answer'>Best: <b>{_e(verify['candidate'])}</b> [{_e(rungs)}], verified peak "
+                     f"<b>{_e(_size(best['verified']['peak_bytes']))}</b> of {_e(_size(budget))} over "
+                     f"{best['verified']['steps']} steps, {speed:,.0f} tokens/s. "
+                     f"Written to <code>best.yaml</code> and <code>best.json</code>.</p>")
+        trades = best.get("trades") or []
+        parts.append("<h2>What each rung cost</h2>")
+        parts.append("<ul>" + "".join(f"<li>{_e(t)}</li>" for t in trades) + "</ul>" if trades else
+                     "<p>Nothing was traded: the configuration as asked fits.</p>")
+    else:
+        smallest = best.get("smallest_oom_peak_bytes")
+        parts.append(f"<p class='answer'>Nothing fits {_e(_size(budget))}, even at the last rung"
+                     + (f"; the lightest configuration that ran out of memory peaked at {_e(_size(smallest))}"
+                        if smallest else "") + ".</p>")
+    notes = best.get("notes") or []
+    if notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    return parts
+
+
+def _verified(best) -> dict:
+    """best.json's record of the verification run of the chosen configuration."""
+    return [record for record in best["candidates"] if record["kind"] == "verify"][-1]
+
+
+def figures_section(data: ReportData) -> List[str]:
+    best = data.best
+    budget, margin = best.get("budget_bytes"), float(best.get("margin") or 0.0)
+    parts = ["<h2>Peak against " + ("length" if data.axis == "max_length" else "micro-batch") + "</h2>"]
+    series = []
+    for level in sorted({p.level for p in data.probes}):
+        points = [(getattr(p.candidate, data.axis), p.peak_bytes, p.outcome) for p in data.probes
+                  if p.level == level and p.outcome in ("OK", "OOM") and p.peak_bytes]
+        series.append({"label": data.level_label(level), "points": points, "curve": data.curves.get(level, [])})
+    parts.append(plots.svg(plots.peaks_figure(series, data.axis.replace("_", "-"), budget, margin)))
+    verified = (best.get("verified") or {}).get("phase_peaks") or {}
+    if verified:
+        parts += ["<h2>The chosen configuration, phase by phase</h2>",
+                  plots.svg(plots.phases_figure(verified, budget, margin))]
+    if data.ledger:
+        parts += [f"<h2>The memory model's ledger for it (at its peak phase, {_e(data.ledger_phase)})</h2>",
+                  plots.svg(plots.ledger_figure([("chosen", data.ledger)], budget, "Predicted peak by term")),
+                  _ledger_table(data)]
+    fits = [(p.candidate.describe(), p.peak_bytes, p.tokens_per_second) for p in data.probes
+            if p.outcome == "OK" and p.tokens_per_second > 0]
+    if fits:
+        chosen = _verified(best)["candidate"] if best.get("fits") else None
+        parts += ["<h2>Throughput against peak</h2>", plots.svg(plots.throughput_figure(fits, chosen, budget))]
+    return parts
+
+
+def _ledger_table(data: ReportData) -> str:
+    rows = "".join(f"<tr><td>{_e(label)}</td><td class='num'>{_e(format_size(sum(data.ledger.get(t, 0.0) for t in terms)))}"
+                   f"</td></tr>" for _, label, terms in TERM_GROUPS if sum(data.ledger.get(t, 0.0) for t in terms))
+    return f"<table><tr><th>term</th><th>predicted</th></tr>{rows}</table>"
+
+
+def probes_section(data: ReportData) -> List[str]:
+    head = ("<tr><th>#</th><th>kind</th><th>rungs</th><th>configuration</th><th>outcome</th><th>peak</th>"
+            "<th>predicted</th><th>tokens/s</th></tr>")
+    rows = []
+    for index, record in enumerate(data.best.get("candidates", []), 1):
+        outcome = record["outcome"]
+        rows.append(
+            f"<tr><td>{index}</td><td>{_e(record['kind'])}</td><td>{_e('+'.join(record['rungs']) or 'baseline')}</td>"
+            f"<td>{_e(record['candidate'])}</td><td class='{_e(outcome)}'>{_e(outcome)}</td>"
+            f"<td class='num'>{_e(_size(record['peak_bytes']))}</td>"
+            f"<td class='num'>{_e(_size(record.get('predicted_bytes')))}</td>"
+            f"<td class='num'>{record['tokens_per_second'] or 0:,.0f}</td></tr>")
+    skipped = data.best.get("skipped") or []
+    parts = ["<h2>Every probe of this run</h2>", f"<table>{head}{''.join(rows)}</table>"]
+    if skipped:
+        parts.append("<p>Not probed (the memory model's low end is over the budget): " + ", ".join(
+            f"{_e(s['candidate'])} [{_e('+'.join(s['rungs']) or 'baseline')}] predicted {_e(_size(s['predicted_bytes']))}"
+            for s in skipped) + ".</p>")
+    parts.append(f"<p>The study holds {len(data.probes)} probes in all. Browse them with "
+                 f"<code>optuna-dashboard {_e(data.out_dir / STUDY_FILE)}</code>.</p>")
+    return parts
+
+
+def render(data: ReportData) -> str:
+    body = answer_section(data) + figures_section(data) + probes_section(data)
+    versions = ", ".join(f"{name} {version}" for name, version in (data.best.get("versions") or {}).items() if version)
+    body.append(f"<p style='color:#777;font-size:0.8rem'>{_e(versions)}</p>")
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>autofit report: "
+            f"{_e(data.best['model'])}</title><style>{STYLE}</style></head><body>\n" + "\n".join(body)
+            + "\n</body></html>\n")
+
+
+def write(out_dir: Path) -> Path:
+    """Render ``out_dir/report.html`` from the folder's best.json and study."""
+    path = out_dir / REPORT_FILE
+    atomic_write_text(path, render(gather(out_dir)))
+    return path

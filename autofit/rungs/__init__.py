@@ -1,0 +1,45 @@
+"""The ladder and its rungs: each rung a memory optimization with a name, a cost class and
+``apply(state) -> state | None``, one private module per optimization, and the default order from free to costly.
+
+Reorder or subset with ``autofit search --ladder NAME,NAME`` or ``autofit.fit(..., ladder=[...])``; a custom rung is
+any object that follows ``Rung``. The engines a rung runs under (DeepSpeed ZeRO, FSDP2, accelerate's launch) are
+here too, since the rungs that choose them, the probe that launches them and the export that writes them share them.
+"""
+
+from autofit.rungs._activation_offload import ActivationOffload
+from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
+from autofit.rungs._checkpointing import GradientCheckpointing
+from autofit.rungs._default import DEFAULT_LADDER, RUNGS, resolve_ladder
+from autofit.rungs._engines import (
+    ACCELERATE_YAML,
+    DDP,
+    DEEPSPEED_JSON,
+    FSDP_ENGINES,
+    ZERO_STAGES,
+    free_port,
+    launch_env,
+    launch_line,
+    rank_env,
+    remove_stale_engine_files,
+    write_engine_files,
+)
+from autofit.rungs._failures import FailedRungs
+from autofit.rungs._ladder import COSTS, FREE, OFFLOAD_RUNG, QUALITY, SPEED, LadderState, Rung, climb, usable_rungs
+from autofit.rungs._liger import LigerKernels
+from autofit.rungs._lora import Lora
+from autofit.rungs._microbatch import MicroBatch
+from autofit.rungs._offload import OptimizerOffload
+from autofit.rungs._optimizer import EightBitOptimizer
+from autofit.rungs._precision import Bf16Weights
+from autofit.rungs._quantization import QuantizedBase
+from autofit.rungs._sequence_length import ShorterSequences
+from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
+
+__all__ = [
+    "ACCELERATE_YAML", "ALLOC_ENV", "COSTS", "DDP", "DEEPSPEED_JSON", "DEFAULT_LADDER", "FREE", "FSDP_ENGINES",
+    "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS", "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights",
+    "EightBitOptimizer", "ExpandableSegments", "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels",
+    "Lora", "MicroBatch", "OptimizerOffload", "QuantizedBase", "Rung", "Sharding", "ShorterSequences", "climb",
+    "free_port", "launch_env", "launch_line", "rank_env", "remove_stale_engine_files", "resolve_ladder",
+    "usable_rungs", "write_engine_files",
+]

@@ -1,0 +1,57 @@
+"""The ladder's rungs, one module per memory optimization, and the default order (free to costly).
+
+Reorder or subset with ``autofit search --ladder NAME,NAME`` or ``autofit.fit(..., ladder=[...])``; a custom rung
+is any object with ``name``, ``cost``, ``help`` and ``apply(state) -> state | None`` (see ``autofit.rungs._ladder``).
+"""
+
+from typing import Iterable, List, Optional
+
+from autofit.rungs._ladder import Rung
+from autofit.rungs._activation_offload import ActivationOffload
+from autofit.rungs._allocator import ExpandableSegments
+from autofit.rungs._checkpointing import GradientCheckpointing
+from autofit.rungs._liger import LigerKernels
+from autofit.rungs._lora import Lora
+from autofit.rungs._microbatch import MicroBatch
+from autofit.rungs._offload import OptimizerOffload
+from autofit.rungs._optimizer import EightBitOptimizer
+from autofit.rungs._precision import Bf16Weights
+from autofit.rungs._quantization import QuantizedBase
+from autofit.rungs._sequence_length import ShorterSequences
+from autofit.rungs._sharding import OFFLOADING as SHARDING_OFFLOAD
+from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
+
+DEFAULT_LADDER = (
+    ExpandableSegments(),  # free
+    LigerKernels(),  # free; CUDA with liger-kernel installed
+    MicroBatch(),  # speed
+    *(Sharding(name) for name in SHARDING_RUNGS if name not in SHARDING_OFFLOAD),  # speed; several GPUs only
+    GradientCheckpointing(),  # speed
+    ActivationOffload(),  # speed; also tried without checkpointing
+    OptimizerOffload(),  # speed; taken off again by the quality rungs
+    *(Sharding(name) for name in SHARDING_OFFLOAD),  # speed; several GPUs, shards in host memory
+    Bf16Weights(),  # quality, from here on
+    EightBitOptimizer(),
+    Lora(),
+    QuantizedBase(bits=8),
+    QuantizedBase(bits=4),
+    ShorterSequences(),
+)
+
+RUNGS = {rung.name: rung for rung in DEFAULT_LADDER}
+# named: probed on the CPU too
+RUNGS[OptimizerOffload.name] = OptimizerOffload(on_simulated_device=True)
+RUNGS[ActivationOffload.name] = ActivationOffload(on_simulated_device=True)
+RUNGS[LigerKernels.name] = LigerKernels(on_simulated_device=True)
+
+
+def resolve_ladder(names: Optional[Iterable[str]]) -> List[Rung]:
+    """Rungs by name, in the given order; the default ladder when ``names`` is None."""
+    if names is None:
+        return list(DEFAULT_LADDER)
+    rungs = []
+    for name in names:
+        if name not in RUNGS:
+            raise ValueError(f"unknown ladder rung '{name}': accepted are {', '.join(RUNGS)}")
+        rungs.append(RUNGS[name])
+    return rungs

@@ -1,0 +1,44 @@
+"""Rungs that cannot run on this machine, found out by probing: the search goes on without them.
+
+A rung whose machinery fails (the offload engine does not build or start, Liger's kernels do not compile or patch
+nothing) is not the machine's fault and not the search's end: its probe comes back INVALID with a cause
+(``outcome.ENGINE_FAILURE``, ``outcome.KERNEL_FAILURE``), the search notes it once, probes no other candidate of the
+offload engine, and builds every later candidate without Liger's kernels (a free rung at the foot of the ladder:
+every level above it carries it).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from autofit.core import Candidate
+from autofit.core import ENGINE_FAILURE, KERNEL_FAILURE, ProbeResult
+
+LIGER_RUNG = "liger-kernels"  # the name of the Liger rung (autofit.rungs._liger)
+
+
+class FailedRungs:
+    def __init__(self) -> None:
+        self.engine = False  # the offload engine could not run here: its other candidates are not probed
+        self.kernels = False  # Liger's kernels could not run here: later candidates go without them
+
+    def observe(self, candidate: Candidate, result: ProbeResult) -> Optional[str]:
+        """The note for the report when this result is the first failure of a rung's machinery."""
+        if candidate.offload and result.cause == ENGINE_FAILURE and not self.engine:
+            self.engine = True
+            return f"optimizer offload could not run here ({result.error[:200]}); its other candidates were not probed"
+        if candidate.liger and result.cause == KERNEL_FAILURE and not self.kernels:
+            self.kernels = True
+            return (f"Liger's kernels could not run here ({result.error[:200]}); the search went on without them "
+                    "(use_liger_kernel off)")
+        return None
+
+    def skipped(self, candidate: Candidate) -> bool:
+        """Not worth a probe: its engine failed already."""
+        return bool(candidate.offload) and self.engine
+
+    def runnable(self, candidate: Candidate) -> Candidate:
+        """The candidate as this machine can run it: without Liger's kernels once they failed."""
+        if self.kernels and candidate.liger:
+            return candidate.replace(liger=False, rungs=tuple(r for r in candidate.rungs if r != LIGER_RUNG))
+        return candidate

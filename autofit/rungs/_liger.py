@@ -1,0 +1,53 @@
+"""Liger's kernels: ``use_liger_kernel`` swaps a decoder's RMSNorm, SwiGLU MLP and RoPE for fused Triton kernels.
+
+Same math, faster, and fewer saved activations: the fused RMSNorm keeps its input and one float per row where
+transformers' keeps a float32 copy and the normalized tensor; the fused SwiGLU keeps the gate and up projections and
+recomputes the activation in the backward pass. A free rung, climbed right after the allocator's. What the issue
+hoped for first, no full-vocabulary logits, TRL 1.16 already has: its SFT, GRPO and RLOO trainers compute the loss
+through their own fused LM head and turn Liger's fused cross-entropy off (``autofit.memory_model._logits`` counts that
+head), so only the layer kernels are Liger's here.
+
+Triton kernels need a GPU: on the CPU the rung is left out with a note (a ladder naming it gets the rung that probes
+on the simulated device, for tests with a stand-in ``liger_kernel``). Where the package is missing it is left out
+with a note too. A probe the kernels break is the rung's failure: the search goes on without them.
+"""
+
+import importlib.util
+from typing import Optional
+
+from autofit.rungs._ladder import FREE, LadderState
+from autofit.rungs._failures import LIGER_RUNG
+
+SUPPORTED_ALGOS = ("sft", "reward", "grpo", "rloo")  # trl 1.12's PPO loop builds its own models: not patched
+
+
+def liger_missing() -> Optional[str]:
+    """Why the kernels cannot run here; None when the package is importable."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        return "liger-kernel is not installed (pip install 'trl-autofit[liger]')"
+    return None
+
+
+class LigerKernels:
+    name = LIGER_RUNG
+    cost = FREE
+    help = "use_liger_kernel=True: Liger's fused RMSNorm, SwiGLU and RoPE kernels, fewer saved activations (CUDA)"
+
+    def __init__(self, on_simulated_device: bool = False):
+        # On the CPU Triton has no device to run on; only a ladder that names the rung probes it there (tests put a
+        # stand-in package with the same saved-tensor contract on the path).
+        self.on_simulated_device = on_simulated_device
+
+    def unavailable(self, device: str) -> Optional[str]:
+        """Why the rung cannot be probed here (it is then left out, with a note)."""
+        if device == "cpu" and not self.on_simulated_device:
+            return "Liger's kernels are Triton kernels for GPUs, not for the CPU"
+        return liger_missing()
+
+    def apply(self, state: LadderState):
+        candidate = state.candidate
+        if candidate.liger or candidate.algo not in SUPPORTED_ALGOS:
+            return None
+        if dict(candidate.user_args).get("use_liger_kernel") is not None:
+            return None  # the user decided, either way
+        return state.with_rung(self, candidate_changes={"liger": True})

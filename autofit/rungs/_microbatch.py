@@ -1,0 +1,14 @@
+"""Smaller micro-batches with more gradient accumulation; the effective batch is kept exactly."""
+
+from autofit.rungs._ladder import SPEED, LadderState
+
+
+class MicroBatch:
+    name = "micro-batch"
+    cost = SPEED
+    help = "per_device_train_batch_size x gradient_accumulation_steps = effective batch, micro-batch searched"
+
+    def apply(self, state: LadderState):
+        if state.vary_batch or state.candidate.micro_batch * state.candidate.grad_accum == 1:  # per rank
+            return None
+        return state.with_rung(self, vary_batch=True)

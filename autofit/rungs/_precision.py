@@ -1,0 +1,30 @@
+"""Weights in bfloat16: TRL loads them in float32 unless told (``model_init_kwargs={"dtype": ...}``, ``--dtype``).
+
+Loaded in bf16, weights, gradients and AdamW's states are all bf16 ("pure bf16" training): 8 bytes per trained
+parameter instead of 16 plus the autocast copy. It changes the numerics (no float32 master weights: small updates
+can round away), so it is a quality rung, the mildest: most TRL recipes train this way."""
+
+from typing import Mapping
+
+from autofit.rungs._ladder import QUALITY, LadderState
+
+BF16 = "bfloat16"
+
+
+def user_decided_dtype(candidate) -> bool:
+    init = dict(candidate.user_args).get("model_init_kwargs")
+    return isinstance(init, Mapping) and bool(init.get("dtype") or init.get("torch_dtype"))
+
+
+class Bf16Weights:
+    name = "bf16-weights"
+    cost = QUALITY
+    help = f"model_init_kwargs dtype={BF16} (TRL loads float32 otherwise): pure bf16 weights, gradients, AdamW states"
+
+    def apply(self, state: LadderState):
+        candidate = state.candidate
+        if candidate.dtype is not None or candidate.quantization is not None or user_decided_dtype(candidate):
+            return None  # decided already (--dtype, the user's model_init_kwargs), or a quantized base
+        if candidate.algo == "ppo":
+            return None  # PPOConfig has no model_init_kwargs: a PPO script loads its four models itself
+        return state.with_rung(self, candidate_changes={"dtype": BF16})

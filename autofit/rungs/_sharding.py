@@ -1,0 +1,65 @@
+"""Sharding across several GPUs (``--gpus N``): DeepSpeed ZeRO stages 1 to 3 and FSDP2 full shard, through accelerate.
+
+With several ranks the base level is plain data parallel: every GPU holds the whole training state. Each sharding
+rung splits more of it across the ranks, at the price of communication (same math, slower steps: speed rungs):
+ZeRO-1 the optimizer states, ZeRO-2 the gradients too, FSDP2 and ZeRO-3 the weights as well (gathered one layer at a
+time). The offload variants, after optimizer offload in the default ladder, also keep the shards in host memory:
+FSDP2 with ``fsdp_offload_params`` (weights, gradients and AdamW states on the host, the step on the CPU), ZeRO-3
+with ``offload_param`` and ``offload_optimizer`` (DeepSpeed's CPU Adam). A rung replaces the sharding (and the
+optimizer offload) of the level before it; among the fits of the speed class, throughput decides. On one GPU they
+do not apply.
+"""
+
+import dataclasses
+from typing import Optional
+
+from autofit.rungs._engines import FSDP2_OFFLOAD, ZERO3_OFFLOAD, ZERO_STAGES, deepspeed_missing
+from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState
+
+SHARDING_RUNGS = ("zero1", "zero2", "fsdp2", "zero3", FSDP2_OFFLOAD, ZERO3_OFFLOAD)
+OFFLOADING = (FSDP2_OFFLOAD, ZERO3_OFFLOAD)
+HELP = {
+    "zero1": "DeepSpeed ZeRO-1 across the GPUs: optimizer states sharded",
+    "zero2": "DeepSpeed ZeRO-2 across the GPUs: optimizer states and gradients sharded",
+    "fsdp2": "FSDP2 full shard across the GPUs: weights, gradients and optimizer states sharded",
+    "zero3": "DeepSpeed ZeRO-3 across the GPUs: weights, gradients and optimizer states sharded",
+    FSDP2_OFFLOAD: "FSDP2 full shard with the shards in host memory (fsdp_offload_params)",
+    ZERO3_OFFLOAD: "DeepSpeed ZeRO-3 with weights and optimizer states in host memory (offload_param/_optimizer)",
+}
+# accelerate sets up DeepSpeed and FSDP with several processes only on an accelerator: on a CPU-only machine its
+# state counts one process under DeepSpeed (the batch checks fail) and keeps FSDP's ranks data parallel. FSDP2 full
+# shard runs there under autofit.probe._simulated_fsdp; its host offload (pinned shards) and DeepSpeed do not.
+CPU_REASON = ("accelerate runs DeepSpeed and FSDP's offload across several processes only on GPUs (on the CPU: data "
+              "parallel and FSDP2)")
+
+
+class Sharding:
+    cost = SPEED
+
+    def __init__(self, name: str):
+        if name not in SHARDING_RUNGS:
+            raise ValueError(f"unknown sharding '{name}': accepted are {', '.join(SHARDING_RUNGS)}")
+        self.name = name
+        self.help = HELP[name]
+
+    def unavailable(self, device: str) -> Optional[str]:
+        if device == "cpu" and self.name != "fsdp2":
+            return CPU_REASON
+        return deepspeed_missing() if self.name in ZERO_STAGES else None
+
+    def apply(self, state: LadderState):
+        candidate = state.candidate
+        if candidate.ranks < 2 or candidate.quantization is not None:
+            return None  # one GPU; bitsandbytes weights do not shard here
+        if candidate.offload and self.name not in OFFLOADING:
+            return None  # optimizer offload is its own engine; only an offloading sharding replaces it
+        if candidate.sharding == self.name or _rank(candidate.sharding) > _rank(self.name):
+            return None
+        earlier = tuple(r for r in candidate.rungs if r not in SHARDING_RUNGS and r != OFFLOAD_RUNG)
+        state = dataclasses.replace(state, candidate=candidate.replace(rungs=earlier, offload=None))
+        return state.with_rung(self, candidate_changes={"sharding": self.name})
+
+
+def _rank(name: Optional[str]) -> int:
+    return SHARDING_RUNGS.index(name) + 1 if name in SHARDING_RUNGS else 0
+

@@ -1,0 +1,178 @@
+"""Probe results kept in an Optuna study on disk: one trial per probe, so a search resumes where it stopped.
+
+OOM is not a failure: the trial completes with a positive constraint value (peak - budget), which is what
+Optuna's constrained samplers read. Crashes and time-outs are FAIL trials. A probe that was interrupted leaves a
+RUNNING trial without a result; it is not reused and runs again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import optuna
+from optuna.distributions import IntDistribution
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from autofit.core import Candidate
+from autofit.core import Outcome, ProbeResult
+from autofit.core import InputError
+
+log = logging.getLogger(__name__)
+
+STUDY_FILE = "study.journal"
+# Outcomes an earlier run's result is reused for. A crash or a time-out may have a cause that has been fixed since
+# (or a longer --probe-timeout), so those probes run again.
+REUSABLE = (Outcome.OK, Outcome.OOM, Outcome.INVALID)
+
+
+@contextlib.contextmanager
+def deferred_interrupt():
+    """Hold Ctrl-C until the block ends: an interrupt in the middle of a journal write would corrupt the study."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+def recover_journal(path: Path) -> bool:
+    """Keep the journal's lines up to the first that is not a JSON record; the whole file goes to
+    ``<name>.damaged``. True when something was cut."""
+    lines = path.read_bytes().splitlines(keepends=True)
+    valid = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            break
+        if not isinstance(record, dict):
+            break
+        valid.append(line if line.endswith(b"\n") else line + b"\n")
+    if len(valid) == len(lines):
+        return False
+    os.replace(path, path.with_name(path.name + ".damaged"))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(b"".join(valid))
+    os.replace(tmp, path)
+    return True
+
+
+@contextlib.contextmanager
+def quiet_optuna():
+    """Optuna's per-trial INFO lines are noise here (a probe line says more): WARNING while the block runs, the
+    caller's verbosity restored after."""
+    previous = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(previous)
+
+
+class ProbeStore:
+    def __init__(self, out_dir: Path, study_name: str, budget_bytes: Optional[int], levels: int, max_batch: int,
+                 max_length: int):
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        self.notes: List[str] = []
+        self.study = self._open(Path(out_dir) / STUDY_FILE, study_name)
+        self.budget_bytes = budget_bytes
+        self.distributions = {
+            "level": IntDistribution(0, max(levels - 1, 0)),
+            "micro_batch": IntDistribution(1, max(max_batch, 1)),
+            "max_length": IntDistribution(1, max(max_length, 1)),
+        }
+        self._cache: Dict[Tuple[str, str, int], ProbeResult] = {}
+        for trial in self.study.get_trials(deepcopy=False):
+            attrs = trial.user_attrs
+            if "result" not in attrs:
+                continue  # interrupted before it finished: it runs again
+            try:
+                result = ProbeResult.from_dict(attrs["result"])
+                key = (str(attrs["key"]), str(attrs["kind"]), attrs.get("steps"))
+            except (KeyError, TypeError, ValueError) as exc:  # a record this version cannot read: probe again
+                log.warning("study record %d of %s is not readable (%s): its probe runs again", trial.number,
+                            STUDY_FILE, exc)
+                continue
+            if result.outcome in REUSABLE:
+                self._cache[key] = result
+        self.probes_run = 0
+
+    def _open(self, path: Path, study_name: str) -> optuna.Study:
+        """The study in ``path``; a journal damaged after its valid records (a crash mid-write, a stray line) is cut
+        back to them, the damaged file kept beside it."""
+        for attempt in range(2):
+            try:
+                storage = JournalStorage(JournalFileBackend(str(path)))
+                return optuna.create_study(study_name=study_name, storage=storage, direction="maximize",
+                                           load_if_exists=True)
+            except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+                if attempt == 0 and recover_journal(path):
+                    self.notes.append(f"{path} was damaged ({type(exc).__name__}: {exc}); its valid records were "
+                                      f"kept and the damaged file moved to {path.name}.damaged")
+                    log.warning("%s", self.notes[-1])
+                    continue
+                raise InputError(f"the study {path} cannot be read ({type(exc).__name__}: {exc}): move it away to "
+                                 "start the search over") from None
+        raise AssertionError("unreachable")
+
+    @property
+    def probes_total(self) -> int:
+        """Probes recorded in the study, those of earlier (interrupted) runs included."""
+        return len(self._cache)
+
+    def lookup(self, candidate: Candidate, kind: str, steps: int) -> Optional[ProbeResult]:
+        return self._cache.get((candidate.key(), kind, steps))
+
+    def measure(
+        self, candidate: Candidate, kind: str, steps: int, level: int, run: Callable[[], ProbeResult],
+        fresh: bool = False,
+    ) -> Tuple[ProbeResult, bool]:
+        """The stored result for ``candidate`` measured over ``steps``, or run it as a new trial (always with
+        ``fresh``). Returns (result, was_cached)."""
+        cached = None if fresh else self.lookup(candidate, kind, steps)
+        if cached is not None:
+            return cached, True
+        params = {"level": level, "micro_batch": candidate.micro_batch, "max_length": candidate.max_length}
+        with deferred_interrupt():
+            self.study.enqueue_trial(params, user_attrs={"key": candidate.key(), "kind": kind, "steps": steps})
+            trial = self.study.ask(fixed_distributions=self.distributions)
+            trial.set_user_attr("candidate", candidate.to_dict())
+            trial.set_user_attr("config", candidate.describe())  # flat attributes: what optuna-dashboard lists
+            trial.set_user_attr("rungs", "+".join(candidate.rungs) or "baseline")
+        result = run()
+        with deferred_interrupt():
+            self._record(trial, result)
+        self._cache[(candidate.key(), kind, steps)] = result
+        self.probes_run += 1
+        return result, False
+
+    def _record(self, trial, result: ProbeResult) -> None:
+        trial.set_user_attr("result", result.to_dict())
+        trial.set_user_attr("outcome", result.outcome.value)
+        trial.set_user_attr("peak_bytes", int(result.peak_bytes or 0))
+        trial.set_user_attr("phase_peaks", {phase: int(peak) for phase, peak in (result.phase_peaks or {}).items()})
+        trial.set_user_attr("tokens_per_second", round(result.tokens_per_second or 0.0, 1))
+        if self.budget_bytes is not None:
+            over = result.peak_bytes - self.budget_bytes
+            if result.outcome is Outcome.OOM:
+                over = max(over, 1)
+            trial.set_constraint("peak_minus_budget", float(over))
+        if result.outcome in (Outcome.OK, Outcome.OOM):
+            self.study.tell(trial, result.tokens_per_second if result.fits else 0.0)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
