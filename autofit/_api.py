@@ -11,30 +11,15 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from autofit import export
-from autofit.core import Candidate
-from autofit.probe import FactoryError, FactoryPayload, prepare_factory
-from autofit.search import InfrastructureError
-from autofit.core import one_line
-from autofit.rungs import Rung
-from autofit.rungs import resolve_ladder
-from autofit.core import UnknownModelError, resolve_model
-from autofit.probe import ProcessRunner
-from autofit.search import check_model_code, check_model_sizes, search_spec
-from autofit.core import free_bytes, other_processes
-from autofit.core import exclusive
-from autofit.probe import make_progress
-from autofit.search import Record, SearchReport
-from autofit.search import Search
-from autofit.core import InputError
-from autofit.core import SearchSpec
-from autofit.core import format_size
-from autofit.search import quiet_optuna
-from autofit.search import reserve_share
+from autofit.core import Candidate, InputError, SearchSpec, exclusive, format_size, one_line
+from autofit.core._options import FIELDS, FIT, SEARCH, SearchOptions, door_fields
+from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
+from autofit.rungs import Rung, resolve_ladder
+from autofit.search import InfrastructureError, Record, Search, SearchReport, question, quiet_optuna
 
 log = logging.getLogger(__name__)
 
-# fit()'s keywords that are the search's options (the rest: the factory, quiet, the callback)
-SEARCH_OPTIONS = frozenset(inspect.signature(search_spec).parameters) - {"factory"}
+FIT_OPTIONS = door_fields(FIT)  # fit()'s keywords besides the factory and the callback: SearchOptions' fields
 
 
 class NoFitError(RuntimeError):
@@ -76,34 +61,26 @@ class FitResult:
 
 def run_search(spec: SearchSpec, rungs: Optional[Iterable[Rung]] = None, factory: Optional[FactoryPayload] = None,
                callback: Optional[Callable[[Record], None]] = None) -> SearchReport:
-    """Validate the model, run the search in probe processes, write best.yaml/best.json; returns the report.
-    ``factory``: the user's (``prepare_factory``); None: the built-in one of ``spec.algo``."""
-    try:
-        source = resolve_model(spec.model)
-    except UnknownModelError as exc:
-        raise InputError(str(exc)) from None
-    config = source.config.get("text_config") if isinstance(source.config.get("text_config"), dict) else source.config
-    if not spec.real_weights and not isinstance(config.get("vocab_size"), int):
-        raise InputError(f"model '{one_line(spec.model)}': its configuration has no \"vocab_size\" (an integer), which "
-                         "the synthesized tokenizer of random-weight probes needs; add it, or use --real-weights")
-    check_model_code(spec.model, source.config, spec.trust_remote_code)
-    check_model_sizes(spec, source.config)
-    payload = factory or prepare_factory(spec.algo)
+    """Run the search in probe processes and write best.yaml/best.json; returns the report. ``factory``: the user's
+    (``prepare_factory``); None: the built-in one of the algorithm."""
+    payload = factory or prepare_factory(spec.options.algo)
     rungs = list(rungs) if rungs is not None else resolve_ladder(spec.ladder)
-    with exclusive(spec.out_dir) as notes:
+    with exclusive(spec.options.out_dir) as notes:
         return _search(spec, rungs, payload, callback, notes)
 
 
 def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callback, notes: List[str]) -> SearchReport:
-    notes = notes + check_device_is_free(spec) + reserve_share(spec)
+    notes = notes + list(spec.notes)
     # The live line goes with the probes' log lines: not under -q (quiet=True), nor when stderr is not a terminal.
     progress = make_progress(quiet=not logging.getLogger("autofit.search._search").isEnabledFor(logging.INFO))
-    runner = ProcessRunner(payload, spec.budget_bytes, spec.out_dir, timeout_s=spec.probe_timeout_s,
-                           build_timeout_s=spec.build_timeout_s, progress=progress)
+    runner = ProcessRunner(payload, spec.budget_bytes, spec.options.out_dir, timeout_s=spec.options.probe_timeout_s,
+                           build_timeout_s=spec.options.build_timeout_s, progress=progress)
+    options = spec.options
     log.info(
         "autofit: %s %s on %s, budget %s, effective batch %d, max_length %d, maximize %s%s",
-        one_line(spec.algo), one_line(spec.model), spec.device, format_size(spec.budget_bytes), spec.effective_batch,
-        spec.max_length, spec.maximize, f", your factory {one_line(payload.name)}" if not payload.builtin else "",
+        one_line(options.algo), one_line(options.model), spec.device, format_size(spec.budget_bytes),
+        options.effective_batch, spec.max_length, options.maximize,
+        f", your factory {one_line(payload.name)}" if not payload.builtin else "",
     )
     try:
         with quiet_optuna():
@@ -112,12 +89,12 @@ def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callba
             try:
                 search.run()
             except (FactoryError, InfrastructureError):
-                export.write(search.report, spec.out_dir)  # best.json says what was measured and why it stopped
+                export.write(search.report, spec.options.out_dir)  # best.json says what was measured and why it stopped
                 raise
     finally:
         progress.close()
-    export.write(search.report, spec.out_dir)
-    write_report(spec.out_dir)
+    export.write(search.report, spec.options.out_dir)
+    write_report(spec.options.out_dir)
     return search.report
 
 
@@ -134,39 +111,6 @@ def write_report(out_dir: Path) -> Optional[Path]:
         return None
     log.debug("report: %s", path)
     return path
-
-
-# An idle card's free memory is a little under its total (driver reservations): not "busy".
-CUDA_IDLE_SLACK_BYTES = 2**30
-
-
-def check_device_is_free(spec: SearchSpec) -> List[str]:
-    """Before probing: other processes must leave the budget free on every GPU the search uses, or probes run out of
-    memory for reasons that are not the candidate's. With ``allow_busy_gpu`` the budget becomes what is free on the
-    busiest of them (returned as a note)."""
-    ranks = range(spec.ranks) if spec.device == "cuda" else range(1)  # the simulated device is the machine's
-    frees = [(free_bytes(spec.device, spec.budget_bytes, rank), rank) for rank in ranks]
-    known = [(free, rank) for free, rank in frees if free is not None]
-    if not known or spec.budget_bytes is None:
-        return []
-    free, rank = min(known)
-    slack = CUDA_IDLE_SLACK_BYTES if spec.device == "cuda" else 0
-    if free + slack >= spec.budget_bytes:
-        return []
-    holders = "; ".join(p.describe() for p in other_processes(spec.device, rank=rank)) or \
-        "other processes (not listed by NVML)"
-    holders += f" (GPU {rank} of the search's {spec.ranks})" if spec.ranks > 1 else ""
-    if not spec.allow_busy_gpu:
-        raise InputError(f"the device has {format_size(max(free, 0))} free, less than the budget "
-                         f"{format_size(spec.budget_bytes)}: {holders}; free it, lower --gpu-memory, or pass "
-                         "--allow-busy-gpu to search within what is free")
-    if free <= 0:
-        raise InputError(f"the device has no memory free: {holders}")
-    note = (f"the device was busy ({holders}): the budget is what was free when the search started, "
-            f"{format_size(free)} instead of {format_size(spec.budget_bytes)}")
-    spec.budget_bytes = free
-    log.warning("%s", note)
-    return [note]
 
 
 def no_fit_message(report: SearchReport) -> str:
@@ -190,43 +134,8 @@ def no_fit_message(report: SearchReport) -> str:
     )
 
 
-def fit(
-    trainer_factory: Union[str, Callable[[Candidate], Any]],
-    *,
-    model: str,
-    algo: str = "sft",
-    gpu_memory: Union[None, str, int] = None,
-    device: str = "auto",
-    max_length: Optional[int] = None,
-    min_length: Optional[int] = None,
-    max_completion_length: Optional[int] = None,
-    min_completion_length: Optional[int] = None,
-    max_prompt_length: int = 128,
-    num_generations: Optional[int] = None,
-    beta: Optional[float] = None,
-    effective_batch: int = 8,
-    gpus: Union[int, str] = 1,
-    nodes: int = 1,
-    use_vllm: Optional[str] = None,
-    vllm_gpu_memory_utilization: float = 0.3,
-    maximize: str = "batch",
-    ladder: Union[None, str, Iterable[Union[str, Rung]]] = None,
-    out_dir: Union[str, Path] = "autofit-out",
-    real_weights: bool = False,
-    dtype: Optional[str] = None,
-    probe_steps: int = 2,
-    verify_steps: Union[int, str] = "auto",
-    probe_timeout_s: float = 900.0,
-    build_timeout_s: float = 600.0,
-    max_probes: Optional[int] = None,
-    headroom: Optional[float] = None,
-    predict: bool = True,
-    allow_busy_gpu: bool = False,
-    trust_remote_code: bool = False,
-    quiet: bool = False,
-    training_args: Optional[Dict[str, Any]] = None,
-    callback: Optional[Callable[[Record], None]] = None,
-) -> FitResult:
+def fit(trainer_factory: Union[str, Callable[[Candidate], Any]], *,
+        callback: Optional[Callable[[Record], None]] = None, **options: Any) -> FitResult:
     """Find the best configuration of your own trainer that fits the memory budget.
 
     ``trainer_factory(candidate)`` builds a ready transformers/TRL ``Trainer`` from the candidate's settings:
@@ -246,16 +155,38 @@ def fit(
     (``build_timeout_s``), or the same error on two candidates; ``InfrastructureError`` when probes cannot run on
     this machine; ``NoFitError`` when nothing fits.
     """
-    options = {name: value for name, value in locals().items() if name in SEARCH_OPTIONS}
+    unknown = sorted(set(options) - set(FIT_OPTIONS))
+    if unknown:
+        raise TypeError(f"fit() got an unexpected keyword argument '{unknown[0]}'")
+    if "model" not in options:
+        raise TypeError("fit() missing 1 required keyword-only argument: 'model'")
     payload = prepare_factory(trainer_factory)
+    ladder = options.get("ladder")
     custom = ladder is not None and not isinstance(ladder, str) and any(not isinstance(r, str) for r in ladder)
-    spec = search_spec(**{**options, "ladder": None if custom else ladder}, factory=payload.identity or None)
+    spec = question(SearchOptions(**{**options, "ladder": None if custom else ladder}), factory=payload.identity or None)
     rungs = [resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder] if custom else None
-    with probe_lines(quiet):
+    with probe_lines(bool(options.get("quiet", False))):
         report = run_search(spec, rungs, payload, callback)
     if not report.fits:
         raise NoFitError(no_fit_message(report), report)
-    return FitResult(report.chosen.candidate, report, spec.out_dir / "best.json", spec.out_dir / "best.yaml")
+    return FitResult(report.chosen.candidate, report, spec.options.out_dir / "best.json",
+                     spec.options.out_dir / "best.yaml")
+
+
+def _signature() -> inspect.Signature:
+    """fit()'s signature as help() and editors show it: the factory, every option of the fit door with its default
+    (``model`` required, as on the command line), and the callback."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    parameters = [inspect.Parameter("trainer_factory", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for name in FIT_OPTIONS:
+        required = SEARCH in FIELDS[name].metadata["required"]
+        parameters.append(inspect.Parameter(name, keyword, default=inspect.Parameter.empty if required
+                                            else FIELDS[name].default))
+    parameters.append(inspect.Parameter("callback", keyword, default=None))
+    return inspect.Signature(parameters)
+
+
+fit.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager

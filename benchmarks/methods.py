@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from autofit.core import FACTORIES
 from autofit.core import Candidate
@@ -31,7 +31,7 @@ from autofit.rungs import resolve_ladder
 from autofit.core import Outcome, ProbeResult
 from autofit.probe import ProcessRunner
 from autofit.search import Search, divisors
-from autofit.core import SearchSpec
+from autofit.core import RL_ALGOS, SearchOptions, SearchSpec
 from autofit.core import format_size
 
 PROBE_STEPS = 2  # autofit's default probe length, used by every method's probes
@@ -59,16 +59,17 @@ class Workload:
         return FACTORIES[self.algo]
 
     def spec(self, budget_bytes: int, out_dir: Path) -> SearchSpec:
-        extra = {}
+        extra: Dict[str, Any] = {}
         if self.num_generations is not None:
             extra["num_generations"] = self.num_generations
         if self.prompt_length is not None:
-            extra["prompt_length"] = self.prompt_length
-        return SearchSpec(
-            model=self.model, algo=self.algo, device="cpu", budget_bytes=budget_bytes, max_length=self.max_length,
-            effective_batch=self.effective_batch, out_dir=out_dir, probe_steps=PROBE_STEPS,
-            verify_steps=VERIFY_STEPS, probe_timeout_s=PROBE_TIMEOUT_S, **extra,
-        )
+            extra["max_prompt_length"] = self.prompt_length
+        length = "max_completion_length" if self.algo in RL_ALGOS else "max_length"
+        options = SearchOptions(model=self.model, algo=self.algo, device="cpu", gpu_memory=budget_bytes,
+                                effective_batch=self.effective_batch, out_dir=out_dir, probe_steps=PROBE_STEPS,
+                                verify_steps=VERIFY_STEPS, probe_timeout_s=PROBE_TIMEOUT_S,
+                                **{length: self.max_length}, **extra)
+        return SearchSpec.plan(options, device="cpu", gpu_bytes=budget_bytes)
 
 
 @dataclass
@@ -192,7 +193,7 @@ def run_autofit(workload: Workload, budget: int, workdir: Path, verifier: Verifi
                 max_probes: Optional[int] = None) -> MethodResult:
     """autofit as built; with ``max_probes``, the same search whose unused probes go to the Optuna refinement."""
     spec = workload.spec(budget, workdir)
-    spec.max_probes = max_probes
+    spec.options.max_probes = max_probes
     name = "autofit" if max_probes is None else "autofit-refine"
     workdir.mkdir(parents=True, exist_ok=True)
     runner = CountingRunner(ProcessRunner(workload.factory, budget, workdir, PROBE_TIMEOUT_S), name, log)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from autofit.core import Candidate
 from autofit.core import Outcome, ProbeResult
-from autofit.core import SearchSpec
+from autofit.core import RL_ALGOS, SearchOptions, SearchSpec
 
 KiB = 2**10
 MiB = 2**20
@@ -50,13 +50,31 @@ EIGHT_BIT_OPTIM = "adamw_bnb_8bit"
 ALLOC_ENV = "PYTORCH_ALLOC_CONF"
 
 
+def spec_of(*, device: str = "cpu", budget_bytes=None, ranks: int = 1, **fields) -> SearchSpec:
+    """A question planned without asking the machine (no NVML, no model checks), for tests: ``SearchOptions``' fields
+    by name, plus the resolved device, each GPU's memory (``budget_bytes``) and the ranks. Older names are read too:
+    ``max_length``/``min_length`` of an RL algorithm are its completion's, ``prompt_length`` is
+    ``max_prompt_length``, ``vllm``/``vllm_utilization`` are ``use_vllm``/``vllm_gpu_memory_utilization``,
+    ``user_args`` are ``training_args``, ``factory`` is the identity of a user's factory."""
+    renames = {"prompt_length": "max_prompt_length", "vllm": "use_vllm",
+               "vllm_utilization": "vllm_gpu_memory_utilization", "user_args": "training_args"}
+    fields = {renames.get(name, name): value for name, value in fields.items()}
+    if fields.get("algo") in RL_ALGOS:
+        for short, long in (("max_length", "max_completion_length"), ("min_length", "min_completion_length")):
+            if short in fields:
+                fields[long] = fields.pop(short)
+    factory = fields.pop("factory", None)
+    options = SearchOptions(device=device, **fields)
+    return SearchSpec.plan(options, device=device, gpu_bytes=budget_bytes, ranks=ranks, factory=factory)
+
+
 def formula_spec(out_dir, budget: int, **changes) -> SearchSpec:
     """The question a ``FormulaRunner`` search answers: tiny-qwen2 on CUDA (the speed and offload rungs apply),
     effective batch 8, no headroom and no memory model (the formula is the truth)."""
     fields = dict(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(out_dir), device="cuda", max_length=512,
                   effective_batch=8, verify_steps=10, headroom=0.0, predict=False)
     fields.update(changes)
-    return SearchSpec(**fields)
+    return spec_of(**fields)
 
 
 @dataclass(frozen=True)

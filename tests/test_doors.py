@@ -1,7 +1,6 @@
-"""One engine, three doors: every ``autofit search`` option is a keyword of ``autofit.fit`` with the same name and
-meaning (derived from the parser, so the two cannot drift), both reach the same validated question, and the
-Makefile's user targets call the CLI."""
-
+"""One engine, three doors: every option is declared once (``SearchOptions``), ``autofit search``, ``autofit estimate``
+and ``autofit.fit`` are derived from it and reach the same validated question, and the Makefile's user targets call
+the CLI."""
 import inspect
 import subprocess
 from pathlib import Path
@@ -12,6 +11,7 @@ import autofit
 from autofit import _api as api
 from autofit import cli
 from autofit.core import InputError
+from autofit.core._options import ESTIMATE, FIELDS, FIT, SEARCH, SearchOptions, door_fields, flag, options_from_args
 
 REPO = Path(__file__).resolve().parents[1]
 # Options that are the CLI's own or fit()'s positional argument.
@@ -32,12 +32,31 @@ def test_every_search_option_is_a_fit_keyword():
     parameters = inspect.signature(autofit.fit).parameters
     missing = sorted(cli_dests() - set(parameters))
     assert not missing, f"autofit search options without a fit() keyword: {missing}"
-    defaults = {action.dest: action.default for action in search_parser()._actions if action.dest in cli_dests()}
-    for name, default in defaults.items():
-        if name in ("quiet", "real_weights"):  # store_true flags: False on both sides
-            assert parameters[name].default is False
-        elif name != "model":
-            assert parameters[name].default == default, name
+    for name in door_fields(FIT):  # fit's defaults are the declared ones; the command line parses to the same
+        default = parameters[name].default
+        assert default is inspect.Parameter.empty if name == "model" else default == FIELDS[name].default, name
+    assert SearchOptions(model="m") == options_from_args(search_parser().parse_args(["--model", "m"]), SEARCH)
+
+
+def test_both_command_lines_are_derived_from_the_declaration():
+    commands = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
+    for door, parser in ((SEARCH, commands["search"]), (ESTIMATE, commands["estimate"])):
+        actions = {action.dest: action for action in parser._actions if action.dest in FIELDS}
+        assert list(actions) == door_fields(door), door  # every option of the door, in declaration order
+        for name, action in actions.items():
+            help_text = FIELDS[name].metadata["estimate_help"] if door == ESTIMATE else None
+            assert action.help == (help_text or FIELDS[name].metadata["help"]), name
+            assert action.option_strings[-1] == flag(name) or FIELDS[name].metadata["doors"] == {FIT}, name
+
+
+def test_estimate_refuses_what_search_refuses(capsys):
+    # The drift the declaration ends: both command lines read a value with its field's kind and the same message.
+    for command in ("search", "estimate"):
+        argv = [command, "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "300MiB", "--algo", "grpo",
+                "--beta", "nan"]
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err.strip() == ("autofit: error: --beta 'nan' is not valid: a finite number, 0 or "
+                                                   "more, is accepted")
 
 
 @pytest.fixture
@@ -67,7 +86,7 @@ def test_both_doors_ask_the_same_question(tmp_path, captured):
                     predict=False)
     from_cli, from_fit = captured
     assert from_cli == from_fit
-    assert from_fit.ladder == ["micro-batch", "lora"] and from_fit.user_args == {"beta": 0.1}
+    assert from_fit.ladder == ("micro-batch", "lora") and from_fit.user_args == {"beta": 0.1}
 
 
 @pytest.mark.parametrize("kwargs, named", [
@@ -90,7 +109,7 @@ def test_fit_validates_like_the_cli(tmp_path, captured, kwargs, named):
 def test_a_string_ladder_is_split_like_the_cli(tmp_path, captured):
     with pytest.raises(KeyboardInterrupt):
         autofit.fit("sft", model="tiny-qwen2", device="cpu", gpu_memory="1GiB", out_dir=tmp_path, ladder="lora")
-    assert captured[0].ladder == ["lora"]
+    assert captured[0].ladder == ("lora",)
 
 
 def test_clashing_training_args_are_named_and_never_contradict(tmp_path, captured, caplog):

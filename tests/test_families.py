@@ -14,6 +14,7 @@ from autofit.memory_model import ensure_census
 from autofit.memory_model._census_build import build
 from autofit.memory_model import CHECKED, ModelShape, analytic_census, param_counts, predict, unchecked_reason
 from autofit.memory_model._census import Census, lora_tensors
+from fakes import spec_of
 from benchmarks.families import ALGOS, FAMILIES, family_candidate, measure, write_family
 
 # Real probes, and claims about how the installed transformers 5 builds each family (fused experts): not for the
@@ -222,7 +223,7 @@ def test_the_search_notes_an_unchecked_family_in_its_report(family_root):
         from tests.fakes import FormulaRunner
 
     model = prepared("cohere", family_root)
-    spec = SearchSpec(model=model, algo="reward", budget_bytes=2**30, out_dir=family_root / "search", device="cpu",
+    spec = spec_of(model=model, algo="reward", budget_bytes=2**30, out_dir=family_root / "search", device="cpu",
                       max_length=256)
     search = Search(spec, FormulaRunner(spec.budget_bytes), resolve_ladder(spec.ladder))
     assert any(note.startswith("memory model: the activation terms of cohere are not checked") and "±50%" in note
@@ -257,7 +258,7 @@ def test_a_users_factory_may_load_a_model_without_a_causal_lm_class(tmp_path):
     from autofit.core import SearchSpec
 
     AutoConfig.for_model("qwen2_5_vl").save_pretrained(tmp_path / "vl")
-    spec = SearchSpec(model=str(tmp_path / "vl"), budget_bytes=2**34, out_dir=tmp_path / "out",
+    spec = spec_of(model=str(tmp_path / "vl"), budget_bytes=2**34, out_dir=tmp_path / "out",
                       factory="my_module:build")
     shape = model_shape(spec)  # no InputError: the factory loads it its own way; the sizes are the text model's
     assert shape is not None and shape.nested and shape.census is None
@@ -276,5 +277,5 @@ def test_a_configuration_the_sizes_cannot_read_means_plain_bisection_and_no_cens
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
     assert ensure_census(str(folder)) is None and not census_file(config).exists()
-    spec = SearchSpec(model=str(folder), budget_bytes=2**34, out_dir=tmp_path / "out", factory="my_module:build")
+    spec = spec_of(model=str(folder), budget_bytes=2**34, out_dir=tmp_path / "out", factory="my_module:build")
     assert model_shape(spec) is None

@@ -22,6 +22,7 @@ from autofit.search import Search
 from autofit.core import SearchSpec
 from autofit.search import STUDY_FILE
 from autofit.rungs import resolve_ladder
+from fakes import spec_of
 
 try:
     from fakes import MiB, FormulaRunner
@@ -75,7 +76,7 @@ def test_out_that_is_a_file_is_bad_input(tmp_path, capsys):
 
 def test_a_damaged_study_keeps_its_valid_records(tmp_path):
     def search():
-        spec = SearchSpec(model="tiny-qwen2", budget_bytes=350 * MiB, out_dir=tmp_path, max_length=512,
+        spec = spec_of(model="tiny-qwen2", budget_bytes=350 * MiB, out_dir=tmp_path, max_length=512,
                           device="cpu", predict=False, verify_steps=10)
         runner = FormulaRunner(spec.budget_bytes)
         return Search(spec, runner, resolve_ladder(None)).run(), runner

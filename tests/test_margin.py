@@ -14,6 +14,7 @@ from autofit.core import Outcome, ProbeResult
 from autofit.search import Search
 from autofit.core import SearchSpec
 from autofit.rungs import resolve_ladder
+from fakes import spec_of
 
 try:
     from fakes import MiB, FormulaRunner
@@ -33,7 +34,7 @@ def eight_bit_peak(runner: FormulaRunner) -> int:
 
 def search(tmp_path, runner: FormulaRunner, budget: int):
     runner.budget_bytes = budget
-    spec = SearchSpec(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(tmp_path), device="cuda", max_length=512,
+    spec = spec_of(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(tmp_path), device="cuda", max_length=512,
                       effective_batch=8, verify_steps=10, headroom=HEADROOM, predict=False, ladder=LADDER)
     return Search(spec, runner, resolve_ladder(LADDER)).run()
 

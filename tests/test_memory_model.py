@@ -30,6 +30,7 @@ from autofit.memory_model import (
     predict_calibrated,
 )
 from autofit.core import SearchSpec
+from fakes import spec_of
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 REPO = Path(__file__).resolve().parents[1]
@@ -398,7 +399,7 @@ def _spec(**changes) -> SearchSpec:
     fields = dict(model="Qwen/Qwen2.5-7B", algo="sft", device="cuda", budget_bytes=24 * GiB, max_length=1024,
                   effective_batch=8)
     fields.update(changes)
-    return SearchSpec(**fields)
+    return spec_of(**fields)
 
 
 def test_expected_rung_walks_the_default_ladder():
@@ -455,7 +456,8 @@ def test_estimate_runs_without_torch(tmp_path):
     out = done.stdout
     assert "expected:" in out and "baseline" in out and "lora" in out and "uncalibrated (±25%)" in out
     done = _estimate("--model", "Qwen/Qwen2.5-0.5B", "--algo", "grpo", "--gpu-memory", "16GiB", "--num-generations",
-                     "4", "--max-prompt-length", "256", "--max-length", "256", "--beta", "0.04", "--from", str(tmp_path))
+                     "4", "--max-prompt-length", "256", "--max-completion-length", "256", "--beta", "0.04", "--from",
+                     str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "does not exist" in done.stdout and "gen" in done.stdout
 

@@ -34,6 +34,7 @@ from autofit.search import Search
 from autofit.core import SearchSpec
 from autofit.rungs import RUNGS, resolve_ladder
 from autofit.rungs import OptimizerOffload
+from fakes import spec_of
 
 try:
     from fakes import MiB, FormulaRunner, formula_spec
@@ -176,7 +177,7 @@ def test_ledger_moves_states_to_the_host():
 
 @needs_deepspeed
 def test_estimate_shows_host_memory_of_the_offload_level():
-    text = estimate_text(SearchSpec(model="meta-llama/Llama-3.1-8B", algo="sft", device="cuda",
+    text = estimate_text(spec_of(model="meta-llama/Llama-3.1-8B", algo="sft", device="cuda",
                                     budget_bytes=80 * 10**9, max_length=128, effective_batch=1))
     header = next(line for line in text.splitlines() if line.startswith("lvl"))
     row = next(line for line in text.splitlines() if "+optimizer-offload" in line)
@@ -257,8 +258,9 @@ def test_export_writes_the_engine_beside_best_yaml(tmp_path):
 
     # an answer without offload takes autofit's engine files away (a stale one would launch the wrong engine)
     runner.budget_bytes = 10**12
-    report = Search(dataclasses.replace(base, budget_bytes=runner.budget_bytes, out_dir=tmp_path / "again"), runner,
-                    resolve_ladder(base.ladder)).run()
+    again = dataclasses.replace(base, gpu_bytes=runner.budget_bytes, budget_bytes=runner.budget_bytes,
+                                options=dataclasses.replace(base.options, out_dir=tmp_path / "again"))
+    report = Search(again, runner, resolve_ladder(base.ladder)).run()
     export_write(report, tmp_path)
     assert report.chosen.candidate.offload is None and not (tmp_path / ACCELERATE_YAML).exists()
     assert json.loads((tmp_path / "best.json").read_text())["engine"] is None

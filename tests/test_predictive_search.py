@@ -13,6 +13,7 @@ from autofit.core import Outcome, ProbeResult
 from autofit.search import undominated
 from autofit.search import Search
 from autofit.core import SearchSpec
+from fakes import spec_of
 
 MiB = 2**20
 STATIC, DYNAMIC = 1.2, 0.85  # how far the "real" device is from the uncalibrated ledger
@@ -42,7 +43,7 @@ class LedgerRunner:
 def search(tmp_path, budget_mib, predictive=True, **spec_kw):
     spec_kw.setdefault("effective_batch", 16)
     spec_kw.setdefault("max_length", 256)
-    spec = SearchSpec(model="tiny-qwen2", budget_bytes=budget_mib * MiB, out_dir=tmp_path, **spec_kw)
+    spec = spec_of(model="tiny-qwen2", budget_bytes=budget_mib * MiB, out_dir=tmp_path, **spec_kw)
     runner = LedgerRunner(spec.budget_bytes)
     engine = Search(spec, runner, resolve_ladder(spec.ladder))
     if not predictive:
@@ -131,7 +132,7 @@ def test_estimate_bad_input_exits_2(capsys):
 def test_a_speed_rung_that_buys_no_larger_batch_is_not_chosen(tmp_path):
     from autofit.search import Fit
 
-    base = memory_model.base_candidate(SearchSpec(model="tiny-qwen2", budget_bytes=2**30, out_dir=tmp_path))
+    base = memory_model.base_candidate(spec_of(model="tiny-qwen2", budget_bytes=2**30, out_dir=tmp_path))
     plain = Fit(1, base.with_rung("micro-batch", micro_batch=2, grad_accum=4),
                 ProbeResult(Outcome.OK, tokens_per_second=100.0))
     # the same micro-batch with checkpointing, timed faster by noise
@@ -197,7 +198,7 @@ class NoisyLedgerRunner(LedgerRunner):
 def test_margin_grows_with_the_models_measured_error_and_a_fit_outside_it_needs_evidence(tmp_path):
     # 460 MiB: 4x4 fits at 98% of the budget; refinement (--max-probes) then measures micro-batch 1 about 6% over
     # the calibrated model's prediction, which leaves 4x4 inside the budget but outside the margin
-    spec = SearchSpec(model="tiny-qwen2", budget_bytes=460 * MiB, out_dir=tmp_path, effective_batch=16,
+    spec = spec_of(model="tiny-qwen2", budget_bytes=460 * MiB, out_dir=tmp_path, effective_batch=16,
                       max_length=256, max_probes=12)
     runner = NoisyLedgerRunner(spec.budget_bytes)
     report = Search(spec, runner, resolve_ladder(None)).run()
@@ -221,7 +222,7 @@ def test_a_model_that_overestimates_adds_no_margin(tmp_path):
         def peak(self, candidate):
             return super().peak(candidate) * (0.94 if candidate.checkpointing else 1.0)
 
-    spec = SearchSpec(model="tiny-qwen2", budget_bytes=460 * MiB, out_dir=tmp_path, effective_batch=16,
+    spec = spec_of(model="tiny-qwen2", budget_bytes=460 * MiB, out_dir=tmp_path, effective_batch=16,
                       max_length=256)
     report = Search(spec, GenerousLedgerRunner(spec.budget_bytes), resolve_ladder(None)).run()
     assert any(r.calibrated and r.candidate.checkpointing for r in report.records)
@@ -240,7 +241,7 @@ class SmallBatchFastRunner(LedgerRunner):
 
 
 def refined(tmp_path, max_probes, runner_class=SmallBatchFastRunner):
-    spec = SearchSpec(model="tiny-qwen2", budget_bytes=700 * MiB, out_dir=tmp_path, effective_batch=16,
+    spec = spec_of(model="tiny-qwen2", budget_bytes=700 * MiB, out_dir=tmp_path, effective_batch=16,
                       max_length=256, max_probes=max_probes)
     runner = runner_class(spec.budget_bytes)
     return Search(spec, runner, resolve_ladder(None)).run(), runner
@@ -311,7 +312,7 @@ def test_the_full_batch_is_tried_when_accumulation_makes_the_small_ones_heavier(
     # Short sequences: micro-batch 1 with accumulation needs more than the full batch (its gradients stay resident
     # while the next micro-batch runs). At the checkpointing level micro-batch 1 does not fit, the model puts the
     # full batch over the budget too, yet it fits: a search that gives the level up climbs to a quality rung.
-    spec = SearchSpec(model="tiny-qwen2", budget_bytes=89 * MiB, out_dir=tmp_path, effective_batch=4, max_length=16)
+    spec = spec_of(model="tiny-qwen2", budget_bytes=89 * MiB, out_dir=tmp_path, effective_batch=4, max_length=16)
     runner = FullBatchLightRunner(spec.budget_bytes)
     report = Search(spec, runner, resolve_ladder(None)).run()
     smallest = report.chosen.candidate.replace(micro_batch=1, grad_accum=4)

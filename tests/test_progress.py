@@ -18,6 +18,7 @@ from autofit.probe import ProcessRunner
 from autofit.search import Search
 from autofit.core import SearchSpec
 from autofit.rungs import resolve_ladder
+from fakes import spec_of
 
 try:
     from fakes import MiB, FormulaRunner
@@ -192,7 +193,7 @@ def test_runner_timeout_still_kills_the_probe(tmp_path):
 
 
 def test_search_shows_the_probes_it_runs_not_those_it_reuses(tmp_path, caplog):
-    spec = SearchSpec(model="tiny-qwen2", budget_bytes=350 * MiB, out_dir=tmp_path, max_length=512, device="cpu",
+    spec = spec_of(model="tiny-qwen2", budget_bytes=350 * MiB, out_dir=tmp_path, max_length=512, device="cpu",
                       predict=False, verify_steps=10)
     progress = Recording()
     caplog.set_level(logging.INFO, logger="autofit")

@@ -306,14 +306,16 @@ def test_a_rank_left_running_by_an_earlier_search_is_killed(tmp_path):
 
 
 def test_every_gpu_of_the_search_must_be_free(tmp_path, monkeypatch):
-    from autofit import _api as api
+    from autofit.core import SearchOptions
+    from autofit.search import _question
 
     free = {0: 80 * 2**30, 1: 10 * 2**30}  # another process holds most of the second GPU
-    monkeypatch.setattr(api, "free_bytes", lambda device, budget, rank=None: free[rank or 0])
-    monkeypatch.setattr(api, "other_processes", lambda device, rank=None: [])
-    busy = spec(tmp_path, 40 * 2**30)
+    monkeypatch.setattr(_question, "free_bytes", lambda device, budget, rank=None: free[rank or 0])
+    monkeypatch.setattr(_question, "other_processes", lambda device, rank=None: [])
+    busy = SearchOptions(model="tiny-qwen2", gpus=2)
     with pytest.raises(InputError, match=r"the device has 10.00 GiB free, less than the budget 40.00 GiB: .*\(GPU 1 of "
                                          r"the search's 2\)"):
-        api.check_device_is_free(busy)
-    allowed = spec(tmp_path, 40 * 2**30, allow_busy_gpu=True)
-    assert api.check_device_is_free(allowed) and allowed.budget_bytes == 10 * 2**30
+        _question.busy_budget(busy, "cuda", 40 * 2**30, 2)
+    allowed = SearchOptions(model="tiny-qwen2", gpus=2, allow_busy_gpu=True)
+    budget, notes = _question.busy_budget(allowed, "cuda", 40 * 2**30, 2)
+    assert budget == 10 * 2**30 and notes and "instead of 40.00 GiB" in notes[0]

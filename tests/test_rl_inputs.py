@@ -11,6 +11,7 @@ from autofit.rungs import resolve_ladder
 from autofit.search import Search
 from autofit.core import InputError
 from autofit.core import SearchSpec
+from fakes import spec_of
 from fakes import MiB, FormulaRunner
 
 def exit_code(argv):
@@ -37,11 +38,11 @@ def _no_probe(monkeypatch):
 @pytest.mark.parametrize(
     "extra, named",
     [
-        (["--num-generations", "1"], "--num-generations 1"),
+        (["--num-generations", "1"], "--num-generations '1'"),
         (["--num-generations", "4", "--effective-batch", "6"], "--effective-batch 6"),
         (["--max-length", "64"], "--max-completion-length"),
-        (["--beta", "-0.1"], "--beta -0.1"),
-        (["--min-completion-length", "64", "--max-completion-length", "32"], "--min-length 64"),
+        (["--beta", "-0.1"], "--beta '-0.1'"),
+        (["--min-completion-length", "64", "--max-completion-length", "32"], "--min-completion-length 64 is above --max-completion-length 32"),
         (["--max-prompt-length", "0"], "'0'"),
     ],
 )
@@ -61,7 +62,7 @@ def test_rl_flags_are_refused_for_sft(capsys, flag):
 
 def test_num_generations_of_one_is_refused_by_the_api(tmp_path):
     with pytest.raises(InputError, match="at least 2"):
-        SearchSpec(model="tiny-qwen2", algo="grpo", budget_bytes=2**30, num_generations=1, out_dir=tmp_path)
+        spec_of(model="tiny-qwen2", algo="grpo", budget_bytes=2**30, num_generations=1, out_dir=tmp_path)
 
 
 @settings(max_examples=40, deadline=None)
@@ -77,7 +78,7 @@ def test_every_rl_candidate_keeps_groups_and_effective_batch(groups, num_generat
                                                              min_fraction, algo):
     effective = groups * num_generations
     with tempfile.TemporaryDirectory() as out:
-        spec = SearchSpec(model="tiny-qwen2", algo=algo, budget_bytes=budget_mib * MiB, max_length=max_length,
+        spec = spec_of(model="tiny-qwen2", algo=algo, budget_bytes=budget_mib * MiB, max_length=max_length,
                           min_length=max(1, int(max_length * min_fraction)), effective_batch=effective,
                           num_generations=num_generations, prompt_length=32, out_dir=out,
                           predict=False)  # the fake's formula is not the memory model's: probe everything

@@ -22,6 +22,7 @@ from autofit.core import Outcome, ProbeResult
 from autofit.search import Search, length_grid
 from autofit.core import SearchSpec
 from autofit.search import STUDY_FILE
+from fakes import spec_of
 
 try:
     from fakes import MiB, FormulaRunner
@@ -51,7 +52,7 @@ def make_spec(out_dir, budget: int, **kw) -> SearchSpec:
     # The fake runner's formula is not the memory model's: the rules are tested without it (its use has tests of
     # its own in test_predictive_search.py, against a runner that follows the ledger).
     kw.setdefault("predict", False)
-    return SearchSpec(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(out_dir), **kw)
+    return spec_of(model="tiny-qwen2", budget_bytes=budget, out_dir=Path(out_dir), **kw)
 
 
 def run(spec: SearchSpec, runner: Optional[FormulaRunner] = None, **runner_kw):
@@ -63,7 +64,7 @@ def run(spec: SearchSpec, runner: Optional[FormulaRunner] = None, **runner_kw):
 def cand(spec: SearchSpec, mb: int, length: Optional[int] = None, **changes) -> Candidate:
     """The candidate the search should build for this micro-batch/length/settings (rungs left out)."""
     return Candidate(
-        algo=spec.algo, model=spec.model, device=spec.device, micro_batch=mb, grad_accum=spec.effective_batch // mb,
+        algo=spec.options.algo, model=spec.options.model, device=spec.device, micro_batch=mb, grad_accum=spec.options.effective_batch // mb,
         max_length=length or spec.max_length, **changes,
     )
 
@@ -74,7 +75,7 @@ def divs(n: int) -> List[int]:
 
 def largest_fitting(runner: FormulaRunner, spec: SearchSpec, length: Optional[int] = None, **changes):
     """The fitting candidate with the largest micro-batch (a divisor of the effective batch), or None."""
-    fitting = [cand(spec, d, length, **changes) for d in divs(spec.effective_batch)]
+    fitting = [cand(spec, d, length, **changes) for d in divs(spec.options.effective_batch)]
     fitting = [c for c in fitting if runner.fits(c)]
     return fitting[-1] if fitting else None
 
@@ -88,17 +89,17 @@ def same(chosen: Candidate, expected: Candidate) -> bool:
 def test_generous_budget_needs_no_rung_and_two_runs(tmp_path, device):
     formula = FormulaRunner(0)
     spec0 = make_spec(tmp_path, 1, device=device)
-    budget = formula.peak_bytes(cand(spec0, spec0.effective_batch))  # exactly the baseline's peak: it fits
+    budget = formula.peak_bytes(cand(spec0, spec0.options.effective_batch))  # exactly the baseline's peak: it fits
     report, runner = run(make_spec(tmp_path, budget, device=device))
     chosen = report.chosen.candidate
     assert report.fits
     assert chosen.rungs == ()
-    assert same(chosen, cand(report.spec, report.spec.effective_batch))
-    assert chosen.micro_batch == report.spec.effective_batch and chosen.grad_accum == 1
+    assert same(chosen, cand(report.spec, report.spec.options.effective_batch))
+    assert chosen.micro_batch == report.spec.options.effective_batch and chosen.grad_accum == 1
     assert [(c.candidate.key(), c.steps) for c in runner.calls] == [
-        (chosen.key(), report.spec.probe_steps), (chosen.key(), report.spec.verify_steps)
+        (chosen.key(), report.spec.options.probe_steps), (chosen.key(), report.spec.options.verify_steps)
     ]
-    assert report.verified.fits and report.verified.steps == report.spec.verify_steps
+    assert report.verified.fits and report.verified.steps == report.spec.options.verify_steps
     assert report.probes_run == 2
     # nothing to say but that Liger's kernels cannot run here (a GPU rung; liger-kernel is not installed in CI)
     [note] = report.notes
@@ -108,7 +109,7 @@ def test_generous_budget_needs_no_rung_and_two_runs(tmp_path, device):
 def test_free_class_expandable_segments_on_cuda(tmp_path):
     spec = make_spec(tmp_path, 1, device="cuda")
     runner = FormulaRunner(0, fragmentation_bytes=16 * MiB)
-    top = cand(spec, spec.effective_batch)
+    top = cand(spec, spec.options.effective_batch)
     expandable = top.replace(env=(("PYTORCH_ALLOC_CONF", "expandable_segments:True"),))
     budget = runner.peak_bytes(expandable)  # fits only without fragmentation
     runner.budget_bytes = budget
@@ -125,13 +126,13 @@ def test_a_fit_at_the_top_ends_its_class(tmp_path):
     # checkpointing first: at the full micro-batch it fits, so the micro-batch level (same class) is not searched
     spec0 = make_spec(tmp_path, 1)
     runner = FormulaRunner(0)
-    top_ckpt = cand(spec0, spec0.effective_batch, checkpointing=True)
+    top_ckpt = cand(spec0, spec0.options.effective_batch, checkpointing=True)
     runner.budget_bytes = budget = runner.peak_bytes(top_ckpt)
-    assert not runner.fits(cand(spec0, spec0.effective_batch))
+    assert not runner.fits(cand(spec0, spec0.options.effective_batch))
     spec = make_spec(tmp_path, budget, ladder=["checkpointing", "micro-batch"])
     report, _ = run(spec, runner)
     assert same(report.chosen.candidate, top_ckpt) and report.chosen.candidate.rungs == ("checkpointing",)
-    assert all(c.micro_batch == spec.effective_batch for c in runner.candidates)
+    assert all(c.micro_batch == spec.options.effective_batch for c in runner.candidates)
     assert len(runner.calls) == 3
 
 
@@ -142,7 +143,7 @@ def test_smaller_micro_batch_largest_divisor_that_fits(tmp_path, target, between
     spec0 = make_spec(tmp_path, 1, ladder=["micro-batch"])
     budget = formula.peak_bytes(cand(spec0, target))
     if between:  # halfway to the next divisor: still only `target` fits
-        nxt = divs(spec0.effective_batch)[divs(spec0.effective_batch).index(target) + 1]
+        nxt = divs(spec0.options.effective_batch)[divs(spec0.options.effective_batch).index(target) + 1]
         budget = (budget + formula.peak_bytes(cand(spec0, nxt))) // 2
     spec = make_spec(tmp_path, budget, ladder=["micro-batch"])
     report, runner = run(spec)
@@ -151,9 +152,9 @@ def test_smaller_micro_batch_largest_divisor_that_fits(tmp_path, target, between
     chosen = report.chosen.candidate
     assert same(chosen, expected)
     assert chosen.rungs == ("micro-batch",)
-    assert chosen.micro_batch * chosen.grad_accum == spec.effective_batch
+    assert chosen.micro_batch * chosen.grad_accum == spec.options.effective_batch
     # every probe kept the effective batch and the length
-    assert all(c.effective_batch == spec.effective_batch and c.max_length == spec.max_length for c in runner.candidates)
+    assert all(c.effective_batch == spec.options.effective_batch and c.max_length == spec.max_length for c in runner.candidates)
 
 
 @pytest.mark.parametrize("target", [1, 2, 4])
@@ -166,7 +167,7 @@ def test_smaller_micro_batch_default_ladder_no_quality_rung(tmp_path, target):
     assert set(chosen.rungs) <= set(SPEED_RUNGS) and "micro-batch" in chosen.rungs
     # the largest divisor that fits at the chosen level's settings
     assert same(chosen, largest_fitting(runner, spec, checkpointing=chosen.checkpointing))
-    assert chosen.micro_batch * chosen.grad_accum == spec.effective_batch
+    assert chosen.micro_batch * chosen.grad_accum == spec.options.effective_batch
     # the quality class was never even probed
     assert all(c.optim is None and c.lora is None and c.quantization is None for c in runner.candidates)
 
@@ -222,7 +223,7 @@ def test_speed_class_fastest_measured_fit_wins(tmp_path, ckpt_speed, expect_ckpt
     runner = FormulaRunner(spec.budget_bytes, ckpt_speed=ckpt_speed)
     plain = largest_fitting(runner, spec)
     ckpt = largest_fitting(runner, spec, checkpointing=True)
-    assert plain.micro_batch < spec.effective_batch  # the micro-batch level alone does not reach the top
+    assert plain.micro_batch < spec.options.effective_batch  # the micro-batch level alone does not reach the top
     assert runner.tokens_per_second(plain) != runner.tokens_per_second(ckpt)
     expected = max([plain, ckpt], key=runner.tokens_per_second)
     assert expected.checkpointing is expect_ckpt
@@ -303,7 +304,7 @@ def test_nothing_fits_reports_lightest_failure_at_last_level(tmp_path, min_lengt
     spec = make_spec(tmp_path, 10 * MiB, min_length=min_length)
     report, runner = run(spec)
     assert not report.fits and report.chosen is None and report.verified is None
-    assert all(c.steps == spec.probe_steps for c in runner.calls)  # nothing to verify
+    assert all(c.steps == spec.options.probe_steps for c in runner.calls)  # nothing to verify
     failure = report.lightest_failure()
     last = len(report.levels) - 1
     assert failure is not None and failure.result.outcome is Outcome.OOM
@@ -320,12 +321,12 @@ def test_nothing_fits_reports_lightest_failure_at_last_level(tmp_path, min_lengt
 @pytest.mark.parametrize("outcome", [Outcome.CRASH, Outcome.TIMEOUT])
 def test_crashing_candidate_does_not_stop_the_search(tmp_path, outcome):
     spec = make_spec(tmp_path, 10 * 2**30)
-    baseline = cand(spec, spec.effective_batch)
+    baseline = cand(spec, spec.options.effective_batch)
     runner = FormulaRunner(spec.budget_bytes, fail_if=lambda c, s: outcome if c.key() == baseline.key() else None)
     # Expected: the micro-batch level finds the next divisor down (the baseline's measurement is reused, failed),
     # the checkpointing level reaches the top; the faster of the two.
-    plain = cand(spec, divs(spec.effective_batch)[-2])
-    ckpt = cand(spec, spec.effective_batch, checkpointing=True)
+    plain = cand(spec, divs(spec.options.effective_batch)[-2])
+    ckpt = cand(spec, spec.options.effective_batch, checkpointing=True)
     expected = max([plain, ckpt], key=runner.tokens_per_second)
 
     report, _ = run(spec, runner)
@@ -367,16 +368,16 @@ def test_verification_failure_falls_back_to_next_fit(tmp_path):
     extra = budget - formula.peak_bytes(small)  # verifying `small` lands exactly on the budget
     spec = make_spec(tmp_path, budget, ladder=["micro-batch"])
     runner = FormulaRunner(budget, verify_extra_bytes=extra)
-    assert runner.fits(big) and not runner.fits(big, spec.verify_steps)
-    assert runner.fits(small, spec.verify_steps)
+    assert runner.fits(big) and not runner.fits(big, spec.options.verify_steps)
+    assert runner.fits(small, spec.options.verify_steps)
 
     report, _ = run(spec, runner)
     assert same(report.chosen.candidate, small)
-    assert report.verified.fits and report.verified.peak_bytes == runner.peak_bytes(small, spec.verify_steps)
-    verifies = [c.candidate.key() for c in runner.calls if c.steps == spec.verify_steps]
+    assert report.verified.fits and report.verified.peak_bytes == runner.peak_bytes(small, spec.options.verify_steps)
+    verifies = [c.candidate.key() for c in runner.calls if c.steps == spec.options.verify_steps]
     assert verifies == [big.key(), small.key()]
     assert any(
-        big.describe() in n and f"not in {spec.verify_steps}" in n and "next candidate" in n for n in report.notes
+        big.describe() in n and f"not in {spec.options.verify_steps}" in n and "next candidate" in n for n in report.notes
     )
 
 
@@ -384,8 +385,8 @@ def test_verification_failing_everywhere_means_no_fit(tmp_path):
     spec = make_spec(tmp_path, 350 * MiB)
     report, runner = run(spec, verify_extra_bytes=10 * 2**30)
     assert not report.fits and report.verified is None
-    ok_probes = [c for c in runner.calls if c.steps == spec.probe_steps and c.result.fits]
-    verifies = [c for c in runner.calls if c.steps == spec.verify_steps]
+    ok_probes = [c for c in runner.calls if c.steps == spec.options.probe_steps and c.result.fits]
+    verifies = [c for c in runner.calls if c.steps == spec.options.verify_steps]
     assert ok_probes and verifies and all(not c.result.fits for c in verifies)
     # before giving up, every fit was verified, or one with a subset of its rungs was (a fit whose extra rungs
     # bought nothing is never chosen over it); each failure is noted
@@ -455,7 +456,7 @@ def test_invariants_for_every_probe(budget_mib, effective_batch, max_length, min
         c = call.candidate
         assert c.micro_batch >= 1 and c.micro_batch * c.grad_accum == effective_batch
         assert min_length <= c.max_length <= max_length
-        assert call.steps in (spec.probe_steps, spec.verify_steps)
+        assert call.steps in (spec.options.probe_steps, spec.options.verify_steps)
     lightest = cand(spec, 1, min_length, **ALL_QUALITY)
     if report.fits:
         chosen = report.chosen
@@ -492,7 +493,7 @@ def test_optuna_study_records_one_trial_per_probe(tmp_path):
     assert len(trials) == len(runner.calls)
     for trial, call in zip(sorted(trials, key=lambda t: t.number), runner.calls):
         assert trial.user_attrs["key"] == call.candidate.key()
-        assert trial.user_attrs["kind"] == ("verify" if call.steps == spec.verify_steps else "probe")
+        assert trial.user_attrs["kind"] == ("verify" if call.steps == spec.options.verify_steps else "probe")
         assert Candidate.from_dict(trial.user_attrs["candidate"]) == call.candidate
         assert trial.params["micro_batch"] == call.candidate.micro_batch
         assert trial.params["max_length"] == call.candidate.max_length
@@ -529,7 +530,7 @@ def test_rerun_with_longer_timeout_retries_timed_out_probes(tmp_path):
 def test_failed_verification_of_the_only_fit_keeps_searching(tmp_path):
     spec0 = make_spec(tmp_path, 1)
     formula = FormulaRunner(0)
-    top = cand(spec0, spec0.effective_batch)
+    top = cand(spec0, spec0.options.effective_batch)
     budget = formula.peak_bytes(top)
     runner = FormulaRunner(budget, verify_extra_bytes=formula.peak_bytes(top) - formula.peak_bytes(cand(spec0, 4)))
     assert runner.fits(top) and not runner.fits(top, 10) and runner.fits(cand(spec0, 4), 10)

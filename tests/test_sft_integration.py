@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autofit import cli
-from autofit.core import Candidate
+from autofit.core import Candidate, LoraSettings
 from autofit.core import Outcome
 from autofit.probe import ProcessRunner
 
@@ -134,7 +134,7 @@ def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
 def test_quantized_lora_probe_runs_and_uses_less_memory(tmp_path):
     runner = ProcessRunner("autofit.probe.algos.sft:build_trainer", None, tmp_path)
     full = Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=2, max_length=32)
-    qlora = full.replace(quantization="4bit", lora=__import__("autofit.core._candidate").candidate.LoraSettings())
+    qlora = full.replace(quantization="4bit", lora=LoraSettings())
     full_result, qlora_result = runner.run(full, 2), runner.run(qlora, 2)
     assert full_result.outcome is Outcome.OK, full_result.error
     assert qlora_result.outcome is Outcome.OK, qlora_result.error

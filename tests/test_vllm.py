@@ -12,19 +12,21 @@ import pytest
 from autofit import memory_model as mm
 from autofit.core import Candidate
 from autofit.cli._estimate import estimate_text
-from autofit.memory_model import trainer_budget
 from autofit.memory_model import vllm_share
-from autofit.core import SearchSpec
+from autofit.core import SearchOptions, SearchSpec
 from autofit.core import format_size
+from autofit.search import estimate_question, question
 
 GB = 10**9
 
 
 def spec(**changes) -> SearchSpec:
-    fields = dict(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cuda", budget_bytes=24 * GB, max_length=512,
-                  effective_batch=8, ranks=4, prompt_length=128, vllm="colocate", vllm_utilization=0.3)
+    """The estimate's question (four GPUs, vLLM colocated at TRL's share)."""
+    fields = dict(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cuda", gpu_memory=24 * GB,
+                  max_completion_length=512, effective_batch=8, gpus=4, max_prompt_length=128, use_vllm="colocate",
+                  vllm_gpu_memory_utilization=0.3)
     fields.update(changes)
-    return SearchSpec(**fields)
+    return estimate_question(SearchOptions(**fields))
 
 
 def test_the_kv_cache_is_what_vllms_share_leaves():
@@ -42,13 +44,13 @@ def test_a_7b_model_leaves_vllm_no_cache_at_the_default_share():
     line = next(line for line in text.splitlines() if line.startswith("vllm: colocate"))
     assert "vLLM will not start" in line and "Raise --vllm-gpu-memory-utilization to at least" in line
     wanted = float(line.split("at least ")[1].split(" ")[0])
-    enough = estimate_text(spec(model="Qwen/Qwen2.5-7B", vllm_utilization=min(wanted + 0.01, 0.99)))
+    enough = estimate_text(spec(model="Qwen/Qwen2.5-7B", vllm_gpu_memory_utilization=min(wanted + 0.01, 0.99)))
     assert "vLLM will not start" not in enough
 
 
 def test_colocated_the_trainer_has_the_rest_and_does_not_generate():
     colocated = spec()
-    assert trainer_budget(colocated) == int(24 * GB * 0.7)
+    assert colocated.budget_bytes == int(24 * GB * 0.7) and colocated.gpu_bytes == 24 * GB
     header = estimate_text(colocated).splitlines()[0]
     assert f"budget {format_size(24 * GB)} per GPU ({format_size(int(24 * GB * 0.7))} for the trainer beside vLLM)" \
         in header
@@ -60,8 +62,8 @@ def test_colocated_the_trainer_has_the_rest_and_does_not_generate():
 
 
 def test_server_mode_gives_the_trainer_the_whole_budget():
-    server = spec(vllm="server")
-    assert trainer_budget(server) == 24 * GB
+    server = spec(use_vllm="server")
+    assert server.budget_bytes == 24 * GB
     assert "vllm: server mode: vLLM runs on other GPUs" in estimate_text(server)
 
 
@@ -69,7 +71,7 @@ def test_server_mode_gives_the_trainer_the_whole_budget():
     (["--algo", "sft", "--use-vllm", "colocate"], "--use-vllm applies to grpo and rloo, not to 'sft'"),
     (["--algo", "grpo", "--use-vllm", "remote"], "--use-vllm 'remote' is not valid: accepted are colocate, server"),
     (["--algo", "grpo", "--use-vllm", "colocate", "--vllm-gpu-memory-utilization", "1.5"],
-     "--vllm-gpu-memory-utilization 1.5 is not valid"),
+     "--vllm-gpu-memory-utilization '1.5' is not valid"),
 ])
 def test_bad_vllm_options_are_one_line_errors(args, message):
     out = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", "--model", "Qwen/Qwen2.5-0.5B",
@@ -93,27 +95,24 @@ def test_probes_without_vllm_generate_themselves_and_the_export_uses_vllm(tmp_pa
 
 
 def test_the_trainers_budget_is_what_vllm_leaves_and_the_notes_say_it_was_estimated(tmp_path):
-    from autofit.search import reserve_share
+    def searched(**changes) -> SearchSpec:
+        fields = dict(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cpu", gpu_memory=24 * GB, out_dir=tmp_path)
+        return question(SearchOptions(**{**fields, **changes}))
 
-    colocated = SearchSpec(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cpu", budget_bytes=24 * GB,
-                           vllm="colocate", vllm_utilization=0.25, out_dir=tmp_path)
-    notes = reserve_share(colocated)
-    assert colocated.budget_bytes == int(24 * GB * 0.75)
-    assert notes[0].startswith("vLLM is not installed here, so its part is estimated only")
-    assert notes[1].startswith("vLLM colocate, 25% of each GPU")
-    server = SearchSpec(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cpu", budget_bytes=24 * GB, vllm="server",
-                        out_dir=tmp_path)
-    reserve_share(server)
+    colocated = searched(use_vllm="colocate", vllm_gpu_memory_utilization=0.25)
+    assert colocated.budget_bytes == int(24 * GB * 0.75) and colocated.gpu_bytes == 24 * GB
+    assert colocated.notes[0].startswith("vLLM is not installed here, so its part is estimated only")
+    assert colocated.notes[1].startswith("vLLM colocate, 25% of each GPU")
+    server = searched(use_vllm="server")
     assert server.budget_bytes == 24 * GB
-    assert colocated.study_name() != SearchSpec(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cpu",
-                                                budget_bytes=18 * GB, out_dir=tmp_path).study_name()
+    assert colocated.study_name() != searched(gpu_memory=18 * GB).study_name()
 
 
 @pytest.mark.parametrize("args, message", [
     (["--algo", "sft", "--use-vllm", "colocate"], "--use-vllm applies to grpo and rloo, not to 'sft'"),
     (["--algo", "grpo", "--use-vllm", "remote"], "--use-vllm 'remote' is not valid: accepted are colocate, server"),
     (["--algo", "grpo", "--use-vllm", "colocate", "--vllm-gpu-memory-utilization", "0"],
-     "--vllm-gpu-memory-utilization 0.0 is not valid"),
+     "--vllm-gpu-memory-utilization '0' is not valid"),
 ])
 def test_bad_vllm_options_of_a_search_are_one_line_errors(tmp_path, args, message):
     out = subprocess.run([sys.executable, "-m", "autofit.cli", "search", "--model", "tiny-qwen2", "--device", "cpu",

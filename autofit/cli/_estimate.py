@@ -1,15 +1,8 @@
 """``autofit estimate``: what the memory model predicts for the baseline and for each level of the ladder, and which
 rung it expects to be needed first. No probe runs and torch is never imported in this process, so it answers in a
 fraction of a second, for a GPU this machine does not have (the first time a model is estimated, its parameters are
-counted from the model built on the meta device in a separate process: a few seconds, then cached).
-
-Wiring (in ``autofit.cli``)::
-
-    from autofit.cli import _estimate as estimate
-    estimate.add_parser(commands)           # commands = parser.add_subparsers(...)
-    ...
-    if args.command == "estimate":
-        return estimate.run(args)
+counted from the model built on the meta device in a separate process: a few seconds, then cached). Its options are
+``SearchOptions``' (the estimate door's), resolved by ``autofit.search.estimate_question``.
 """
 
 from __future__ import annotations
@@ -20,10 +13,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from autofit.core import RL_ALGOS
-from autofit.core import one_line
-from autofit.rungs import LadderState, usable_rungs
-from autofit.cli._argtypes import gpus, positive_int
+from autofit.core import RL_ALGOS, InputError, SearchSpec, format_size, one_line
+from autofit.core._options import ESTIMATE, add_options, options_from_args
 from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
     TERM_GROUPS,
@@ -33,18 +24,13 @@ from autofit.memory_model import (
     base_candidate,
     expected_rung,
     prior_uncertainty,
+    sizes_are_exact,
     unchecked_reason,
+    vllm_lines,
 )
-from autofit.memory_model import sizes_are_exact
-from autofit.memory_model import VLLM_MODES, trainer_budget, vllm_lines
-from autofit.core import InputError
-from autofit.core import SearchSpec
-from autofit.core import format_size, parse_size
-from autofit.rungs import resolve_ladder
+from autofit.rungs import LadderState, resolve_ladder, usable_rungs
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
-ALGOS = ("sft", "grpo", "rloo", "reward")
-DEVICES = ("cuda", "cpu")
 MEMORY_MODEL_KEY = "memory_model"  # best.json key of a calibrated model (Calibration.to_dict())
 
 # Columns of the table: (header, ledger terms summed into it).
@@ -57,36 +43,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "estimate", help="predict peak memory per ladder level with the analytic memory model (no probe, no torch)",
         description="Predict the peak device memory of the baseline and of each ladder level, without probing.",
     )
-    parser.add_argument("--model", required=True, help="hub id (bundled configs work offline) or local folder")
-    parser.add_argument("--algo", default="sft", help=f"one of: {', '.join(ALGOS)} (default sft)")
-    parser.add_argument("--gpu-memory", required=True, help="budget, e.g. 24GiB, 80GB")
-    parser.add_argument("--device", default="cuda",
-                        help="cuda (default: a GPU with bf16 autocast and a CUDA context) or cpu (the simulated meter)")
-    parser.add_argument("--max-length", "--max-completion-length", dest="max_length", type=positive_int,
-                        help="sequence length (sft, reward; default 1024) or completion length (grpo, rloo; default 512)")
-    parser.add_argument("--min-length", type=positive_int, help="floor for the shorter-length rung (default: never cut)")
-    parser.add_argument("--effective-batch", type=positive_int, default=8,
-                        help="micro-batch x accumulation x GPUs (8)")
-    parser.add_argument("--gpus", type=gpus, default=1,
-                        help="GPUs that train together (default 1): the per-GPU ledger of data parallel and of each "
-                             "sharding rung (ZeRO-1/2/3, FSDP2)")
-    parser.add_argument("--num-generations", type=int, help="grpo/rloo: completions per prompt (default: TRL's)")
-    parser.add_argument("--max-prompt-length", type=positive_int, default=128, help="grpo/rloo: prompt length (128)")
-    parser.add_argument("--beta", type=float, help="grpo/rloo: KL coefficient; > 0 without LoRA adds a reference model")
-    parser.add_argument("--nodes", type=positive_int, default=1,
-                        help="machines, each with --gpus GPUs: the ledger at world size GPUs x nodes")
-    parser.add_argument("--use-vllm", metavar="MODE", dest="use_vllm",
-                        help="grpo/rloo: vLLM generates, 'colocate' (in each training process, sharing its GPU) or "
-                             "'server' (trl vllm-serve on other GPUs); estimated only, vLLM is not probed")
-    parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3, dest="vllm_utilization",
-                        help="colocate: the share of each GPU vLLM takes (TRL's default 0.3)")
-    parser.add_argument("--ladder", help="comma-separated rung names, in order (default: the whole ladder)")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="estimate a model that needs its own code (auto_map) from its configuration")
-    parser.add_argument("--from", dest="from_dir", metavar="DIR",
-                        help="use the calibrated memory model of an earlier search (DIR/best.json, key memory_model)")
-    parser.add_argument("--plot", metavar="FILE",
-                        help="also draw the ledger of every level against the budget (.svg, .png or .pdf)")
+    add_options(parser, ESTIMATE)
     parser.set_defaults(handler=run)
     return parser
 
@@ -99,8 +56,8 @@ def plot_levels(spec: SearchSpec, result: RungEstimate, path: str) -> None:
     rows = [(f"{level.level}: {'+' + level.rungs[-1] if level.rungs else 'baseline'} "
              f"({level.candidate.micro_batch}x{level.candidate.grad_accum}, len {level.candidate.max_length})",
              {term: float(getattr(level.ledger, term)) for term in TERMS}) for level in result.levels]
-    budget = trainer_budget(spec)
-    title = f"autofit estimate: {spec.algo} {spec.model}, budget {format_size(budget)}"
+    budget = spec.budget_bytes
+    title = f"autofit estimate: {spec.options.algo} {spec.options.model}, budget {format_size(budget)}"
     plots.save(plots.ledger_figure(rows, budget, title), path)
 
 
@@ -113,62 +70,6 @@ def _check_plot_path(path: Optional[str]) -> None:
         raise InputError(f"--plot '{path}': the file must end in {', '.join(PLOT_SUFFIXES)}")
     if not Path(path).resolve().parent.is_dir():
         raise InputError(f"--plot '{path}': the folder {Path(path).resolve().parent} does not exist")
-
-
-def spec_from_args(args) -> SearchSpec:
-    """A validated ``SearchSpec`` for the estimate (raises ``InputError`` with one line)."""
-    if args.algo not in ALGOS:
-        raise InputError(f"unknown algo '{args.algo}': accepted are {', '.join(ALGOS)}")
-    if args.device not in DEVICES:
-        raise InputError(f"--device '{args.device}' is not valid: accepted are {', '.join(DEVICES)}")
-    rl = args.algo in RL_ALGOS
-    if not rl:
-        flags = [f for f, v in (("--num-generations", args.num_generations), ("--beta", args.beta)) if v is not None]
-        if flags:
-            raise InputError(f"{flags[0]} applies to grpo and rloo, not to '{args.algo}'")
-    if args.use_vllm is not None and args.use_vllm not in VLLM_MODES:
-        raise InputError(f"--use-vllm '{args.use_vllm}' is not valid: accepted are {', '.join(VLLM_MODES)}")
-    if args.use_vllm is not None and not rl:
-        raise InputError(f"--use-vllm applies to grpo and rloo, not to '{args.algo}'")
-    if not 0 < args.vllm_utilization < 1:
-        raise InputError(f"--vllm-gpu-memory-utilization {args.vllm_utilization} is not valid: a fraction between 0 "
-                         "and 1 is accepted")
-    if args.beta is not None and args.beta < 0:
-        raise InputError(f"--beta {args.beta} is not valid: it must be 0 or more")
-    ladder = None
-    if args.ladder is not None:
-        ladder = [name.strip() for name in args.ladder.split(",") if name.strip()]
-        if not ladder:
-            raise InputError(f"--ladder '{args.ladder}' names no rung")
-    ranks = _ranks(args.gpus) * args.nodes  # the estimate is for the whole world size
-    return SearchSpec(
-        model=args.model,
-        algo=args.algo,
-        device=args.device,
-        ranks=ranks,
-        vllm=args.use_vllm,
-        vllm_utilization=args.vllm_utilization,
-        budget_bytes=parse_size(args.gpu_memory),
-        max_length=args.max_length or (512 if rl else 1024),
-        min_length=args.min_length,
-        effective_batch=args.effective_batch,
-        num_generations=args.num_generations,
-        prompt_length=args.max_prompt_length,
-        user_args={"beta": args.beta} if args.beta is not None else {},
-        ladder=ladder,
-    )
-
-
-def _ranks(gpus) -> int:
-    """``--gpus`` for an estimate: any number (the GPUs need not be here); 'all' counts this machine's."""
-    from autofit.core import visible_gpu_count
-
-    if gpus == "all":
-        count = visible_gpu_count()
-        if not count:
-            raise InputError("--gpus all: no GPU is visible here to count; give the number of GPUs to estimate for")
-        return count
-    return int(gpus)
 
 
 def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optional[Calibration], List[str]]:
@@ -193,7 +94,7 @@ def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optiona
         raise InputError(f"--from {path}: its memory model cannot be read ({type(exc).__name__}: {exc}): run the "
                          "search again, or drop --from") from None
     mismatch = [f"{name} {mine}" for name, mine, theirs in (
-        ("model", calibration.model, spec.model), ("algo", calibration.algo, spec.algo),
+        ("model", calibration.model, spec.options.model), ("algo", calibration.algo, spec.options.algo),
         ("device", calibration.device, spec.device)) if mine is not None and mine != theirs]
     if mismatch:
         return None, [f"{path} was calibrated for {', '.join(mismatch)}: {prior}"]
@@ -225,22 +126,23 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
                   result: Optional[RungEstimate] = None) -> str:
     """The report printed by ``autofit estimate``: one row per ladder level (the level's largest micro-batch
     predicted to fit, else its smallest), the ledger's terms at the predicted peak, the band and the verdict."""
-    budget = trainer_budget(spec)
+    budget = spec.budget_bytes
     result = result or expected_rung(spec, budget, calibration=calibration)
-    length_name = "max_completion_length" if spec.algo in RL_ALGOS else "max_length"
+    length_name = "max_completion_length" if spec.options.algo in RL_ALGOS else "max_length"
     lines = [
-        f"autofit estimate: {spec.algo} {spec.model} on {spec.device}, budget {format_size(spec.budget_bytes)}"
+        f"autofit estimate: {spec.options.algo} {spec.options.model} on {spec.device}, budget "
+        f"{format_size(spec.gpu_bytes)}"
         + (" per GPU" if spec.ranks > 1 else "")
-        + (f" ({format_size(budget)} for the trainer beside vLLM)" if budget != spec.budget_bytes else "")
-        + f", effective batch {spec.effective_batch}" + (f" over {spec.ranks} GPUs" if spec.ranks > 1 else "")
+        + (f" ({format_size(budget)} for the trainer beside vLLM)" if budget != spec.gpu_bytes else "")
+        + f", effective batch {spec.options.effective_batch}" + (f" over {spec.ranks} GPUs" if spec.ranks > 1 else "")
         + f", {length_name} {spec.max_length}"
-        + (f", prompt {spec.prompt_length}" if spec.algo in RL_ALGOS else ""),
+        + (f", prompt {spec.options.max_prompt_length}" if spec.options.algo in RL_ALGOS else ""),
     ]
-    shape = ModelShape.from_model(spec.model)
+    shape = ModelShape.from_model(spec.options.model)
     if calibration is None:
-        lines.append(f"memory model: analytic prior, uncalibrated (±{prior_uncertainty(shape, spec.algo):.0%}), "
-                     f"{parameters_line(shape, spec.algo)}")
-    unchecked = unchecked_reason(shape, spec.algo)
+        lines.append(f"memory model: analytic prior, uncalibrated (±{prior_uncertainty(shape, spec.options.algo):.0%}), "
+                     f"{parameters_line(shape, spec.options.algo)}")
+    unchecked = unchecked_reason(shape, spec.options.algo)
     if unchecked and calibration is None:
         lines.append(f"note: {unchecked}: the band is widened; a search's probes calibrate it")
     lines += [f"note: {note}" for note in notes]
@@ -293,29 +195,23 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     return "\n".join(lines)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """Print the estimate; 0, or 2 with a one-line message on bad input."""
     from autofit.memory_model import ensure_census
-    from autofit.search import check_model_code, check_model_sizes
-    from autofit.core import UnknownModelError, resolve_model
+    from autofit.search import estimate_question
 
     try:
-        spec = spec_from_args(args)
-        try:
-            config = resolve_model(spec.model).config
-            check_model_code(spec.model, config, args.trust_remote_code)
-            check_model_sizes(spec, config)
-            ensure_census(spec.model, trust_remote_code=bool(args.trust_remote_code))
-            ModelShape.from_model(spec.model)
-        except UnknownModelError as exc:
-            raise InputError(str(exc)) from None
-        _check_plot_path(getattr(args, "plot", None))
-        calibration, notes = load_calibration(args.from_dir, spec)
+        options = options_from_args(args, ESTIMATE)
+        spec = estimate_question(options)
+        ensure_census(options.model, trust_remote_code=options.trust_remote_code)
+        ModelShape.from_model(options.model)
+        _check_plot_path(options.plot)
+        calibration, notes = load_calibration(options.from_dir, spec)
         result = expected_rung(spec, spec.budget_bytes, calibration=calibration)
         text = estimate_text(spec, calibration, notes, result)
-        if getattr(args, "plot", None):
-            plot_levels(spec, result, args.plot)
-            text += f"\nplot: {args.plot}"
+        if options.plot:
+            plot_levels(spec, result, options.plot)
+            text += f"\nplot: {options.plot}"
     except (InputError, ValueError) as exc:
         print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -325,15 +221,3 @@ def run(args) -> int:
         return EXIT_BAD_INPUT
     print(text)
     return EXIT_OK
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Stand-alone entry (``python -m autofit.cli._estimate ...``) until the CLI wires the subcommand."""
-    parser = argparse.ArgumentParser(prog="autofit")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
 """The vocabulary both processes share, torch-free: what a user asks (``SearchSpec``), one configuration to probe
-(``Candidate``), what a probe found (``ProbeResult``, ``Outcome``), where a model's configuration comes from
+(``Candidate``), the options every door declares once (``SearchOptions``), what a probe found (``ProbeResult``, ``Outcome``), where a model's configuration comes from
 (``resolve_model``), the device (through NVML, never CUDA), files written whole, sizes and the one input error.
 
 Nothing here imports another part of autofit: every other package builds on it.
@@ -25,16 +25,17 @@ from autofit.core._outcome import (
     classify_exit,
     error_origin,
 )
-from autofit.core._outdir import PID_FILE, exclusive, record_probe_process
+from autofit.core._options import DEVICES, GROUP_ALGOS, SearchOptions
+from autofit.core._outdir import PHASE_FILE, PID_FILE, exclusive, record_probe_process
 from autofit.core._registry import UnknownModelError, needs_own_code, resolve_model
 from autofit.core._sizes import format_size, parse_size
-from autofit.core._spec import DEVICES, FACTORIES, GROUP_ALGOS, SearchSpec, ppo_available
+from autofit.core._spec import FACTORIES, SearchSpec, ppo_available
 
 __all__ = [
     "BAD_FORK", "DEVICES", "DISTURBED_RETRY_WAIT_S", "ENGINE_FAILURE", "FACTORIES", "GROUP_ALGOS", "INFRASTRUCTURE",
-    "KERNEL_FAILURE", "LENGTH_FIELD", "PID_FILE", "RL_ALGOS", "USER", "BuildTimeout", "Candidate", "FactoryMisuse",
+    "KERNEL_FAILURE", "LENGTH_FIELD", "PHASE_FILE", "PID_FILE", "RL_ALGOS", "USER", "BuildTimeout", "Candidate", "FactoryMisuse",
     "GpuInfo", "InputError", "LoraSettings", "NoCudaDeviceError", "Outcome", "ProbeResult", "ProbeSettings",
-    "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir", "checkpointing_field", "classify_exception",
+    "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir", "checkpointing_field", "classify_exception",
     "classify_exit", "disturbed", "error_origin", "exclusive", "exempt_phases", "first_gpu", "format_size",
     "free_bytes", "installed", "needs_own_code", "one_line", "other_processes", "others_bytes", "parse_size",
     "ppo_available", "record_probe_process", "resolve_device", "resolve_gpus", "resolve_model", "visible_gpu_count",

@@ -16,7 +16,7 @@ from autofit.core import format_size
 def exported_engine(report: SearchReport) -> Optional[str]:
     """The engine of the chosen configuration; data parallel when it is exported for several machines."""
     engine = report.chosen.candidate.engine
-    return engine or (DDP if report.spec.nodes > 1 else None)
+    return engine or (DDP if report.spec.options.nodes > 1 else None)
 
 
 def _stat(report: SearchReport, key: str):
@@ -25,12 +25,12 @@ def _stat(report: SearchReport, key: str):
 
 def world_peak(report: SearchReport, candidate: Candidate) -> Optional[float]:
     """The ledger's per-GPU peak at the whole world size (every node's ranks), calibrated when the search was."""
-    if report.spec.nodes == 1:
+    if report.spec.options.nodes == 1:
         return None
     shape = memory_model.shape_or_none(candidate.model)
     if shape is None:
         return None
-    world = candidate.replace(ranks=candidate.ranks * report.spec.nodes)
+    world = candidate.replace(ranks=candidate.ranks * report.spec.options.nodes)
     return memory_model.predict_calibrated(world, report.calibration, shape).total
 
 
@@ -40,15 +40,15 @@ def engine_data(report: SearchReport, candidate: Candidate, out_dir: Optional[Pa
     engine = exported_engine(report)
     if not engine:
         return None
-    folder = Path(out_dir or report.spec.out_dir).resolve()
+    folder = Path(out_dir or report.spec.options.out_dir).resolve()
     shape = memory_model.shape_or_none(candidate.model)
     predicted = memory_model.host_bytes(candidate, shape, candidate.device) if shape is not None else None
     at_world = world_peak(report, candidate)
     return {
         "name": engine,
         "ranks": candidate.ranks,
-        "nodes": report.spec.nodes,
-        "world_size": candidate.ranks * report.spec.nodes,
+        "nodes": report.spec.options.nodes,
+        "world_size": candidate.ranks * report.spec.options.nodes,
         "accelerate_config": str(folder / ACCELERATE_YAML),
         "deepspeed_config": str(folder / DEEPSPEED_JSON) if engine in ZERO_STAGES else None,
         "launch": launch_line(candidate.algo, folder / "best.yaml", folder / ACCELERATE_YAML),
@@ -77,7 +77,7 @@ def engine_comments(report: SearchReport, candidate: Candidate) -> List[str]:
         lines.append(f"# optimizer offload ({candidate.offload}, {ACCELERATE_YAML} + {DEEPSPEED_JSON}): fp32 master "
                      "weights, gradients and AdamW states in host memory"
                      + (f" ({format_size(host)} measured)" if host else "") + "; same math, slower steps")
-    nodes = report.spec.nodes
+    nodes = report.spec.options.nodes
     if candidate.ranks > 1 or nodes > 1:
         peaks = _stat(report, "rank_peak_bytes") or []
         where = f"{candidate.ranks} GPUs" + (f" x {nodes} machines" if nodes > 1 else "")

@@ -160,19 +160,19 @@ def yaml_text(report: SearchReport) -> str:
     defaults = fit.result.config_defaults or report.verified.config_defaults
     train = {k: v for k, v in candidate.training_args().items() if k not in defaults or defaults[k] != v}
     lines = [
-        f"# autofit: best {one_line(spec.algo)} configuration for {one_line(spec.model)} within "
+        f"# autofit: best {one_line(spec.options.algo)} configuration for {one_line(spec.options.model)} within "
         f"{format_size(spec.budget_bytes)}",
         f"# verified peak {format_size(report.verified.peak_bytes)} over {report.verified.steps} steps; "
         f"rungs: {', '.join(candidate.rungs) or 'none'}",
-        usage(one_line(spec.algo), exported_engine(report)),
+        usage(one_line(spec.options.algo), exported_engine(report)),
     ]
     lines += engine_comments(report, candidate)
     if candidate.is_rl and candidate.prompt_length:
-        lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.algo)} does not "
+        lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.options.algo)} does not "
                      "truncate prompts, so keep yours this short (or search with --max-prompt-length)")
     observed = report.verified.observed or fit.result.observed or {}
     for key, value in {**model_args(candidate, observed), **train}.items():
-        lines.append(f"{key}: {_scalar(value)}  # {one_line(_why(key, candidate, spec.max_length, spec.maximize))}")
+        lines.append(f"{key}: {_scalar(value)}  # {one_line(_why(key, candidate, spec.max_length, spec.options.maximize))}")
     if candidate.env:
         lines.append("env:")
         for key, value in candidate.env:
@@ -200,24 +200,25 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
     gpu = first_gpu() if spec.device == "cuda" else None
     data: Dict[str, Any] = {
         "fits": report.fits,
-        "model": spec.model,
-        "algo": spec.algo,
+        "model": spec.options.model,
+        "algo": spec.options.algo,
         "device": spec.device,
         "gpu": gpu.name if gpu else None,
         "budget_bytes": spec.budget_bytes,
         "probes": report.probes_total,
         "probes_this_run": report.probes_run,
         "search": {
-            "maximize": spec.maximize,
-            "effective_batch": spec.effective_batch,
+            "maximize": spec.options.maximize,
+            "effective_batch": spec.options.effective_batch,
             "max_length": spec.max_length,
             "min_length": spec.min_length,
             "ladder": [rung for state in report.levels[:report.ladder_len] for rung in state.rungs[-1:]],
-            "probe_steps": spec.probe_steps,
-            "verify_steps": spec.verify_steps,
-            "prompt_length": spec.prompt_length if spec.algo in RL_ALGOS else None,
+            "probe_steps": spec.options.probe_steps,
+            "verify_steps": spec.options.verify_steps,
+            "prompt_length": spec.options.max_prompt_length if spec.options.algo in RL_ALGOS else None,
         },
         "notes": report.notes,
+        "request": spec.options.record(),
         "study": {"name": spec.study_name(), "journal": STUDY_FILE},
         "candidates": [
             {
@@ -263,7 +264,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
             tokens_per_second=round(verified.tokens_per_second, 1),
             generation_tokens_per_second=round(verified.generation_tokens_per_second, 1) or None,
             rungs=list(candidate.rungs),
-            trades=trades(candidate, spec.max_length, memory_model.shape_or_none(spec.model)),
+            trades=trades(candidate, spec.max_length, memory_model.shape_or_none(spec.options.model)),
             cost_class=report.levels[fit.level].cost,
             config=candidate.training_args(),
             config_class=verified.config_class,
@@ -346,7 +347,7 @@ def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
     engine = exported_engine(report) if report.fits else None
     if engine:
         chosen = report.chosen.candidate
-        paths.update(write_engine_files(out_dir, engine, chosen.device, chosen.ranks, report.spec.nodes))
+        paths.update(write_engine_files(out_dir, engine, chosen.device, chosen.ranks, report.spec.options.nodes))
     else:
         remove_stale_engine_files(out_dir)
     if report.fits:

@@ -77,10 +77,10 @@ from autofit.memory_model._parameters import (
     trainable_tensors,
 )
 from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
-from autofit.memory_model._vllm import VLLM_MODES, trainer_budget, vllm_lines, vllm_share
+from autofit.memory_model._vllm import VLLM_MODES, vllm_lines, vllm_share
 
 __all__ = [
-    "NoCausalLM", "VLLM_MODES", "census_for", "ensure_census", "sizes_are_exact", "trainer_budget", "vllm_lines",
+    "NoCausalLM", "VLLM_MODES", "census_for", "ensure_census", "sizes_are_exact", "vllm_lines",
     "vllm_share",
     "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CHECKED", "Census", "analytic_census", "prior_uncertainty", "unchecked_reason",
     "CALIBRATED_UNCERTAINTY_FLOOR", "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES",

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from autofit.core import RL_ALGOS, Candidate
+from autofit.core import RL_ALGOS, Candidate, SearchSpec
 from autofit.memory_model._calibration import Calibration, predict_calibrated
 from autofit.memory_model._ledger import Ledger
 from autofit.memory_model._shape import ModelShape
@@ -26,25 +26,26 @@ def length_grid(low: int, high: int) -> List[int]:
     return sorted({low, *inner, high})
 
 
-def base_candidate(spec: Any) -> Candidate:
-    """The ladder's starting point for a ``SearchSpec``-like object, as the search builds it: micro-batch = the
-    effective batch, no accumulation, full length, checkpointing off."""
+def base_candidate(spec: SearchSpec) -> Candidate:
+    """The ladder's starting point, as the search builds it: micro-batch = the effective batch (per rank), no
+    accumulation, full length, checkpointing off."""
+    options = spec.options
     return Candidate(
-        algo=spec.algo,
-        model=spec.model,
+        algo=options.algo,
+        model=options.model,
         device=spec.device,
-        micro_batch=spec.effective_batch // (getattr(spec, "ranks", 1) * getattr(spec, "nodes", 1)),
+        micro_batch=spec.rank_batch,
         grad_accum=1,
-        ranks=getattr(spec, "ranks", 1),
-        vllm=getattr(spec, "vllm", None),
-        vllm_utilization=getattr(spec, "vllm_utilization", None) if getattr(spec, "vllm", None) else None,
+        ranks=spec.ranks,
+        vllm=options.use_vllm,
+        vllm_utilization=options.vllm_gpu_memory_utilization if options.use_vllm else None,
         max_length=spec.max_length,
-        user_args=tuple(sorted(dict(getattr(spec, "user_args", None) or {}).items())),
-        real_weights=getattr(spec, "real_weights", False),
-        dtype=getattr(spec, "dtype", None),
-        trust_remote_code=bool(getattr(spec, "trust_remote_code", False)),
-        num_generations=getattr(spec, "num_generations", None),
-        prompt_length=getattr(spec, "prompt_length", None) if spec.algo in RL_ALGOS else None,
+        user_args=tuple(sorted(spec.user_args.items())),
+        real_weights=options.real_weights,
+        dtype=options.dtype,
+        trust_remote_code=options.trust_remote_code,
+        num_generations=options.num_generations,
+        prompt_length=options.max_prompt_length if options.algo in RL_ALGOS else None,
     )
 
 
@@ -84,10 +85,10 @@ def _predictor(calibration: Optional[Calibration], shape: ModelShape):
 
 
 def _best_at_level(state, spec: Any, budget: int, predict_at) -> Tuple[Candidate, Ledger, bool]:
-    effective = spec.effective_batch // (getattr(spec, "ranks", 1) * getattr(spec, "nodes", 1))  # per rank
+    effective = spec.rank_batch
     batches = divisors(effective) if state.vary_batch else [effective]
-    min_length = getattr(spec, "min_length", None) or spec.max_length
-    maximize = getattr(spec, "maximize", "batch")
+    min_length = spec.min_length
+    maximize = spec.options.maximize
 
     def at(batch: int, length: int) -> Candidate:
         return state.candidate.replace(micro_batch=batch, grad_accum=effective // batch, max_length=length)
@@ -113,13 +114,11 @@ def _best_at_level(state, spec: Any, budget: int, predict_at) -> Tuple[Candidate
     return smallest, predict_at(smallest), False
 
 
-def expected_rung(spec: Any, budget_bytes: Optional[int] = None, *, calibration: Optional[Calibration] = None,
+def expected_rung(spec: SearchSpec, budget_bytes: Optional[int] = None, *, calibration: Optional[Calibration] = None,
                   shape: Optional[ModelShape] = None, rungs: Optional[Sequence[Any]] = None) -> RungEstimate:
     """Walk the ladder (``spec.ladder`` or the default order) over predicted peaks: at each level the largest
     divisor of the effective batch predicted to fit (shorter lengths once that rung is on, or the longest length
-    with ``maximize="length"``); the first level with a fit is the rung the model expects to be needed.
-    ``spec`` is a ``SearchSpec`` or any object with its fields (model, algo, device, effective_batch,
-    max_length, min_length, maximize, num_generations, prompt_length, user_args, ladder)."""
+    with ``maximize="length"``); the first level with a fit is the rung the model expects to be needed."""
     from autofit.rungs import LadderState, climb, usable_rungs
     from autofit.rungs import resolve_ladder
 
@@ -127,11 +126,10 @@ def expected_rung(spec: Any, budget_bytes: Optional[int] = None, *, calibration:
     if budget is None:
         raise ValueError("expected_rung needs a budget")
     shape = shape or (calibration.shape if calibration is not None and calibration.shape is not None else None) \
-        or ModelShape.from_model(spec.model)
-    rungs = list(rungs) if rungs is not None else resolve_ladder(getattr(spec, "ladder", None))
+        or ModelShape.from_model(spec.options.model)
+    rungs = list(rungs) if rungs is not None else resolve_ladder(spec.ladder)
     rungs, _ = usable_rungs(rungs, spec.device, LadderState(base_candidate(spec)))  # as the search climbs it
-    start = LadderState(base_candidate(spec), min_length=getattr(spec, "min_length", None) or spec.max_length,
-                        maximize=getattr(spec, "maximize", "batch"))
+    start = LadderState(base_candidate(spec), min_length=spec.min_length, maximize=spec.options.maximize)
     predict_at = _predictor(calibration, shape)
     levels = []
     for index, state in enumerate(climb(start, rungs)):

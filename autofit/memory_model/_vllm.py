@@ -71,35 +71,30 @@ def vllm_share(shape: ModelShape, budget_bytes: int, utilization: float, max_num
                      batch_tokens=max_num_seqs * sequence_tokens)
 
 
-def trainer_budget(spec: SearchSpec) -> int:
-    """The memory the trainer has on each GPU: all of it, less vLLM's share when it is colocated."""
-    if spec.vllm == "colocate":
-        return int(spec.budget_bytes * (1 - spec.vllm_utilization))
-    return spec.budget_bytes
-
-
 def vllm_lines(spec: SearchSpec, shape: ModelShape) -> List[str]:
-    """What vLLM's share of each GPU holds (``memory_model.vllm``), and whether it starts and holds TRL's batch."""
-    if spec.vllm is None:
+    """What vLLM's share of each GPU holds (``vllm_share``), and whether it starts and holds TRL's batch."""
+    options = spec.options
+    if options.use_vllm is None:
         return []
-    if spec.vllm == "server":
+    if options.use_vllm == "server":
         return ["vllm: server mode: vLLM runs on other GPUs (trl vllm-serve), the trainer has the whole budget and "
                 "does not generate; size the server's GPUs with its own --gpu-memory-utilization"]
-    per_rank = spec.effective_batch // (spec.ranks * spec.nodes)
-    share = vllm_share(shape, spec.budget_bytes, spec.vllm_utilization, max_num_seqs=per_rank,
-                       sequence_tokens=spec.prompt_length + spec.max_length, algo=spec.algo)
-    head = (f"vllm: colocate, {spec.vllm_utilization:.0%} of each GPU ({format_size(share.share)}): weights "
+    per_rank, utilization = spec.rank_batch, options.vllm_gpu_memory_utilization
+    tokens_per_sequence = options.max_prompt_length + spec.max_length
+    share = vllm_share(shape, spec.gpu_bytes, utilization, max_num_seqs=per_rank,
+                       sequence_tokens=tokens_per_sequence, algo=options.algo)
+    head = (f"vllm: colocate, {utilization:.0%} of each GPU ({format_size(share.share)}): weights "
             f"{format_size(share.weights)} (bf16) + profiling peak {format_size(share.profile_peak)}; ")
     if share.kv_cache <= 0 or not share.starts:
-        need = (share.weights + share.profile_peak + share.start_tokens * share.kv_per_token) / spec.budget_bytes
+        need = (share.weights + share.profile_peak + share.start_tokens * share.kv_per_token) / spec.gpu_bytes
         return [head + f"no room for a KV cache of one {share.max_model_len}-token sequence: vLLM will not start. "
                 f"Raise --vllm-gpu-memory-utilization to at least {need:.2f} (the trainer then has the rest), set "
                 "vllm_max_model_length, or use server mode"]
     tokens = int(share.kv_cache // share.kv_per_token)
-    batch = (f"it holds TRL's {per_rank} sequences of {spec.prompt_length + spec.max_length} tokens at once"
+    batch = (f"it holds TRL's {per_rank} sequences of {tokens_per_sequence} tokens at once"
              if share.holds_the_batch else
-             f"TRL's {per_rank} sequences of {spec.prompt_length + spec.max_length} tokens need "
+             f"TRL's {per_rank} sequences of {tokens_per_sequence} tokens need "
              f"{share.batch_tokens:,}: vLLM queues the rest (slower generation, no error)")
     return [head + f"KV cache {format_size(share.kv_cache)} = {tokens:,} tokens; {batch}",
-            f"vllm: the trainer's budget is the rest, {format_size(trainer_budget(spec))} per GPU, without a "
+            f"vllm: the trainer's budget is the rest, {format_size(spec.budget_bytes)} per GPU, without a "
             "generation phase (estimated only: vLLM is not probed)"]

@@ -2,20 +2,20 @@
 each level, choose among the fits and verify the choice. It runs in the user's process and never imports torch:
 probes measure, the memory model predicts, and an Optuna study on disk keeps every probe so a search resumes.
 
-``search_spec`` turns one door's options into the validated question; ``Search`` answers it with a ``Runner``;
-``SearchReport`` is what it found (every probe as a ``Record``).
+``question`` turns the options of a search into the question resolved on this machine (``estimate_question``: for a
+GPU it need not have); ``Search`` answers it with a ``Runner``; ``SearchReport`` is what it found (every probe a
+``Record``).
 """
 
 from autofit.search._faults import FaultWatch, InfrastructureError, check_no_fit_is_an_answer
 from autofit.search._margin import over_margin
-from autofit.search._question import check_model_code, check_model_sizes, search_spec
+from autofit.search._question import check_model_code, check_model_sizes, estimate_question, question
 from autofit.search._result import Fit, Record, SearchReport, Skip, undominated
 from autofit.search._search import Search, divisors, length_grid
 from autofit.search._store import STUDY_FILE, ProbeStore, quiet_optuna
-from autofit.search._vllm import reserve_share
 
 __all__ = [
     "STUDY_FILE", "FaultWatch", "Fit", "InfrastructureError", "ProbeStore", "Record", "Search", "SearchReport",
-    "Skip", "check_model_code", "check_model_sizes", "check_no_fit_is_an_answer", "divisors", "length_grid",
-    "over_margin", "quiet_optuna", "reserve_share", "search_spec", "undominated",
+    "Skip", "check_model_code", "check_model_sizes", "check_no_fit_is_an_answer", "divisors", "estimate_question",
+    "length_grid", "over_margin", "question", "quiet_optuna", "undominated",
 ]

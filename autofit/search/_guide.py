@@ -30,10 +30,10 @@ class MemoryGuide:
         self.shape = shape  # None: no memory model (plain bisection)
         self.calibration: Optional[memory_model.Calibration] = None
         self.built: Dict[str, Any] = {}  # what the first probe's trainer runs (autofit.probe._observe)
-        unchecked = memory_model.unchecked_reason(shape, spec.algo) if shape is not None else None
+        unchecked = memory_model.unchecked_reason(shape, spec.options.algo) if shape is not None else None
         if unchecked:
             report.notes.append(f"memory model: {unchecked}: its predictions carried a "
-                                f"±{memory_model.prior_uncertainty(shape, spec.algo):.0%} band until probes calibrated it")
+                                f"±{memory_model.prior_uncertainty(shape, spec.options.algo):.0%} band until probes calibrated it")
 
     def observe(self, candidate: Candidate, result: ProbeResult) -> List[str]:
         """Learn what the trainer runs from the first probe that says; returns notes on what differs from the
@@ -47,7 +47,7 @@ class MemoryGuide:
             notes.append(f"your trainer applies its own LoRA (r={peft.get('r')}, alpha {peft.get('lora_alpha')}, "
                          f"targets {peft.get('target_modules')}): it is exported and predicted as such")
         longest = self.built.get("longest_row")
-        if longest and self.spec.algo not in RL_ALGOS and longest < candidate.max_length:
+        if longest and self.spec.options.algo not in RL_ALGOS and longest < candidate.max_length:
             notes.append(f"the longest row of your trainer's dataset has {longest} tokens, fewer than max_length "
                          f"{candidate.max_length}: peaks were measured at {longest} tokens, and longer data needs more "
                          "memory (pad a probe row to max_length to measure the worst case)")
@@ -149,15 +149,15 @@ def model_shape(spec: SearchSpec) -> Optional[memory_model.ModelShape]:
     """The model's shape with its parameters counted from the model (built once, cached), and a line in the log
     when the prediction for it is not a checked one (``MemoryGuide`` notes it in the report)."""
     try:
-        ensure_census(spec.model, trust_remote_code=spec.trust_remote_code)
+        ensure_census(spec.options.model, trust_remote_code=spec.options.trust_remote_code)
     except NoCausalLM as exc:
         if spec.factory is None:  # the built-in trainers load the model by name: they would fail on every probe
             raise InputError(str(exc)) from None
         log.info("%s; your factory loads it its own way", exc)
-    shape = memory_model.shape_or_none(spec.model)
+    shape = memory_model.shape_or_none(spec.options.model)
     if shape is not None:
-        reason = memory_model.unchecked_reason(shape, spec.algo)
+        reason = memory_model.unchecked_reason(shape, spec.options.algo)
         if reason:
             log.info("memory model: %s; predictions carry a ±%.0f%% band until probes calibrate them", reason,
-                     100 * memory_model.prior_uncertainty(shape, spec.algo))
+                     100 * memory_model.prior_uncertainty(shape, spec.options.algo))
     return shape

@@ -1,190 +1,197 @@
-"""One door's options in, one validated ``SearchSpec`` out: ``autofit search`` and ``autofit.fit`` take the same
-options with the same names and meanings (a test derives the CLI's from its parser and checks fit()'s signature),
-and both go through ``search_spec`` here, so their checks and messages are one."""
+"""The question a door asks, resolved once: ``SearchOptions`` (as the user gave them) in, a ``SearchSpec`` out.
+
+``question`` is the search's (``autofit search`` and ``autofit.fit``): the device present, each GPU's memory (the
+card's unless ``--gpu-memory``), the GPUs that train together, and the trainer's budget: what other processes leave
+on a busy GPU (with ``--allow-busy-gpu``) and, where vLLM is estimated rather than probed, less its colocated share.
+``estimate_question`` is the estimate's: a GPU this machine need not have, any number of them. Both refuse a model
+no probe could run (its code, its sizes) before anything starts. Nothing here changes a spec once it is built.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
-from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Tuple
 
-from autofit.core import RL_ALGOS
-from autofit.core import checkpointing_field
-from autofit.core import NoCudaDeviceError, first_gpu, resolve_device, resolve_gpus
-from autofit.core import DEVICES, SearchSpec
-from autofit.core import InputError
-from autofit.core import parse_size
+from autofit.core import (
+    RL_ALGOS,
+    InputError,
+    NoCudaDeviceError,
+    SearchSpec,
+    UnknownModelError,
+    first_gpu,
+    format_size,
+    free_bytes,
+    one_line,
+    other_processes,
+    parse_size,
+    resolve_device,
+    resolve_gpus,
+    resolve_model,
+    visible_gpu_count,
+    vllm_installed,
+)
+from autofit.core._options import SearchOptions
+from autofit.rungs import resolve_ladder
 
 log = logging.getLogger(__name__)
 
-MIN_BUDGET_BYTES = 2**20
-# What autofit sets on every candidate: a user's value for one of these is replaced (and said so).
-SEARCHED_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "activation_checkpointing",
-                 "gradient_checkpointing", "max_length", "max_completion_length", "response_length", "num_generations")
-
-
-def budget_bytes(device: str, gpu_memory: Union[None, str, int]) -> Optional[int]:
-    """--gpu-memory as bytes (a size with a unit, or an integer number of bytes); on CUDA the card's by default."""
-    if gpu_memory is None:
-        if device == "cuda":
-            gpu = first_gpu()
-            return gpu.total_bytes if gpu else None
-        return None
-    if isinstance(gpu_memory, bool) or not isinstance(gpu_memory, (str, int)):
-        raise InputError(f"gpu_memory {gpu_memory!r} is not valid: give a size with a unit, e.g. '24GiB' or "
-                         "'1.5GiB', or an integer number of bytes")
-    nbytes = parse_size(gpu_memory) if isinstance(gpu_memory, str) else gpu_memory
-    if nbytes < MIN_BUDGET_BYTES:
-        raise InputError(f"gpu_memory {gpu_memory!r} is not valid: {nbytes} bytes is below 1 MiB; give a size with a "
-                         "unit, e.g. '24GiB'")
-    return nbytes
-
-
-def ladder_names(ladder: Union[None, str, Sequence[Any]]) -> Optional[List[str]]:
-    """A ladder given as "name,name" (the CLI's form) or as a list of rung names."""
-    if ladder is None:
-        return None
-    names = [name.strip() for name in ladder.split(",")] if isinstance(ladder, str) else list(ladder)
-    names = [name for name in names if not (isinstance(name, str) and not name)]
-    if not names:
-        raise InputError(f"--ladder {ladder!r} names no rung")
-    return names
-
-
-def _lengths(algo: str, max_length, min_length, max_completion_length, min_completion_length, beta):
-    """(max_length, min_length) of the search: the sequence for sft and reward, the completion for RL."""
-    if algo in RL_ALGOS:
-        if max_length is not None or min_length is not None:
-            raise InputError(f"--max-length/--min-length do not apply to {algo}: use --max-completion-length "
-                             "and --min-completion-length")
-        if beta is not None and algo == "ppo":
-            raise InputError("--beta applies to grpo and rloo; PPO's KL coefficient is PPOConfig.kl_coef")
-        return max_completion_length or 512, min_completion_length
-    flags = [flag for flag, value in (("--max-completion-length", max_completion_length),
-                                      ("--min-completion-length", min_completion_length),
-                                      ("--beta", beta)) if value is not None]
-    if flags:
-        raise InputError(f"{flags[0]} applies to grpo and rloo, not to '{algo}'")
-    return max_length or 1024, min_length
-
-
-def user_training_args(training_args: Optional[Dict[str, Any]], beta: Optional[float]) -> Dict[str, Any]:
-    """The user's own training arguments, passed through; those autofit searches are replaced, with a warning
-    that names them (so the exported settings never contradict each other)."""
-    if training_args is not None and not isinstance(training_args, dict):
-        raise InputError(f"training_args {training_args!r} is not valid: a dict of config fields is accepted")
-    args = dict(training_args or {})
-    clashes = [key for key in SEARCHED_ARGS if key in args]
-    if clashes:
-        log.warning("training_args sets %s: autofit searches %s, so the candidate's value%s used (the exported "
-                    "configuration writes checkpointing as %s)", ", ".join(clashes),
-                    "it" if len(clashes) == 1 else "them", " is" if len(clashes) == 1 else "s are",
-                    checkpointing_field())
-        for key in clashes:
-            args.pop(key)
-    if beta is not None:
-        args["beta"] = beta
-    return args
-
-
-def search_spec(
-    *,
-    model: str,
-    algo: str = "sft",
-    factory: Optional[str] = None,
-    gpu_memory: Union[None, str, int] = None,
-    device: str = "auto",
-    max_length: Optional[int] = None,
-    min_length: Optional[int] = None,
-    max_completion_length: Optional[int] = None,
-    min_completion_length: Optional[int] = None,
-    max_prompt_length: int = 128,
-    num_generations: Optional[int] = None,
-    beta: Optional[float] = None,
-    effective_batch: int = 8,
-    gpus: Union[int, str] = 1,
-    nodes: int = 1,
-    use_vllm: Optional[str] = None,
-    vllm_gpu_memory_utilization: float = 0.3,
-    maximize: str = "batch",
-    ladder: Union[None, str, Iterable[str]] = None,
-    out_dir: Union[str, Path] = "autofit-out",
-    real_weights: bool = False,
-    dtype: Optional[str] = None,
-    probe_steps: int = 2,
-    verify_steps: Union[int, str] = "auto",
-    probe_timeout_s: float = 900.0,
-    build_timeout_s: float = 600.0,
-    max_probes: Optional[int] = None,
-    headroom: Optional[float] = None,
-    predict: bool = True,
-    allow_busy_gpu: bool = False,
-    trust_remote_code: bool = False,
-    training_args: Optional[Dict[str, Any]] = None,
-) -> SearchSpec:
-    """The validated question; every bad value raises ``InputError`` with one line naming it."""
-    if not isinstance(model, str) or not model:
-        raise InputError(f"model {model!r} is not valid: a hub id or a local folder is accepted")
-    if device not in DEVICES:
-        raise InputError(f"--device '{device}' is not valid: accepted are {', '.join(DEVICES)}")
-    try:
-        resolved = resolve_device(device)
-    except NoCudaDeviceError as exc:
-        raise InputError(str(exc)) from None
-    if beta is not None and (isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta)
-                             or beta < 0):
-        raise InputError(f"--beta {beta!r} is not valid: a finite number, 0 or more, is accepted")
-    for name, value in (("probe-timeout", probe_timeout_s), ("build-timeout", build_timeout_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise InputError(f"--{name} {value!r} is not valid: a positive, finite number of seconds is accepted")
-    if not isinstance(algo, str):
-        raise InputError(f"algo {algo!r} is not valid: a name such as 'sft' or 'grpo' is accepted")
-    length, floor = _lengths(algo, max_length, min_length, max_completion_length, min_completion_length, beta)
-    try:
-        ranks = resolve_gpus(gpus, resolved)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-    return SearchSpec(
-        model=model, algo=algo, device=resolved, budget_bytes=budget_bytes(resolved, gpu_memory), max_length=length,
-        min_length=floor, num_generations=num_generations, prompt_length=max_prompt_length,
-        user_args=user_training_args(training_args, beta), effective_batch=effective_batch, ranks=ranks, nodes=nodes,
-        vllm=use_vllm, vllm_utilization=vllm_gpu_memory_utilization, maximize=maximize,
-        ladder=ladder_names(ladder), real_weights=real_weights, dtype=dtype, factory=factory,
-        out_dir=Path(out_dir), probe_steps=probe_steps, verify_steps=verify_steps, probe_timeout_s=probe_timeout_s,
-        build_timeout_s=build_timeout_s, max_probes=max_probes, headroom=headroom, predict=predict,
-        allow_busy_gpu=allow_busy_gpu, trust_remote_code=trust_remote_code,
-    )
-
-
+ESTIMATED_ALGOS = ("sft", "grpo", "rloo", "reward")  # the ledger has no PPO
+# An idle card's free memory is a little under its total (driver reservations): not "busy".
+CUDA_IDLE_SLACK_BYTES = 2**30
 MAX_PARAMETERS = 10**13  # ten trillion: no configuration one device could probe
+
+
+def question(options: SearchOptions, factory: Optional[str] = None) -> SearchSpec:
+    """The search's question on this machine; ``factory``: the identity of the user's trainer factory."""
+    try:
+        device = resolve_device(options.device)
+        ranks = resolve_gpus(options.gpus, device)
+    except (NoCudaDeviceError, ValueError) as exc:
+        raise InputError(str(exc)) from None
+    gpu_bytes = gpu_memory_bytes(options, device)
+    _check_ladder(options)
+    config = model_config(options)
+    budget, notes = busy_budget(options, device, gpu_bytes, ranks)
+    colocated = options.use_vllm == "colocate" and not vllm_installed()
+    if colocated and budget is not None:  # vLLM is estimated: the trainer measures what it leaves
+        budget = int(budget * (1 - options.vllm_gpu_memory_utilization))
+    spec = SearchSpec.plan(options, device=device, gpu_bytes=gpu_bytes, budget_bytes=budget, ranks=ranks,
+                           factory=factory, notes=tuple(notes))
+    check_model_sizes(spec, config)
+    if options.use_vllm is not None and not vllm_installed():
+        spec = dataclasses.replace(spec, notes=spec.notes + tuple(_vllm_notes(spec)))
+    return spec
+
+
+def estimate_question(options: SearchOptions) -> SearchSpec:
+    """The estimate's question: for a GPU (``--device auto`` is cuda) this machine need not have, ``--gpus`` of them on
+    each of ``--nodes`` machines (the ledger at the whole world size); the trainer's budget is each GPU's memory less
+    vLLM's colocated share."""
+    if options.algo not in ESTIMATED_ALGOS:
+        raise InputError(f"unknown algo '{options.algo}': accepted are {', '.join(ESTIMATED_ALGOS)}")
+    device = "cuda" if options.device == "auto" else options.device
+    gpus = options.gpus
+    if gpus == "all":
+        gpus = visible_gpu_count()
+        if not gpus:
+            raise InputError("--gpus all: no GPU is visible here to count; give the number of GPUs to estimate for")
+    world = int(gpus) * options.nodes
+    _check_ladder(options)
+    config = model_config(options, probed=False)
+    gpu_bytes = gpu_memory_bytes(options, device)
+    if gpu_bytes is None:
+        raise InputError("--gpu-memory is required for an estimate: the memory of the GPU to plan for, e.g. 24GiB")
+    budget = gpu_bytes
+    if options.use_vllm == "colocate" and gpu_bytes is not None:
+        budget = int(gpu_bytes * (1 - options.vllm_gpu_memory_utilization))
+    spec = SearchSpec.plan(dataclasses.replace(options, nodes=1), device=device, gpu_bytes=gpu_bytes,
+                           budget_bytes=budget, ranks=world)
+    check_model_sizes(spec, config)
+    return spec
+
+
+def gpu_memory_bytes(options: SearchOptions, device: str) -> Optional[int]:
+    """Each GPU's memory as planned for: ``--gpu-memory`` (a size, or a number of bytes), else the card's."""
+    if options.gpu_memory is None:
+        gpu = first_gpu() if device == "cuda" else None
+        return gpu.total_bytes if gpu else None
+    return parse_size(options.gpu_memory) if isinstance(options.gpu_memory, str) else int(options.gpu_memory)
+
+
+def _check_ladder(options: SearchOptions) -> None:
+    from autofit.core._options import ladder_names
+
+    names = ladder_names(options.ladder)
+    if names is not None:
+        try:
+            resolve_ladder(names)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+
+
+def model_config(options: SearchOptions, probed: bool = True) -> Dict[str, Any]:
+    """The model's configuration, refused before anything starts when no probe could run it (one line naming why)."""
+    try:
+        source = resolve_model(options.model)
+    except UnknownModelError as exc:
+        raise InputError(str(exc)) from None
+    config = source.config
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    if probed and not options.real_weights and not isinstance(text.get("vocab_size"), int):
+        raise InputError(f"model '{one_line(options.model)}': its configuration has no \"vocab_size\" (an integer), "
+                         "which the synthesized tokenizer of random-weight probes needs; add it, or use --real-weights")
+    check_model_code(options.model, config, options.trust_remote_code)
+    return config
+
+
+def busy_budget(options: SearchOptions, device: str, gpu_bytes: Optional[int], ranks: int
+                ) -> Tuple[Optional[int], List[str]]:
+    """Other processes must leave the budget free on every GPU the search uses, or probes run out of memory for
+    reasons that are not the candidate's. With ``--allow-busy-gpu`` the budget is what is free on the busiest of them
+    (and a note says so); without it, one line names who holds the memory."""
+    ranks_checked = range(ranks) if device == "cuda" else range(1)  # the simulated device is the machine's
+    frees = [(free_bytes(device, gpu_bytes, rank), rank) for rank in ranks_checked]
+    known = [(free, rank) for free, rank in frees if free is not None]
+    if not known or gpu_bytes is None:
+        return gpu_bytes, []
+    free, rank = min(known)
+    slack = CUDA_IDLE_SLACK_BYTES if device == "cuda" else 0
+    if free + slack >= gpu_bytes:
+        return gpu_bytes, []
+    holders = "; ".join(p.describe() for p in other_processes(device, rank=rank)) or \
+        "other processes (not listed by NVML)"
+    holders += f" (GPU {rank} of the search's {ranks})" if ranks > 1 else ""
+    if not options.allow_busy_gpu:
+        raise InputError(f"the device has {format_size(max(free, 0))} free, less than the budget "
+                         f"{format_size(gpu_bytes)}: {holders}; free it, lower --gpu-memory, or pass "
+                         "--allow-busy-gpu to search within what is free")
+    if free <= 0:
+        raise InputError(f"the device has no memory free: {holders}")
+    note = (f"the device was busy ({holders}): the budget is what was free when the search started, "
+            f"{format_size(free)} instead of {format_size(gpu_bytes)}")
+    log.warning("%s", note)
+    return free, [note]
+
+
+def _vllm_notes(spec: SearchSpec) -> List[str]:
+    """What was estimated of vLLM where it is not installed (the trainer's budget already leaves its share)."""
+    from autofit.memory_model import shape_or_none, vllm_lines
+
+    shape = shape_or_none(spec.options.model)
+    estimated = [line.removeprefix("vllm: ") for line in vllm_lines(spec, shape)[:1]] if shape is not None else []
+    notes = [f"vLLM is not installed here, so its part is estimated only: the probes measured the trainer within "
+             f"{format_size(spec.budget_bytes)} of {format_size(spec.gpu_bytes)} and generated with transformers, a "
+             "phase measured but not held against the budget"] + [f"vLLM {line}" for line in estimated]
+    for line in notes:
+        log.warning("%s", line)
+    return notes
 
 
 def check_model_sizes(spec: SearchSpec, config: Dict[str, Any]) -> None:
     """Refuse lengths the model cannot take and configurations no device could hold, with the limit named."""
-    from autofit.core import RL_ALGOS as rl
     from autofit.memory_model import ModelShape, param_counts
 
+    algo = spec.options.algo
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     positions = text.get("max_position_embeddings")
-    length = spec.max_length + (spec.prompt_length if spec.algo in rl else 0)
+    length = spec.max_length + (spec.options.max_prompt_length if algo in RL_ALGOS else 0)
     if isinstance(positions, int) and length > positions:
-        what = "prompt + completion" if spec.algo in rl else "--max-length"
+        what = "prompt + completion" if algo in RL_ALGOS else "--max-length"
         raise InputError(f"{what} {length} is above the model's max_position_embeddings ({positions:,}): lower it, or "
                          "raise max_position_embeddings in config.json if you extend the context")
     try:
-        total = param_counts(ModelShape.from_config(config), spec.algo).total
+        total = param_counts(ModelShape.from_config(config), algo).total
     except (KeyError, ValueError, TypeError):
         return  # an architecture the ledger does not describe: the probes will tell
     if total > MAX_PARAMETERS:
-        raise InputError(f"model '{spec.model}': its configuration describes {total:,} parameters, more than "
+        raise InputError(f"model '{spec.options.model}': its configuration describes {total:,} parameters, more than "
                          f"{MAX_PARAMETERS:,}: check num_hidden_layers, hidden_size and vocab_size in config.json")
 
 
 def check_model_code(name: str, config: Dict[str, Any], trust_remote_code: bool) -> None:
     """A model whose type the installed transformers does not know runs only with its own code, and only when the
     user says so: refused before any probe, with the type named and the flag."""
-    from autofit.core import one_line
     from autofit.core import needs_own_code
 
     model_type = needs_own_code(config)

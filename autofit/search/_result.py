@@ -109,8 +109,8 @@ def undominated(fits: List[Fit]) -> List[Fit]:
 
 def truncation_note(spec: SearchSpec, candidate: Candidate) -> Optional[str]:
     """What the chosen length gives up, in one sentence; None when nothing is cut."""
-    field = LENGTH_FIELD.get(spec.algo, "max_length")
-    if spec.maximize == "length":
+    field = LENGTH_FIELD.get(spec.options.algo, "max_length")
+    if spec.options.maximize == "length":
         return f"longest {field} that fits: {candidate.max_length} (searched {spec.min_length}..{spec.max_length})"
     if candidate.max_length < spec.max_length:
         what = "completions are cut at" if candidate.is_rl else "training examples longer than that are truncated to"

@@ -62,19 +62,19 @@ class Search:
         self.progress = progress or PlainProgress()  # shows each probe while it runs
         self.on_record = on_record
         base = memory_model.base_candidate(spec)
-        self.start = LadderState(base, min_length=spec.min_length, maximize=spec.maximize)
-        self.rungs, unavailable = probeable_rungs(self.start, rungs, spec.model, spec.device)
+        self.start = LadderState(base, min_length=spec.min_length, maximize=spec.options.maximize)
+        self.rungs, unavailable = probeable_rungs(self.start, rungs, spec.options.model, spec.device)
         self.levels = climb(self.start, self.rungs)
         self.ladder_len = len(self.levels)  # levels past it are rebuilt without a rung (autofit.search._pruning)
-        self.store = store or ProbeStore(spec.out_dir, spec.study_name(), spec.budget_bytes,
-                                         self.ladder_len + REBUILT_LEVELS, spec.effective_batch, spec.max_length)
+        self.store = store or ProbeStore(spec.options.out_dir, spec.study_name(), spec.budget_bytes,
+                                         self.ladder_len + REBUILT_LEVELS, spec.options.effective_batch, spec.max_length)
         self.report = SearchReport(spec, self.levels, ladder_len=self.ladder_len)
         self.report.notes.extend(getattr(self.store, "notes", []))
         self.report.notes.extend(unavailable)
-        self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.predict else None)
+        self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.options.predict else None)
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         self.failed_rungs = FailedRungs()  # rungs whose machinery could not run here (``autofit.rungs._failures``)
-        if spec.algo in ("grpo", "rloo") and spec.vllm is None and importlib.util.find_spec("vllm") is None:
+        if spec.options.algo in ("grpo", "rloo") and spec.options.use_vllm is None and importlib.util.find_spec("vllm") is None:
             self.report.notes.append(
                 "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
                 "(gpu_memory_utilization, max_num_seqs, sleep mode) were not searched"
@@ -92,7 +92,7 @@ class Search:
     def _ruled_out(self, level: int, candidate: Candidate) -> Optional[memory_model.Ledger]:
         """The prediction (reported as a skip) when even the low end of its error band is over the budget: the
         candidate is not probed. None when it may fit, or when the model is not to be trusted with it."""
-        if self.store.lookup(candidate, "probe", self.spec.probe_steps) is not None:
+        if self.store.lookup(candidate, "probe", self.spec.options.probe_steps) is not None:
             return None  # measured already (in this run or a stored one): its answer costs nothing
         if self.spec.factory is not None and self.guide.calibration is None:
             return None  # the ledger describes the built-in trainers; a custom one is trusted once measured
@@ -109,11 +109,11 @@ class Search:
     # -- measuring --------------------------------------------------------------------------------------------
     def _measure(self, level: int, candidate: Candidate, kind: str = "probe", stage: str = "walk") -> ProbeResult:
         if kind == "verify":
-            key, (steps, min_steps, cap) = self.spec.verify_steps, self.spec.verify_plan()
+            key, (steps, min_steps, cap) = self.spec.options.verify_steps, self.spec.verify_plan()
         else:
-            key, steps, min_steps, cap = self.spec.probe_steps, self.spec.probe_steps, 0, None
-        if (kind == "probe" and self.spec.max_probes is not None and self.store.lookup(candidate, kind, key) is None
-                and self.store.probes_run >= self.spec.max_probes):
+            key, steps, min_steps, cap = self.spec.options.probe_steps, self.spec.options.probe_steps, 0, None
+        if (kind == "probe" and self.spec.options.max_probes is not None and self.store.lookup(candidate, kind, key) is None
+                and self.store.probes_run >= self.spec.options.max_probes):
             raise ProbeLimitReached()
         predicted, prior = self.guide.predict(candidate), self.guide.predict(candidate, calibrated=False)
         calibration = self.guide.calibration.method if self.guide.calibration is not None else "prior"
@@ -199,7 +199,7 @@ class Search:
         return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
 
     def _size(self, candidate: Candidate) -> Tuple[int, int]:
-        if self.spec.maximize == "length":
+        if self.spec.options.maximize == "length":
             return candidate.max_length, candidate.micro_batch
         return candidate.micro_batch, candidate.max_length
 
@@ -213,7 +213,7 @@ class Search:
             candidate = state.candidate.replace(micro_batch=batch, grad_accum=per_rank // batch, max_length=length)
             return self.failed_rungs.runnable(candidate)
 
-        if spec.maximize == "length":
+        if spec.options.maximize == "length":
             grid = length_grid(spec.min_length, spec.max_length)
             return self._largest(level, grid, lambda length: at(batches[0], length))
         fits = self._largest(level, batches, lambda batch: at(batch, spec.max_length), top_apart=True)
@@ -226,7 +226,7 @@ class Search:
         return fits
 
     def _at_top(self, fit: Fit) -> bool:
-        if self.spec.maximize == "length":
+        if self.spec.options.maximize == "length":
             return fit.candidate.max_length == self.spec.max_length
         return fit.candidate.micro_batch == self.spec.rank_batch and fit.candidate.max_length == self.spec.max_length
 
@@ -269,7 +269,7 @@ class Search:
                 fits = self._search_level(level, state)
             except ProbeLimitReached:
                 self.report.probe_limit_reached = True
-                self.report.notes.append(f"--max-probes {self.spec.max_probes} reached: the search stopped there")
+                self.report.notes.append(f"--max-probes {self.spec.options.max_probes} reached: the search stopped there")
                 fits = [f for f in self._fits_so_far(level) if f not in primary + fallback]
                 if fits:
                     primary.append(fits[0])
@@ -299,7 +299,7 @@ class Search:
         """With --max-probes, the probes the walk left go to a sampler looking for a faster fit in the winning
         cost class, at the chosen length (``autofit.search._refine``). Returns the fits it found."""
         spec = self.spec
-        if spec.max_probes is None or not primary or self.report.probe_limit_reached:
+        if spec.options.max_probes is None or not primary or self.report.probe_limit_reached:
             return []
         best = self._rank(primary)[0]
         cost = self._class(self.levels[best.level])
@@ -328,7 +328,7 @@ class Search:
         except ProbeLimitReached:
             answers = None
         self.report.notes.append(
-            f"refinement: {self.store.probes_run - before} probe(s) left under --max-probes {spec.max_probes} went to "
+            f"refinement: {self.store.probes_run - before} probe(s) left under --max-probes {spec.options.max_probes} went to "
             f"Optuna's TPE sampler over {len(space)} configurations of the {cost} class at length "
             f"{best.candidate.max_length}" + ("" if answers is not None else " (it stopped at the limit)")
         )
@@ -351,13 +351,13 @@ class Search:
     def _class(self, state: LadderState) -> str:
         """The cost class a level competes in. When the length is maximized, the free and speed rungs compete
         together: the same training with a longer sequence is what the user asked for."""
-        if self.spec.maximize == "length" and state.cost == FREE:
+        if self.spec.options.maximize == "length" and state.cost == FREE:
             return SPEED
         return state.cost
 
     def _rank(self, fits: List[Fit]) -> List[Fit]:
         fits = undominated(fits)
-        if self.spec.maximize == "length":
+        if self.spec.options.maximize == "length":
             return sorted(fits, key=lambda f: (f.candidate.max_length, f.result.tokens_per_second), reverse=True)
         return sorted(fits, key=lambda f: f.result.tokens_per_second, reverse=True)
 
@@ -394,7 +394,7 @@ class Search:
                     self.report.notes.append(note)
                 return True
             self.report.notes.append(
-                f"{fit.candidate.describe()} fitted in {self.spec.probe_steps} steps but not in "
+                f"{fit.candidate.describe()} fitted in {self.spec.options.probe_steps} steps but not in "
                 f"{self.spec.verify_plan()[0]} steps of verification ({verified.outcome.value}: {verified.error[:120]}); next candidate"
             )
         return False

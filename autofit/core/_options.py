@@ -1,0 +1,330 @@
+"""Every option of a search, declared once: its name, help text, type, default and check live in one field of
+``SearchOptions``. ``autofit search``, ``autofit estimate`` and ``autofit.fit`` are derived from it (``options_parser``
+adds a door's arguments to an argparse parser; ``fit``'s keywords are the fields its door takes), and best.json
+records the request as these fields. TRL's config dataclasses, whose fields carry ``metadata={"help": ...}``, are
+the model.
+
+A field's kind both parses the command line's text (argparse errors, one line) and checks a Python value (the
+``fit`` door, and the command line once more after parsing): the two doors cannot accept different things. Checks
+across fields that hold at every door are ``SearchOptions.check``; what needs the machine (the device, the card's
+memory, the GPUs present) or the ladder is resolved later, into a ``SearchSpec``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+from autofit.core._candidate import RL_ALGOS
+from autofit.core._errors import InputError
+from autofit.core._sizes import parse_size
+
+SEARCH, ESTIMATE, FIT = "search", "estimate", "fit"
+DOORS = (SEARCH, ESTIMATE, FIT)
+DEVICES = ("auto", "cuda", "cpu")
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # TRL's ModelConfig.dtype choices
+MAXIMIZE = ("batch", "length")
+VLLM_MODES = ("colocate", "server")
+GROUP_ALGOS = ("grpo", "rloo")  # algorithms that sample num_generations completions per prompt
+AUTO_VERIFY = "auto"
+MIN_BUDGET_BYTES = 2**20
+RL_GROUP = "grpo, rloo and ppo"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one option accepts: ``accepts`` checks a value, ``parse`` turns the command line's text into one (None:
+    the text itself), ``phrase`` ends the one-line message of a value it refuses."""
+
+    phrase: str
+    accepts: Callable[[Any], bool]
+    parse: Optional[Callable[[str], Any]] = None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _gpu_count(text: str) -> Union[int, str]:
+    return "all" if text.strip().lower() == "all" else int(text)
+
+
+def _verify_steps(text: str) -> Union[int, str]:
+    return AUTO_VERIFY if text == AUTO_VERIFY else int(text)
+
+
+def _size(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            return parse_size(value) >= MIN_BUDGET_BYTES
+        except InputError:
+            return False
+    return _is_int(value) and value >= MIN_BUDGET_BYTES
+
+
+def one_of(choices: Sequence[str]) -> Kind:
+    return Kind(f"accepted are {', '.join(choices)}", lambda v: v in choices)
+
+
+TEXT = Kind("a non-empty string is accepted", lambda v: isinstance(v, str) and bool(v))
+FLAG = Kind("True or False is accepted", lambda v: isinstance(v, bool))
+POSITIVE_INT = Kind("a positive integer is accepted", lambda v: _is_int(v) and v >= 1, int)
+PROBE_STEPS = Kind("a probe needs at least 2 optimizer steps", lambda v: _is_int(v) and v >= 2, int)
+GENERATIONS = Kind("GRPO/RLOO need at least 2 completions per prompt to compare them",
+                   lambda v: _is_int(v) and v >= 2, int)
+SECONDS = Kind("a positive, finite number of seconds is accepted", lambda v: _is_number(v) and 0 < v < math.inf,
+               float)
+FRACTION = Kind("a fraction between 0 and 1 is accepted", lambda v: _is_number(v) and 0 < v < 1, float)
+HEADROOM = Kind("use a fraction from 0 to 0.5, e.g. 0.03", lambda v: _is_number(v) and 0 <= v < 0.5, float)
+BETA = Kind("a finite number, 0 or more, is accepted", lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
+            float)
+SIZE = Kind("give a size with a unit, e.g. '24GiB' or '1.5GiB', or an integer number of bytes, not below 1 MiB",
+            _size)
+GPUS = Kind("a positive number of GPUs or 'all' is accepted", lambda v: v == "all" or (_is_int(v) and v >= 1),
+            _gpu_count)
+VERIFY_STEPS = Kind("use a positive integer or 'auto'", lambda v: v == AUTO_VERIFY or (_is_int(v) and v >= 1),
+                    _verify_steps)
+LADDER = Kind("rung names are accepted, comma-separated (or a list in fit())",
+              lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(n, str) for n in v)))
+FOLDER = Kind("a folder path is accepted", lambda v: isinstance(v, (str, Path)) and str(v) != "")
+ARGS = Kind("a dict of config fields is accepted", lambda v: isinstance(v, dict))
+
+
+def option(default: Any = MISSING, *, help: str, kind: Kind, doors: Iterable[str] = (SEARCH, FIT),
+           flags: Sequence[str] = (), group: Optional[str] = None, metavar: Optional[str] = None,
+           required: Iterable[str] = (), estimate_help: Optional[str] = None) -> Any:
+    """A field of ``SearchOptions``: ``flags`` default to ``--name-with-dashes``; a ``FLAG`` kind is a switch on the
+    command line (``--no-x`` where the default is True); ``required`` names the command-line doors that need it."""
+    metadata = dict(help=help, kind=kind, doors=frozenset(doors), flags=tuple(flags), group=group, metavar=metavar,
+                    required=frozenset(required), estimate_help=estimate_help)
+    return field(default=None if default is MISSING else default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """What a user asks for, as they wrote it (the fields are ``autofit search``'s options and ``fit``'s keywords)."""
+
+    model: str = option(help="hub id (bundled configs work offline) or local folder", kind=TEXT,
+                        doors=DOORS, required=(SEARCH, ESTIMATE))
+    algo: str = option("sft", help="the TRL trainer: sft, grpo, rloo, reward or ppo (default sft)", kind=TEXT,
+                       doors=DOORS, estimate_help="sft, grpo, rloo or reward (default sft)")
+    factory: Optional[str] = option(help="probe your own trainer: a function that builds it from a candidate (see "
+                                         "autofit.fit)", kind=TEXT, doors=(SEARCH,), metavar="MODULE:FUNCTION")
+    gpu_memory: Union[None, str, int] = option(
+        help="budget per GPU, e.g. 24GiB; default the card's memory; required on CPU", kind=SIZE, doors=DOORS,
+        required=(ESTIMATE,), estimate_help="budget per GPU, e.g. 24GiB, 80GB")
+    device: str = option("auto", help="auto, cuda or cpu (cpu: the simulated device meter)", kind=one_of(DEVICES),
+                         doors=DOORS, estimate_help="cuda (a GPU with bf16 autocast and a CUDA context; auto is cuda "
+                                                    "here) or cpu (the simulated meter)")
+    max_length: Optional[int] = option(help="sequence length, sft and reward (default 1024)", kind=POSITIVE_INT,
+                                       doors=DOORS)
+    min_length: Optional[int] = option(help="floor for shorter sequences (default: never cut)", kind=POSITIVE_INT,
+                                       doors=DOORS)
+    max_completion_length: Optional[int] = option(help="completion (ppo: response) length (default 512)",
+                                                  kind=POSITIVE_INT, doors=DOORS, group=RL_GROUP)
+    min_completion_length: Optional[int] = option(help="floor for shorter completions", kind=POSITIVE_INT,
+                                                  doors=DOORS, group=RL_GROUP)
+    max_prompt_length: int = option(128, help="synthetic prompt length (128)", kind=POSITIVE_INT, doors=DOORS,
+                                    group=RL_GROUP)
+    num_generations: Optional[int] = option(help="completions per prompt (default: TRL's)", kind=GENERATIONS,
+                                            doors=DOORS, group=RL_GROUP)
+    use_vllm: Optional[str] = option(
+        help="vLLM generates: colocate (in each training process) or server (trl vllm-serve elsewhere); probed where "
+             "vLLM is installed, estimated where not", kind=one_of(VLLM_MODES), doors=DOORS, group=RL_GROUP,
+        metavar="MODE")
+    vllm_gpu_memory_utilization: float = option(0.3, help="colocate: the share of each GPU vLLM takes (TRL's default "
+                                                          "0.3)", kind=FRACTION, doors=DOORS, group=RL_GROUP)
+    beta: Optional[float] = option(help="KL coefficient; > 0 loads and measures the reference model", kind=BETA,
+                                   doors=DOORS, group=RL_GROUP)
+    effective_batch: int = option(8, help="micro-batch x accumulation x GPUs, kept exactly (default 8)",
+                                  kind=POSITIVE_INT, doors=DOORS)
+    gpus: Union[int, str] = option(
+        1, help="GPUs on this machine that train together, a number or 'all' (default 1): each probe runs one process "
+                "per GPU through accelerate, and the sharding rungs (ZeRO, FSDP2) apply", kind=GPUS, doors=DOORS,
+        estimate_help="GPUs that train together (default 1): the per-GPU ledger of data parallel and of each sharding "
+                      "rung (ZeRO-1/2/3, FSDP2)")
+    nodes: int = option(1, help="machines to export for (default 1): the probes run this machine's --gpus; the "
+                                "accelerate config is written for all of them, with the ledger's per-GPU figure",
+                        kind=POSITIVE_INT, doors=DOORS,
+                        estimate_help="machines, each with --gpus GPUs: the ledger at world size GPUs x nodes")
+    maximize: str = option("batch", help="batch (default) or length (longest that fits)", kind=one_of(MAXIMIZE),
+                           doors=DOORS)
+    ladder: Union[None, str, Sequence[str]] = option(
+        help="comma-separated rung names, in order (default: the whole ladder)", kind=LADDER, doors=DOORS)
+    out_dir: Union[str, Path] = option("autofit-out", help="output folder; the study there is resumed", kind=FOLDER,
+                                       flags=("--out",))
+    real_weights: bool = option(False, help="load the model's weights instead of random", kind=FLAG)
+    dtype: Optional[str] = option(help="load the weights in this dtype (auto, bfloat16, float16, float32), as TRL's "
+                                       "--dtype; default: float32 (TRL's), bfloat16 only as a rung",
+                                  kind=one_of(DTYPES))
+    probe_steps: int = option(2, help="optimizer steps per probe (>= 2)", kind=PROBE_STEPS)
+    verify_steps: Union[int, str] = option(
+        AUTO_VERIFY, help="optimizer steps of the check run, or auto (default): at least 3, at most 10, stopping "
+                          "after 60 s of training", kind=VERIFY_STEPS)
+    probe_timeout_s: float = option(900.0, help="seconds before a probe is killed (default 900)", kind=SECONDS,
+                                    flags=("--probe-timeout",))
+    build_timeout_s: float = option(600.0, help="seconds the trainer factory may take to build the trainer (default "
+                                                "600)", kind=SECONDS, flags=("--build-timeout",))
+    max_probes: Optional[int] = option(help="stop probing after N probes and choose", kind=POSITIVE_INT)
+    headroom: Optional[float] = option(help="fraction of the budget kept free (default 0.03 on CUDA)", kind=HEADROOM)
+    predict: bool = option(True, help="probe without the memory model: no predicted start, no skipped candidates",
+                           kind=FLAG, flags=("--no-predict",))
+    trust_remote_code: bool = option(
+        False, help="run the model's own code (auto_map in config.json) in probes, as TRL's flag of that name",
+        kind=FLAG, doors=DOORS, estimate_help="estimate a model that needs its own code (auto_map) from its "
+                                              "configuration")
+    allow_busy_gpu: bool = option(False, help="search within the memory other processes leave free (default: exit 2 "
+                                              "when it is less than the budget)", kind=FLAG)
+    quiet: bool = option(False, help="only the final table", kind=FLAG, flags=("-q", "--quiet"))
+    training_args: Optional[Dict[str, Any]] = option(
+        help="your own config fields, passed through (the fields autofit searches are the candidate's)", kind=ARGS,
+        doors=(FIT,))
+    from_dir: Optional[str] = option(help="use the calibrated memory model of an earlier search (DIR/best.json, key "
+                                          "memory_model)", kind=TEXT, doors=(ESTIMATE,), flags=("--from",),
+                                     metavar="DIR")
+    plot: Optional[str] = option(help="also draw the ledger of every level against the budget (.svg, .png or .pdf)",
+                                 kind=TEXT, doors=(ESTIMATE,), metavar="FILE")
+
+    def __post_init__(self) -> None:
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if value is not None and not spec.metadata["kind"].accepts(value):
+                raise refused(spec.name, value)
+        if self.model is None:
+            raise InputError("--model is required: a hub id or a local folder")
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        self.check()
+
+    def check(self) -> None:
+        """What must hold between the options at every door (one line naming the option that breaks it)."""
+        rl = self.algo in RL_ALGOS
+        if rl and (self.max_length is not None or self.min_length is not None):
+            raise InputError(f"--max-length/--min-length do not apply to {self.algo}: use --max-completion-length "
+                             "and --min-completion-length")
+        if self.algo == "ppo" and self.beta is not None:
+            raise InputError("--beta applies to grpo and rloo; PPO's KL coefficient is PPOConfig.kl_coef")
+        if not rl:
+            given = [name for name in ("max_completion_length", "min_completion_length", "beta")
+                     if getattr(self, name) is not None]
+            if given:
+                raise InputError(f"{flag(given[0])} applies to grpo and rloo, not to '{self.algo}'")
+        for name in ("num_generations", "use_vllm"):
+            if getattr(self, name) is not None and self.algo not in GROUP_ALGOS:
+                raise InputError(f"{flag(name)} applies to {' and '.join(GROUP_ALGOS)}, not to '{self.algo}'")
+        if self.num_generations is not None and self.effective_batch % self.num_generations:
+            raise InputError(f"--effective-batch {self.effective_batch} cannot be divided into groups of "
+                             f"--num-generations {self.num_generations}: use a multiple of {self.num_generations}")
+        if self.dtype is not None and self.algo == "ppo":
+            raise InputError("--dtype does not apply to ppo: PPOConfig has no model_init_kwargs; load the models in "
+                             "the dtype you want in your PPO script")
+
+    @property
+    def length(self) -> int:
+        """The length the search starts from: the sequence for sft and reward, the completion for RL."""
+        if self.algo in RL_ALGOS:
+            return self.max_completion_length or 512
+        return self.max_length or 1024
+
+    @property
+    def length_floor(self) -> int:
+        """How short the shorter-length rung may go: never below the length unless asked (``--maximize length``:
+        128, or the length when it is shorter)."""
+        floor = self.min_completion_length if self.algo in RL_ALGOS else self.min_length
+        if floor is None:
+            floor = self.length if self.maximize == "batch" else min(self.length, 128)
+        if floor > self.length:
+            given = "--min-completion-length" if self.algo in RL_ALGOS else "--min-length"
+            upper = "--max-completion-length" if self.algo in RL_ALGOS else "--max-length"
+            raise InputError(f"{given} {floor} is above {upper} {self.length}: it must be at most that")
+        return floor
+
+    def record(self) -> Dict[str, Any]:
+        """The request as best.json keeps it: every option the user's door takes, JSON-safe."""
+        data = asdict(self)
+        data["out_dir"] = str(self.out_dir)
+        if isinstance(self.ladder, tuple):
+            data["ladder"] = list(self.ladder)
+        return data
+
+
+def refused(name: str, value: Any) -> InputError:
+    return InputError(f"{flag(name)} {value!r} is not valid: {FIELDS[name].metadata['kind'].phrase}")
+
+
+def flag(name: str) -> str:
+    """The name every message gives a field: its command-line flag (fit's keyword is the field's name), or the
+    keyword of an option only ``fit`` takes."""
+    spec = FIELDS[name]
+    if spec.metadata["doors"] == {FIT}:
+        return name
+    return spec.metadata["flags"][-1] if spec.metadata["flags"] else "--" + name.replace("_", "-")
+
+
+FIELDS = {spec.name: spec for spec in fields(SearchOptions)}
+
+
+def door_fields(door: str) -> List[str]:
+    """The options one door takes, in declaration order."""
+    return [name for name, spec in FIELDS.items() if door in spec.metadata["doors"]]
+
+
+def add_options(parser: argparse.ArgumentParser, door: str) -> None:
+    """Add a command-line door's options to ``parser``, each from its field (help, type, default, group)."""
+    groups: Dict[str, Any] = {}
+    for name in door_fields(door):
+        meta = FIELDS[name].metadata
+        default = FIELDS[name].default
+        target = parser
+        if meta["group"]:
+            target = groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        help_text = (meta["estimate_help"] if door == ESTIMATE and meta["estimate_help"] else meta["help"])
+        flags = meta["flags"] or ("--" + name.replace("_", "-"),)
+        if meta["kind"] is FLAG:
+            target.add_argument(*flags, dest=name, action="store_false" if default else "store_true", help=help_text)
+            continue
+        target.add_argument(*flags, dest=name, default=None, help=help_text, metavar=meta["metavar"],
+                            required=door in meta["required"])
+
+
+def options_from_args(args: argparse.Namespace, door: str) -> SearchOptions:
+    """The options of a parsed command line: each text read by its field's kind, and refused with the message the
+    ``fit`` door gives for the same value (the text quoted as it was typed)."""
+    values: Dict[str, Any] = {}
+    for name in door_fields(door):
+        text = getattr(args, name, None)
+        if text is None or isinstance(text, bool):  # not given (the field's default), or a switch
+            if isinstance(text, bool):
+                values[name] = text
+            continue
+        kind = FIELDS[name].metadata["kind"]
+        try:
+            value = kind.parse(text) if kind.parse else text
+        except (TypeError, ValueError):
+            raise refused(name, text) from None
+        if not kind.accepts(value):
+            raise refused(name, text)
+        values[name] = value
+    return SearchOptions(**values)
+
+
+def keyword_defaults(door: str = FIT) -> Dict[str, Any]:
+    return {name: FIELDS[name].default for name in door_fields(door)}
+
+
+def ladder_names(ladder: Union[None, str, Sequence[str]]) -> Optional[List[str]]:
+    """A ladder given as "name,name" (the command line's form) or as a list of rung names."""
+    if ladder is None:
+        return None
+    names = [name.strip() for name in ladder.split(",")] if isinstance(ladder, str) else list(ladder)
+    names = [name for name in names if name]
+    if not names:
+        raise InputError(f"--ladder {ladder!r} names no rung")
+    return names
+
