@@ -25,7 +25,7 @@ DATASET ?=
 TRAIN_OUT ?= $(OUT)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families bench-offload bench-activation-offload bench-liger bench-weightless
+.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families bench-offload bench-activation-offload bench-liger bench-weightless
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -36,7 +36,8 @@ help:
 	@echo "  make train ALGO=sft DATASET=trl-lib/Capybara [OUT=dir] [TRAIN_OUT=dir]"
 	@echo "                   train with TRL on OUT/best.yaml (trl ALGO --config ...)"
 	@echo "  make demo        a real search on the bundled tiny model, on the CPU"
-	@echo "  make test        the test suite (make test-fast: without real training; make bench: the benchmarks)"
+	@echo "  make test        ruff, mypy and the test suite (make lint: ruff and mypy; make test-fast: without real"
+	@echo "                   training; make bench: the benchmarks)"
 	@echo "  make bench-families  the memory model against the CPU meter, family by family (docs/benchmarks.md)"
 	@echo "  make bench-offload   optimizer offload against the quality rungs where it is the answer (docs/benchmarks.md)"
 	@echo "  make bench-activation-offload  activation offloading against checkpointing, and its ledger (docs/benchmarks.md)"
@@ -71,9 +72,9 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/autofit search --model tiny-qwen2 --device cpu --gpu-memory 300MiB --max-length 128 --out $(DEMO_OUT)
 
-# The floor environment and the PPO overlay install (network and disk) while the main lane runs (CPU); then the
-# PPO and floor lanes run side by side.
-test: venv
+# ruff and mypy first (seconds); the floor environment and the PPO overlay install (network and disk) while the main
+# lane runs (CPU); then the PPO and floor lanes run side by side.
+test: venv lint
 	$(MAKE) -j2 test-main $(FLOOR_VENV)/.installed $(PPO_OVERLAY)/.installed
 	$(MAKE) -j2 --output-sync=target test-ppo test-floor
 
@@ -102,6 +103,11 @@ $(FLOOR_VENV)/.installed: pyproject.toml
 test-floor: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/python -c "import importlib.metadata as m; print('floor:', *(p + ' ' + m.version(p) for p in ('transformers', 'trl', 'optuna')))"
 	$(FLOOR_VENV)/bin/python -m pytest -q $(PYTEST_WORKERS) -m "not slow or floor"
+
+# The linter and the type checker (configured in pyproject.toml; mypy is strict on core, search and memory_model).
+lint: venv
+	$(BIN)/ruff check autofit tests benchmarks examples
+	$(BIN)/mypy
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow"

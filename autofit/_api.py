@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from autofit import export
-from autofit.core import Candidate, InputError, SearchSpec, exclusive, format_size, one_line
+from autofit.core import Candidate, SearchSpec, exclusive, format_size, one_line
 from autofit.core._options import FIELDS, FIT, SEARCH, SearchOptions, door_fields
 from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
 from autofit.rungs import Rung, resolve_ladder
@@ -122,9 +122,10 @@ def no_fit_message(report: SearchReport) -> str:
                 f"{failure.candidate.describe()}) needed more than {format_size(failure.result.peak_bytes)}")
     elif report.skipped and not report.records:
         lightest = min(report.skipped, key=lambda s: s.predicted_bytes)
-        seen = (f"the memory model puts the lightest configuration ({'+'.join(lightest.candidate.rungs) or 'baseline'}: "
-                f"{lightest.candidate.describe()}) at {format_size(lightest.predicted_bytes)} "
-                f"± {lightest.uncertainty:.0%}, so nothing was probed (--no-predict probes anyway)")
+        seen = (f"the memory model puts the lightest configuration "
+                f"({'+'.join(lightest.candidate.rungs) or 'baseline'}: {lightest.candidate.describe()}) "
+                f"at {format_size(lightest.predicted_bytes)} ± {lightest.uncertainty:.0%}, "
+                "so nothing was probed (--no-predict probes anyway)")
     else:
         errors = sorted({r.result.error for r in report.records if r.result.error})
         seen = "no probe ran to completion" + (f" (first error: {errors[0][:200]})" if errors else "")
@@ -163,12 +164,15 @@ def fit(trainer_factory: Union[str, Callable[[Candidate], Any]], *,
     payload = prepare_factory(trainer_factory)
     ladder = options.get("ladder")
     custom = ladder is not None and not isinstance(ladder, str) and any(not isinstance(r, str) for r in ladder)
-    spec = question(SearchOptions(**{**options, "ladder": None if custom else ladder}), factory=payload.identity or None)
-    rungs = [resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder] if custom else None
+    spec = question(SearchOptions(**{**options, "ladder": None if custom else ladder}),
+                    factory=payload.identity or None)
+    rungs = ([resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder]
+             if custom and ladder is not None else None)
     with probe_lines(bool(options.get("quiet", False))):
         report = run_search(spec, rungs, payload, callback)
     if not report.fits:
         raise NoFitError(no_fit_message(report), report)
+    assert report.chosen is not None  # it fits
     return FitResult(report.chosen.candidate, report, spec.options.out_dir / "best.json",
                      spec.options.out_dir / "best.yaml")
 

@@ -5,8 +5,8 @@ activation offloading after it, and says what each answer trains, its verified p
 activations took at most (measured / predicted) and its speed. Part two probes each workload's model with and
 without checkpointing under offloading and compares the device peak and the host memory with the ledger's.
 
-On the CPU the accelerator is the CPU itself (``autofit.probe._activation_offload``): the copies cost a memcpy, not a PCIe
-transfer, so the throughput says nothing about a GPU.
+On the CPU the accelerator is the CPU itself (``autofit.probe._activation_offload``): the copies cost a memcpy, not a
+PCIe transfer, so the throughput says nothing about a GPU.
 
     .venv/bin/python -m benchmarks.activation_offload [--write docs/benchmarks.md]   (make bench-activation-offload)
 """
@@ -34,8 +34,8 @@ MiB = 2**20
 def search(model: str, algo: str, length: int, batch: int, budget_mib: int, ladder: List[str], out: Path) -> Dict:
     from autofit._api import fit
 
-    fit(f"autofit.probe.algos.{algo}:build_trainer", model=model, algo=algo, device="cpu", gpu_memory=f"{budget_mib}MiB",
-        max_length=length, effective_batch=batch, ladder=ladder, out_dir=out, quiet=True)
+    fit(f"autofit.probe.algos.{algo}:build_trainer", model=model, algo=algo, device="cpu",
+        gpu_memory=f"{budget_mib}MiB", max_length=length, effective_batch=batch, ladder=ladder, out_dir=out, quiet=True)
     data = json.loads((out / "best.json").read_text())
     return {"answer": data["candidates"][0]["candidate"] if data.get("candidates") else "-",
             "rungs": "+".join(data["rungs"]) or "none", "peak": data["peak_bytes"],
@@ -83,7 +83,8 @@ def prediction_errors(root: Path) -> List[str]:
             host = result.stats.get("activation_host_bytes", 0)
             host_predicted = mm.host_bytes(candidate, mm.ModelShape.from_model(model), "cpu")
             lines.append(
-                f"| {Path(model).name} | {algo} | {candidate.micro_batch}x{length} | {'on' if checkpointing else 'off'} "
+                f"| {Path(model).name} | {algo} | {candidate.micro_batch}x{length} "
+                f"| {'on' if checkpointing else 'off'} "
                 f"| {result.peak_bytes / MiB:.1f} / {predicted / MiB:.1f} | {predicted / result.peak_bytes - 1:+.1%} "
                 f"| {host / MiB:.1f} / {host_predicted / MiB:.1f} | {host_predicted / host - 1:+.1%} |")
     return lines

@@ -82,8 +82,9 @@ def _run(job: Dict[str, Any]) -> Dict[str, Any]:
     import torch
     from transformers import TrainerCallback
 
-    from autofit.probe import kit as probe_kit, _virtual_checkpoint as virtual_checkpoint
     from autofit.core import Candidate, ProbeSettings
+    from autofit.probe import _virtual_checkpoint as virtual_checkpoint
+    from autofit.probe import kit as probe_kit
     from autofit.probe._meters import SimulatedMeter
 
     module, _, name = job["factory"].partition(":")
@@ -109,7 +110,7 @@ def _run(job: Dict[str, Any]) -> Dict[str, Any]:
         try:
             with virtual_checkpoint.fill_on_load():  # the model gets values as in autofit's probes
                 trainer = factory(candidate)
-        except Exception as exc:  # TRL validates its config in the constructor (GRPO refuses this option)
+        except Exception as exc:  # noqa: BLE001 - TRL validates its config in the constructor (GRPO refuses it)
             refused = "auto_find_batch_size" in str(exc)
             return {"status": "refused" if refused else "failed", "error": _message(exc), "attempts": []}
         meter.track(*[v for v in vars(trainer).values() if isinstance(v, torch.nn.Module)])

@@ -65,9 +65,9 @@ def family_candidate(model: str, algo: str, output_dir: str, qlora: bool = False
 
 def measure(model: str, algo: str, output_dir: str, qlora: bool = False) -> Tuple[Optional[int], float, str]:
     """(measured peak bytes or None, predicted bytes, the probe's error) of one probe in this process."""
-    from autofit.probe import prepare_factory
-    from autofit.memory_model import predict
     from autofit.core import Outcome
+    from autofit.memory_model import predict
+    from autofit.probe import prepare_factory
     from autofit.probe._worker import run_probe
 
     candidate = family_candidate(model, algo, output_dir, qlora)
@@ -77,8 +77,7 @@ def measure(model: str, algo: str, output_dir: str, qlora: bool = False) -> Tupl
 
 
 def table(root: Path) -> str:
-    from autofit.memory_model import ensure_census
-    from autofit.memory_model import ModelShape, unchecked_reason
+    from autofit.memory_model import ModelShape, ensure_census, unchecked_reason
 
     lines = ["| family | params (counted) | algo | measured MiB | predicted MiB | error | checked |",
              "|---|---:|---|---:|---:|---:|---|"]

@@ -91,7 +91,7 @@ def gpu_name() -> str:
         pynvml.nvmlInit()
         name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
         return name.decode() if isinstance(name, bytes) else name
-    except Exception:
+    except Exception:  # noqa: BLE001 - no pynvml, no driver or no device all mean the same here
         return "no GPU"
 
 
@@ -141,8 +141,8 @@ def run_scenario(scenario: Scenario, root: Path, extra: Sequence[str], replay_st
 def offline_model(best_path: Path) -> List[str]:
     """A hub id cannot be downloaded on the GPU machines: the replay loads the weightless checkpoint the probes
     loaded (its weights stay zeros there, with no autofit code to fill them: the same memory)."""
-    from autofit.probe import kit as probe_kit
     from autofit.core import resolve_model
+    from autofit.probe import kit as probe_kit
 
     best = json.loads(best_path.read_text())
     name = best["model_args"]["model_name_or_path"]
@@ -204,7 +204,8 @@ def scenario_section(scenario: Scenario, root: Path) -> List[str]:
         compare = ""
         if replay.get("peak_bytes") and best.get("fits"):
             ratio = replay["peak_bytes"] / best["verified"]["peak_bytes"]
-            compare = f", peak {_gib(replay['peak_bytes'])} against autofit's verified {_gib(best['verified']['peak_bytes'])} ({ratio:.3f}x)"
+            compare = (f", peak {_gib(replay['peak_bytes'])} against autofit's verified "
+                       f"{_gib(best['verified']['peak_bytes'])} ({ratio:.3f}x)")
         lines.append(f"Plain-TRL replay ({replay.get('steps')} steps, no autofit code in the process, "
                      f"same emulated budget): {verdict}{compare}.")
     elif best["fits"]:

@@ -24,15 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from autofit.core import FACTORIES
-from autofit.core import Candidate
-from autofit.rungs import FREE, QUALITY, SPEED
-from autofit.rungs import resolve_ladder
-from autofit.core import Outcome, ProbeResult
+from autofit.core import FACTORIES, RL_ALGOS, Candidate, Outcome, ProbeResult, SearchOptions, SearchSpec, format_size
 from autofit.probe import ProcessRunner
+from autofit.rungs import FREE, QUALITY, SPEED, resolve_ladder
 from autofit.search import Search, divisors
-from autofit.core import RL_ALGOS, SearchOptions, SearchSpec
-from autofit.core import format_size
 
 PROBE_STEPS = 2  # autofit's default probe length, used by every method's probes
 VERIFY_STEPS = 10  # autofit's default verification length, used for every method's chosen configuration
@@ -210,8 +205,8 @@ def run_autofit(workload: Workload, budget: int, workdir: Path, verifier: Verifi
         "records": [
             {"kind": r.kind, "level": r.level, "candidate": describe(r.candidate), "outcome": r.result.outcome.value,
              "peak_bytes": r.result.peak_bytes, "tokens_per_second": r.result.tokens_per_second, "cached": r.cached,
-             "predicted_bytes": r.predicted_bytes, "prior_bytes": r.prior_bytes, "calibrated": r.calibrated, "calibration": r.calibration,
-             "stage": r.stage}
+             "predicted_bytes": r.predicted_bytes, "prior_bytes": r.prior_bytes, "calibrated": r.calibrated,
+             "calibration": r.calibration, "stage": r.stage}
             for r in report.records
         ],
         "skipped": [{"level": s.level, "candidate": describe(s.candidate), "predicted_bytes": s.predicted_bytes,
@@ -234,7 +229,7 @@ def run_autofit(workload: Workload, budget: int, workdir: Path, verifier: Verifi
     return out
 
 
-# -- (b) auto_find_batch_size --------------------------------------------------------------------------------------------
+# -- (b) auto_find_batch_size ------------------------------------------------------------------------------------------
 def run_auto_find(workload: Workload, budget: int, workdir: Path, log: Log) -> MethodResult:
     from benchmarks.auto_batch import run_in_fresh_process
 

@@ -38,7 +38,7 @@ def _cuda_process_bytes(torch) -> int:
         for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
             if proc.pid == os.getpid() and proc.usedGpuMemory:
                 return int(proc.usedGpuMemory)
-    except Exception:
+    except Exception:  # noqa: BLE001 - without NVML's per-process figure, fall back to the device-wide one below
         pass
     free, total = torch.cuda.mem_get_info(0)
     return total - free
@@ -80,7 +80,8 @@ def replay(best: dict, steps: int) -> dict:
         from peft import LoraConfig
 
         peft = best["peft"]
-        kwargs["peft_config"] = LoraConfig(r=peft["r"], lora_alpha=peft["lora_alpha"], lora_dropout=peft["lora_dropout"],
+        kwargs["peft_config"] = LoraConfig(r=peft["r"], lora_alpha=peft["lora_alpha"],
+                                           lora_dropout=peft["lora_dropout"],
                                            target_modules=peft["target_modules"],
                                            task_type="SEQ_CLS" if algo == "reward" else "CAUSAL_LM")
     quantization = best.get("quantization")

@@ -4,7 +4,7 @@ For every model: the tensor bytes the checkpoint stands for, the bytes the files
 it (imports excluded) and the peak resident memory of the writing process. A small model is then loaded from its
 checkpoint as TRL loads it (``from_pretrained``, weights filled on load) to time that step too.
 
-    .venv/bin/python -m benchmarks.weightless [--write docs/benchmarks.md]     (make bench-weightless; part of make bench)
+    .venv/bin/python -m benchmarks.weightless [--write docs/benchmarks.md]   (make bench-weightless; part of make bench)
 """
 
 from __future__ import annotations

@@ -28,20 +28,17 @@ Otherwise ``Outcome.OK`` with
 so a bigger micro-batch is faster and checkpointing is slower.
 
 Failure injection: ``fail_if(candidate, steps)`` may return an ``Outcome`` (CRASH, TIMEOUT, INVALID) for that
-run, or a whole ``ProbeResult`` (a fault, a cause); ``interrupt_on_call=N`` raises ``KeyboardInterrupt`` on the N-th call (1-based), which is not recorded in
-``calls`` because it did not finish.
+run, or a whole ``ProbeResult`` (a fault, a cause); ``interrupt_on_call=N`` raises ``KeyboardInterrupt`` on the N-th
+call (1-based), which is not recorded in ``calls`` because it did not finish.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, List, Optional, Union
 
-from pathlib import Path
-
-from autofit.core import Candidate
-from autofit.core import Outcome, ProbeResult
-from autofit.core import RL_ALGOS, SearchOptions, SearchSpec
+from autofit.core import RL_ALGOS, Candidate, Outcome, ProbeResult, SearchOptions, SearchSpec
 
 KiB = 2**10
 MiB = 2**20

@@ -11,21 +11,17 @@ import pytest
 import torch
 
 from autofit import memory_model as mm
-from autofit.core import Candidate, LoraSettings, ProbeSettings
+from autofit.core import Candidate, LoraSettings, Outcome, ProbeSettings, SearchSpec
 from autofit.export import write as export_write
-from autofit.search._host_memory import host_shortfalls
-from autofit.rungs import LadderState, climb
 from autofit.probe._meters import SimulatedMeter
-from autofit.core import Outcome
+from autofit.rungs import DEFAULT_LADDER, RUNGS, ActivationOffload, LadderState, climb, resolve_ladder
 from autofit.search import Search
-from autofit.core import SearchSpec
-from autofit.rungs import DEFAULT_LADDER, RUNGS, resolve_ladder
-from autofit.rungs import ActivationOffload
+from autofit.search._host_memory import host_shortfalls
 
 try:
-    from fakes import MiB, FormulaRunner, formula_spec
+    from fakes import FormulaRunner, MiB, formula_spec
 except ImportError:  # tests/ became a package
-    from tests.fakes import MiB, FormulaRunner, formula_spec
+    from tests.fakes import FormulaRunner, MiB, formula_spec
 
 LADDER = ["micro-batch", "checkpointing", "activation-offload"]
 

@@ -6,10 +6,8 @@ import dataclasses
 import pytest
 from packaging.version import Version
 
+from autofit.core import FACTORIES, Candidate, Outcome
 from autofit.core import _compat as compat
-from autofit.core import FACTORIES
-from autofit.core import Candidate
-from autofit.core import Outcome
 from autofit.probe import ProcessRunner
 
 

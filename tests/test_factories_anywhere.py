@@ -56,7 +56,7 @@ def test_a_script_stdin_and_python_dash_c(tmp_path):
                                       text=True, cwd=str(tmp_path)) for name, (args, _) in ways.items()}
     for name, process in running.items():
         out, err = process.communicate(ways[name][1], timeout=600)
-        line = next((l for l in out.splitlines() if l.startswith("RESULT ")), None)
+        line = next((printed for printed in out.splitlines() if printed.startswith("RESULT ")), None)
         assert line is not None, f"{name}: exit {process.returncode}\n{err[-3000:]}"
         found = json.loads(line[len("RESULT "):])
         assert found["fits"] and found["peak"] > 0, name
@@ -89,15 +89,16 @@ def test_a_notebook_cell(tmp_path):
     nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = "".join(o.get("text", "") for o in notebook.cells[-1].outputs if o.get("output_type") == "stream")
-    line = next(l for l in outputs.splitlines() if l.startswith("RESULT "))
+    line = next(printed for printed in outputs.splitlines() if printed.startswith("RESULT "))
     assert json.loads(line[len("RESULT "):])["fits"]
     best = json.loads((out / "best.json").read_text())
     assert best["fits"] and best["config"]["max_length"] == 16
 
 
 def test_the_trainer_that_was_built_is_the_one_exported(tmp_path):
-    import autofit
     from trl import ModelConfig, SFTConfig, TrlParser, get_peft_config
+
+    import autofit
 
     result = autofit.fit("probe_factories:own_lora_short_rows", model="tiny-qwen2", device="cpu", gpu_memory="2GiB",
                          max_length=32, effective_batch=2, out_dir=tmp_path, quiet=True)

@@ -9,12 +9,19 @@ import json
 from pathlib import Path
 
 import pytest
-
-from autofit.memory_model import ensure_census
-from autofit.memory_model._census_build import build
-from autofit.memory_model import CHECKED, ModelShape, analytic_census, param_counts, predict, unchecked_reason
-from autofit.memory_model._census import Census, lora_tensors
 from fakes import spec_of
+
+from autofit.memory_model import (
+    CHECKED,
+    ModelShape,
+    analytic_census,
+    ensure_census,
+    param_counts,
+    predict,
+    unchecked_reason,
+)
+from autofit.memory_model._census import Census, lora_tensors
+from autofit.memory_model._census_build import build
 from benchmarks.families import ALGOS, FAMILIES, family_candidate, measure, write_family
 
 # Real probes, and claims about how the installed transformers 5 builds each family (fused experts): not for the
@@ -32,9 +39,8 @@ def family_root(tmp_path_factory) -> Path:
 def prepared(family: str, root: Path) -> str:
     """The family's tiny model folder with its census in the cache, built in this process (faster than the child
     process the search starts, which ``test_mixtral_8x7b_is_counted_from_the_model_in_a_child_process`` covers)."""
-    from autofit.core import atomic_write_text
+    from autofit.core import atomic_write_text, resolve_model
     from autofit.memory_model._census import census_file
-    from autofit.core import resolve_model
 
     model = write_family(family, root)
     path = census_file(resolve_model(model).config)
@@ -200,8 +206,8 @@ def test_a_multimodal_wrapper_is_counted_whole(tmp_path):
 
 
 def test_a_damaged_census_in_the_cache_is_built_again(family_root):
-    from autofit.memory_model._census import census_file
     from autofit.core import resolve_model
+    from autofit.memory_model._census import census_file
 
     model = write_family("qwen3_moe", family_root)
     path = census_file(resolve_model(model).config)
@@ -213,9 +219,8 @@ def test_a_damaged_census_in_the_cache_is_built_again(family_root):
 
 
 def test_the_search_notes_an_unchecked_family_in_its_report(family_root):
-    from autofit.search import Search
-    from autofit.core import SearchSpec
     from autofit.rungs import resolve_ladder
+    from autofit.search import Search
 
     try:
         from fakes import FormulaRunner
@@ -244,7 +249,8 @@ def test_estimate_of_a_moe_model_counts_it_in_a_child_and_never_imports_torch(tm
         from tests.test_memory_model import ESTIMATE, REPO
 
     env = {**os.environ, "AUTOFIT_CACHE": str(tmp_path / "cache")}  # nothing cached: the child must build it
-    done = subprocess.run([sys.executable, "-c", ESTIMATE, "estimate", "--model", MIXTRAL_8X7B, "--gpu-memory", "80GiB"],
+    done = subprocess.run([sys.executable, "-c", ESTIMATE, "estimate", "--model", MIXTRAL_8X7B,
+                           "--gpu-memory", "80GiB"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert "46,702,792,704 parameters counted from the model" in done.stdout
@@ -255,7 +261,6 @@ def test_a_users_factory_may_load_a_model_without_a_causal_lm_class(tmp_path):
     from transformers import AutoConfig
 
     from autofit.search._guide import model_shape
-    from autofit.core import SearchSpec
 
     AutoConfig.for_model("qwen2_5_vl").save_pretrained(tmp_path / "vl")
     spec = spec_of(model=str(tmp_path / "vl"), budget_bytes=2**34, out_dir=tmp_path / "out",
@@ -267,9 +272,8 @@ def test_a_users_factory_may_load_a_model_without_a_causal_lm_class(tmp_path):
 def test_a_configuration_the_sizes_cannot_read_means_plain_bisection_and_no_census_build(tmp_path):
     """transformers completes a config.json without intermediate_size from its defaults; the memory model's sizes
     cannot, so a user's factory is searched by plain bisection: no exception, and no census built for nothing."""
-    from autofit.search._guide import model_shape
     from autofit.memory_model._census import census_file
-    from autofit.core import SearchSpec
+    from autofit.search._guide import model_shape
 
     config = json.loads(Path(write_family("mixtral", tmp_path)).joinpath("config.json").read_text())
     del config["intermediate_size"]

@@ -12,22 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
-
-from autofit import cli
-from autofit.core import Candidate
-from autofit.core._outdir import exclusive, process_start_ticks
-from autofit.core import Outcome
-from autofit.probe import ProcessRunner
-from autofit.search import Search
-from autofit.core import SearchSpec
-from autofit.search import STUDY_FILE
-from autofit.rungs import resolve_ladder
 from fakes import spec_of
 
+from autofit import cli
+from autofit.core import Candidate, Outcome
+from autofit.core._outdir import exclusive, process_start_ticks
+from autofit.probe import ProcessRunner
+from autofit.rungs import resolve_ladder
+from autofit.search import STUDY_FILE, Search
+
 try:
-    from fakes import MiB, FormulaRunner
+    from fakes import FormulaRunner, MiB
 except ImportError:
-    from tests.fakes import MiB, FormulaRunner
+    from tests.fakes import FormulaRunner, MiB
 
 TESTS = Path(__file__).resolve().parent
 SEARCH = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "16", "--effective-batch", "2"]
@@ -137,7 +134,7 @@ def test_an_oom_while_another_process_grew_is_run_again(tmp_path):
     """)
     env = dict(env_with_tests(), AUTOFIT_SIMULATED_OTHERS_FILE=str(others))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((printed for printed in done.stdout.splitlines() if printed.startswith("RESULT ")), None)
     assert line is not None, done.stderr[-3000:]
     result = json.loads(line[len("RESULT "):])
     assert result["outcome"] == "OK"  # the OOM was the other process's, and the probe ran again

@@ -6,10 +6,9 @@ import json
 import pytest
 import torch
 
-from autofit.core import Candidate
+from autofit.core import BAD_FORK, Candidate, FactoryMisuse, Outcome, ProbeResult, classify_exception, classify_exit
 from autofit.probe import FactoryError
 from autofit.search import FaultWatch, InfrastructureError, check_no_fit_is_an_answer
-from autofit.core import BAD_FORK, FactoryMisuse, Outcome, ProbeResult, classify_exception, classify_exit
 
 
 def raised(exc):
@@ -28,8 +27,10 @@ def raised_in_library():
 
 
 @pytest.mark.parametrize("exc, stage, user, expected", [
-    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "train", False, (Outcome.OOM, "", "oom")),
-    (RuntimeError("CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"), "train", True, (Outcome.OOM, "", "oom")),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "train", False,
+     (Outcome.OOM, "", "oom")),
+    (RuntimeError("CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"), "train", True,
+     (Outcome.OOM, "", "oom")),
     (RuntimeError("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use "
                   "the 'spawn' start method"), "setup", False, (Outcome.CRASH, "infrastructure", BAD_FORK)),
     (OSError(errno.ENOSPC, "No space left on device"), "setup", False, (Outcome.CRASH, "infrastructure", "disk")),

@@ -121,13 +121,15 @@ def test_an_out_others_can_write_to_or_with_a_linked_study_is_refused(tmp_path, 
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "1GiB", "--out", str(shared)])
+    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "1GiB",
+                     "--out", str(shared)])
     assert code == 2 and "can be written by every user" in capsys.readouterr().err
     linked = tmp_path / "linked"
     linked.mkdir()
     (tmp_path / "elsewhere.journal").write_text("")
     (linked / "study.journal").symlink_to(tmp_path / "elsewhere.journal")
-    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "1GiB", "--out", str(linked)])
+    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "1GiB",
+                     "--out", str(linked)])
     assert code == 2 and "study.journal is a symbolic link" in capsys.readouterr().err
     assert (tmp_path / "elsewhere.journal").read_text() == ""
 
@@ -140,5 +142,6 @@ def test_an_out_of_another_user_is_refused(tmp_path, capsys):
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     os.chown(theirs, 4242, 4242)
-    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "1GiB", "--out", str(theirs)])
+    code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "1GiB",
+                     "--out", str(theirs)])
     assert code == 2 and "belongs to another user" in capsys.readouterr().err

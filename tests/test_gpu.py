@@ -24,8 +24,7 @@ def test_emulated_budget_holds_for_qwen_0_5b_sft(tmp_path):
 
 
 def test_cuda_oom_is_classified(tmp_path):
-    from autofit.core import Candidate
-    from autofit.core import Outcome
+    from autofit.core import Candidate, Outcome
     from autofit.probe import ProcessRunner
 
     runner = ProcessRunner("autofit.probe.algos.sft:build_trainer", 2 * 2**30, tmp_path)

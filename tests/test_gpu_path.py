@@ -44,7 +44,7 @@ def run_instrumented(body: str) -> dict:
                                       "imported": sorted(m for m in ("peft", "bitsandbytes") if m in sys.modules)}))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((printed for printed in done.stdout.splitlines() if printed.startswith("RESULT ")), None)
     assert line is not None, done.stderr[-3000:]
     return json.loads(line[len("RESULT "):])
 
@@ -108,7 +108,7 @@ def test_a_server_with_cuda_initialized_falls_back_to_spawn(tmp_path):
     """))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((printed for printed in done.stdout.splitlines() if printed.startswith("RESULT ")), None)
     assert line is not None, done.stderr[-3000:]
     found = json.loads(line[len("RESULT "):])
     assert found["method"] == "spawn"
@@ -169,7 +169,8 @@ def test_gpu_check_replays_a_hub_model_from_the_probes_checkpoint(tmp_path):
     from benchmarks import gpu_check
 
     best = tmp_path / "best.json"
-    best.write_text(json.dumps({"model": "Qwen/Qwen2.5-0.5B", "model_args": {"model_name_or_path": "Qwen/Qwen2.5-0.5B"}}))
+    best.write_text(json.dumps({"model": "Qwen/Qwen2.5-0.5B",
+                                "model_args": {"model_name_or_path": "Qwen/Qwen2.5-0.5B"}}))
     flag, folder = gpu_check.offline_model(best)
     assert flag == "--model-path" and virtual_checkpoint.is_virtual(folder) and "Qwen--Qwen2.5-0.5B" in folder
     best.write_text(json.dumps({"model": str(tmp_path), "model_args": {"model_name_or_path": str(tmp_path)}}))

@@ -1,39 +1,72 @@
-"""The house rules that a reader relies on: no import circles between autofit's modules (deferred imports inside
-functions count too), and no module so long that it has more than one job."""
+"""The house rules that a reader relies on: packages by process and stage, each layer importing only the layers
+below it (deferred imports inside functions count too), the probe's child process reached only through the probe,
+the search's process free of torch, no import circles, and no module so long that it has more than one job."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("autofit",)
-MAX_LINES = 420
+PACKAGE = REPO / "autofit"
+MAX_LINES = 400
+MAX_TOP_LEVEL = 12
+# From the bottom up: a package may import the ones before it, never one after it.
+LAYERS = ("core", "rungs", "memory_model", "probe", "search", "export", "report", "_api", "cli")
+# Each layer's own place among LAYERS; memory_model and probe do not import each other, nor export and report.
+PEERS = ({"memory_model", "probe"}, {"export", "report"})
+# The probe's child process: imported only by modules of autofit.probe (the kit and the built-in factories are
+# public, for the user's own factories).
+CHILD_MODULES = ("_worker", "_meters", "_instrument", "_observe", "_kernels", "_virtual_checkpoint",
+                 "_activation_offload", "_offloaded", "_simulated_fsdp", "_preload")
+HEAVY = ("torch", "transformers", "trl", "peft", "bitsandbytes", "accelerate", "datasets")
+# The search's side of the house: importing any of them (and what they import) never loads HEAVY.
+TORCH_FREE = ("autofit", "autofit._api", "autofit.core", "autofit.rungs", "autofit.memory_model", "autofit.search",
+              "autofit.export", "autofit.report", "autofit.cli", "autofit.probe")
 
 
 def modules():
     found = {}
-    for package in PACKAGES:
-        for path in (REPO / package).rglob("*.py"):
-            parts = path.relative_to(REPO).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found[name] = path
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
     return found
 
 
-def imports(path: Path, name: str, known) -> set:
+def _type_only(tree: ast.AST) -> set:
+    """The import statements under ``if TYPE_CHECKING:``: names for annotations, never run."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+            found |= {id(child) for statement in node.body for child in ast.walk(statement)}
+    return found
+
+
+def imports(path: Path, name: str, known, typing: bool = True) -> set:
+    """The autofit modules ``name`` imports (inside functions too); ``typing=False`` leaves out the imports made only
+    for annotations."""
     tree = ast.parse(path.read_text())
+    skipped = set() if typing else _type_only(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         targets = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known]
+            # ``from package import submodule`` imports the submodule (and runs the package's face, which only
+            # hands names on); ``from module import name`` imports the module
+            targets = submodules if len(submodules) == len(node.names) else [base] + submodules
         for target in targets:
             while target and target not in known:
                 target = target.rpartition(".")[0]
@@ -42,17 +75,27 @@ def imports(path: Path, name: str, known) -> set:
     return found
 
 
-def test_no_import_circles():
+def graph(typing: bool = True):
     known = modules()
-    graph = {name: imports(path, name, known) for name, path in known.items()}
-    # a package's __init__ importing its own submodules is how packages expose their API, not a circle
-    graph = {name: {t for t in targets if not t.startswith(name + ".")} for name, targets in graph.items()}
+    return {name: imports(path, name, known, typing) for name, path in known.items()}
+
+
+def layer(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "autofit"
+
+
+def test_no_import_circles():
+    # a package's __init__ importing its own submodules is how packages expose their API, not a circle; an import made
+    # only for annotations (under TYPE_CHECKING) never runs
+    edges = {name: {t for t in targets if not t.startswith(name + ".")}
+             for name, targets in graph(typing=False).items()}
     cycles = []
 
     def visit(node, stack, on_stack, done):
         on_stack.add(node)
         stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
+        for nxt in sorted(edges.get(node, ())):
             if nxt in on_stack:
                 cycles.append(stack[stack.index(nxt):] + [nxt])
             elif nxt not in done:
@@ -62,10 +105,55 @@ def test_no_import_circles():
         done.add(node)
 
     done = set()
-    for node in sorted(graph):
+    for node in sorted(edges):
         if node not in done:
             visit(node, [], set(), done)
     assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_every_module_is_in_a_layer_and_the_top_level_is_small():
+    top = sorted(p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file())
+    assert len(top) <= MAX_TOP_LEVEL, top
+    assert {layer(name) for name in modules()} - {"autofit"} <= set(LAYERS)
+
+
+def test_no_layer_imports_one_above_it():
+    upward = []
+    for name, targets in graph().items():
+        here = layer(name)
+        if here == "autofit":  # the package's face: lazy exports of the public names
+            continue
+        for target in targets:
+            there = layer(target)
+            if there == here or (there == "autofit" and here == "cli"):  # the command line's --version
+                continue
+            if there == "autofit" or LAYERS.index(there) > LAYERS.index(here) or \
+                    any({here, there} <= peers for peers in PEERS):
+                upward.append(f"{name} -> {target}")
+    assert not upward, "imports that reach up (or across to a peer): " + "; ".join(sorted(upward))
+
+
+def test_the_probes_child_modules_are_imported_only_by_the_probe():
+    child = {f"autofit.probe.{module}" for module in CHILD_MODULES}
+    outside = [f"{name} -> {target}" for name, targets in graph().items() if not name.startswith("autofit.probe")
+               for target in targets & child]
+    assert not outside, outside
+
+
+def test_the_search_side_imports_no_torch():
+    code = (f"import importlib, sys\nfor name in {TORCH_FREE!r}:\n    importlib.import_module(name)\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_public_api_is_what_autofit_exports():
+    import autofit
+
+    for name in autofit.__all__:
+        assert getattr(autofit, name) is not None, name
+    assert issubclass(autofit.FactoryError, autofit.InputError)
 
 
 @pytest.mark.parametrize("name", sorted(modules()))

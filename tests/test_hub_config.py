@@ -79,7 +79,7 @@ class FakeHub:
                 body = hub.files[repo]
                 self.send_response(200)
                 self.send_header("X-Repo-Commit", COMMIT)
-                self.send_header("ETag", '"%s"' % hashlib.sha1(body).hexdigest())
+                self.send_header("ETag", f'"{hashlib.sha1(body).hexdigest()}"')
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()

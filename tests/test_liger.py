@@ -12,18 +12,15 @@ from pathlib import Path
 import pytest
 
 from autofit import memory_model as mm
-from autofit.core import Candidate, LoraSettings, ProbeSettings
+from autofit.core import KERNEL_FAILURE, Candidate, LoraSettings, Outcome, ProbeResult, ProbeSettings
 from autofit.export import write as export_write
-from autofit.rungs import LadderState, climb, usable_rungs
-from autofit.core import KERNEL_FAILURE, Outcome, ProbeResult
+from autofit.rungs import DEFAULT_LADDER, RUNGS, LadderState, LigerKernels, resolve_ladder, usable_rungs
 from autofit.search import Search
-from autofit.rungs import DEFAULT_LADDER, RUNGS, resolve_ladder
-from autofit.rungs import LigerKernels
 
 try:
-    from fakes import MiB, FormulaRunner, formula_spec
+    from fakes import FormulaRunner, formula_spec
 except ImportError:  # tests/ became a package
-    from tests.fakes import MiB, FormulaRunner, formula_spec
+    from tests.fakes import FormulaRunner, formula_spec
 
 STAND_IN = Path(__file__).parent / "liger_stand_in"
 LADDER = ["liger-kernels", "micro-batch", "checkpointing"]
@@ -228,9 +225,9 @@ def test_a_trainer_without_the_flag_is_named_and_a_model_liger_skips_is_the_rung
 
 @pytest.mark.slow
 def test_grpo_generates_and_trains_with_the_kernels(tmp_path, liger_installed):
-    from autofit.probe.algos import rl
-
     import liger_kernel.transformers as stand_in
+
+    from autofit.probe.algos import rl
 
     stand_in.APPLIED.clear()
     result = _probe(tmp_path, rl.build_grpo_trainer, algo="grpo", max_length=32, num_generations=2, liger=True)

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autofit.core import Candidate
-from autofit.export import table_text
-from autofit.search._margin import evidence, over_margin
-from autofit.core import Outcome, ProbeResult
-from autofit.search import Search
-from autofit.core import SearchSpec
-from autofit.rungs import resolve_ladder
 from fakes import spec_of
 
+from autofit.core import Candidate, Outcome, ProbeResult
+from autofit.export import table_text
+from autofit.rungs import resolve_ladder
+from autofit.search import Search
+from autofit.search._margin import evidence, over_margin
+
 try:
-    from fakes import MiB, FormulaRunner
+    from fakes import FormulaRunner, MiB
 except ImportError:  # tests/ became a package
-    from tests.fakes import MiB, FormulaRunner
+    from tests.fakes import FormulaRunner, MiB
 
 EIGHT_BIT = "adamw_bnb_8bit"
 LADDER = ["micro-batch", "checkpointing", "optimizer-8bit", "lora"]

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import spec_of
 
 from autofit import memory_model as mm
-from autofit.core import Candidate, LoraSettings
-from autofit.rungs._engines import deepspeed_missing
+from autofit.core import Candidate, LoraSettings, SearchSpec
 from autofit.memory_model import (
     Calibration,
     ModelShape,
@@ -29,8 +29,7 @@ from autofit.memory_model import (
     predict,
     predict_calibrated,
 )
-from autofit.core import SearchSpec
-from fakes import spec_of
+from autofit.rungs._engines import deepspeed_missing
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +70,8 @@ def test_shape_fields_and_parts():
     assert counts.linear == 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
     assert counts.embedding == counts.lm_head == 128256 * 4096  # untied: ~1.05B params stay unquantized
     gemma = shape("google/gemma-3-1b-it")
-    assert (gemma.head_dim, gemma.q_dim, gemma.kv_dim, gemma.tied_embeddings, gemma.qk_norm) == (256, 1024, 256, True, True)
+    assert ((gemma.head_dim, gemma.q_dim, gemma.kv_dim, gemma.tied_embeddings, gemma.qk_norm)
+            == (256, 1024, 256, True, True))
     assert param_counts(gemma).lm_head == 0
     assert shape("tiny-qwen2").dtype_bytes == 4
     qwen = shape("Qwen/Qwen2.5-0.5B")
@@ -157,9 +157,10 @@ def test_ledger_pure_bf16_and_lora_and_qlora():
     bf16 = phase_ledgers(cand(grad_accum=2, user_args=BF16))[0]
     assert (bf16.weights, bf16.gradients, bf16.optimizer) == (2 * p, 2 * p, 4 * p)  # "pure bf16": 8 B/param
     lora = lora_params(shape("Qwen/Qwen2.5-0.5B"), 16)
-    step = next(l for l in phase_ledgers(cand(lora=LoraSettings(), user_args=BF16)) if l.phase == "step")
+    step = next(ledger for ledger in phase_ledgers(cand(lora=LoraSettings(), user_args=BF16)) if ledger.phase == "step")
     assert step.gradients == 4 * lora and step.optimizer == 8 * lora  # PEFT upcasts adapters to fp32
-    q = next(l for l in phase_ledgers(cand(lora=LoraSettings(), quantization="4bit", user_args=BF16)) if l.phase == "step")
+    q = next(ledger for ledger in phase_ledgers(cand(lora=LoraSettings(), quantization="4bit", user_args=BF16))
+             if ledger.phase == "step")
     assert q.gradients == 2 * lora and q.optimizer == 4 * lora  # TRL casts QLoRA adapters to bf16
 
 
@@ -188,14 +189,15 @@ def test_reference_model_only_with_beta_and_without_lora():
 def test_generation_phase_uses_the_generation_batch():
     c = cand(algo="grpo", micro_batch=2, grad_accum=4, max_length=512, num_generations=4, prompt_length=128,
              user_args=BF16)
-    gen = next(l for l in phase_ledgers(c) if l.phase == "generation")
+    gen = next(ledger for ledger in phase_ledgers(c) if ledger.phase == "generation")
     qwen = shape(c.model)
     kv = kv_cache_bytes(qwen, 8, 640, 2)  # 2 x 4 sequences of prompt + completion, bf16 under autocast
     logits = 8 * qwen.vocab * 4 * mm.GEN_LOGITS_COPIES
     prefill = 8 * 128 * 2 * (mm.GEN_PREFILL_MLP_COPIES * qwen.intermediate + mm.GEN_PREFILL_HIDDEN_COPIES * qwen.hidden)
     assert gen.generation == pytest.approx(kv + logits + prefill)
     # a smaller micro-batch at the same effective batch does not shrink the generation phase
-    smaller = next(l for l in phase_ledgers(c.replace(micro_batch=1, grad_accum=8)) if l.phase == "generation")
+    smaller = next(ledger for ledger in phase_ledgers(c.replace(micro_batch=1, grad_accum=8))
+                   if ledger.phase == "generation")
     assert smaller.generation == gen.generation
 
 
@@ -337,7 +339,8 @@ def test_two_points_at_one_token_count_fit_one_scale():
     """Checkpointing on and off at the same micro-batch and length differ only through the ledger's recomputation
     model: not enough to separate the static and dynamic parts, so one scale is fitted."""
     c = cand(micro_batch=4, max_length=128)
-    points = [(c, 1.2 * predict(c).total), (c.replace(checkpointing=True), 1.1 * predict(c.replace(checkpointing=True)).total)]
+    points = [(c, 1.2 * predict(c).total),
+              (c.replace(checkpointing=True), 1.1 * predict(c.replace(checkpointing=True)).total)]
     cal = calibrate(points)
     assert cal.method == "scale" and cal.static_scale == cal.dynamic_scale
     assert 1.1 < cal.static_scale < 1.2

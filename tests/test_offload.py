@@ -10,10 +10,15 @@ import os
 import pytest
 import torch
 import yaml
+from fakes import spec_of
 
 import autofit.rungs._offload as offload_module
 from autofit import memory_model as mm
-from autofit.core import Candidate, LoraSettings, ProbeSettings
+from autofit.cli._estimate import estimate_text
+from autofit.core import ENGINE_FAILURE, Candidate, LoraSettings, Outcome, ProbeResult, ProbeSettings, SearchSpec
+from autofit.export import write as export_write
+from autofit.probe._meters import SimulatedMeter
+from autofit.rungs import RUNGS, LadderState, OptimizerOffload, climb, resolve_ladder
 from autofit.rungs._engines import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,
@@ -24,22 +29,13 @@ from autofit.rungs._engines import (
     remove_stale_engine_files,
     write_engine_files,
 )
-from autofit.cli._estimate import estimate_text
-from autofit.export import write as export_write
-from autofit.search._host_memory import available_host_bytes, host_shortfalls
-from autofit.rungs import LadderState, climb
-from autofit.probe._meters import SimulatedMeter
-from autofit.core import ENGINE_FAILURE, Outcome, ProbeResult
 from autofit.search import Search
-from autofit.core import SearchSpec
-from autofit.rungs import RUNGS, resolve_ladder
-from autofit.rungs import OptimizerOffload
-from fakes import spec_of
+from autofit.search._host_memory import available_host_bytes, host_shortfalls
 
 try:
-    from fakes import MiB, FormulaRunner, formula_spec
+    from fakes import FormulaRunner, MiB, formula_spec
 except ImportError:  # tests/ became a package
-    from tests.fakes import MiB, FormulaRunner, formula_spec
+    from tests.fakes import FormulaRunner, MiB, formula_spec
 
 needs_deepspeed = pytest.mark.skipif(deepspeed_missing() is not None, reason="DeepSpeed is not installed")
 
@@ -243,7 +239,8 @@ def test_export_writes_the_engine_beside_best_yaml(tmp_path):
     runner = FormulaRunner(0, weight_bytes=100 * MiB, act_bytes_per_token=1024)
     base = spec(tmp_path, 1, effective_batch=1, max_length=64, ladder=["optimizer-offload", "lora"])
     runner.budget_bytes = 150 * MiB
-    report = Search(dataclasses.replace(base, budget_bytes=runner.budget_bytes), runner, resolve_ladder(base.ladder)).run()
+    report = Search(dataclasses.replace(base, budget_bytes=runner.budget_bytes), runner,
+                    resolve_ladder(base.ladder)).run()
     paths = export_write(report, tmp_path)
     assert report.chosen.candidate.offload == ZERO2_OFFLOAD
     assert (tmp_path / ACCELERATE_YAML).read_text().startswith(MARKER)
@@ -274,7 +271,8 @@ def test_seed_case_keeps_full_fine_tuning_through_offload(tmp_path):
     bf16-weights and LoRA rungs after it are not needed, and the host memory is what the ledger says."""
     from autofit._api import fit
 
-    result = fit("autofit.probe.algos.sft:build_trainer", model="tiny-qwen2", algo="sft", device="cpu", gpu_memory="70MiB", max_length=32,
+    result = fit("autofit.probe.algos.sft:build_trainer", model="tiny-qwen2", algo="sft", device="cpu",
+                 gpu_memory="70MiB", max_length=32,
                  effective_batch=1, ladder=["optimizer-offload", "bf16-weights", "lora"], out_dir=tmp_path)
     report = result.report
     baseline = report.records[0]

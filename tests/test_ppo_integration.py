@@ -6,10 +6,8 @@ import json
 import pytest
 
 from autofit import cli
-from autofit.core import Candidate, LoraSettings
-from autofit.core import Outcome
+from autofit.core import Candidate, LoraSettings, Outcome, ppo_available
 from autofit.probe import ProcessRunner
-from autofit.core import ppo_available
 
 pytestmark = [
     pytest.mark.slow,

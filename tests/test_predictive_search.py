@@ -5,15 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
-
-from autofit import cli
-from autofit import memory_model
-from autofit.rungs import resolve_ladder
-from autofit.core import Outcome, ProbeResult
-from autofit.search import undominated
-from autofit.search import Search
-from autofit.core import SearchSpec
 from fakes import spec_of
+
+from autofit import cli, memory_model
+from autofit.core import Outcome, ProbeResult
+from autofit.rungs import resolve_ladder
+from autofit.search import Search, undominated
 
 MiB = 2**20
 STATIC, DYNAMIC = 1.2, 0.85  # how far the "real" device is from the uncalibrated ledger
@@ -207,8 +204,8 @@ def test_margin_grows_with_the_models_measured_error_and_a_fit_outside_it_needs_
     assert report.margin == pytest.approx(worst) and report.margin > 0.04
     limit = spec.budget_bytes * (1 - report.margin)
     assert any(r.result.fits and limit < r.result.peak_bytes <= spec.budget_bytes for r in report.records)
-    # the choice: the faster fit outside the margin was verified (autofit.search._margin): its verification shows no drift,
-    # so it is kept, and the note says by how much it missed the margin and why it stays
+    # the choice: the faster fit outside the margin was verified (autofit.search._margin): its verification shows no
+    # drift, so it is kept, and the note says by how much it missed the margin and why it stays
     within_budget = [r for r in report.records if r.kind == "probe" and r.result.fits
                      and r.result.peak_bytes <= spec.budget_bytes and report.levels[r.level].cost == "speed"]
     assert report.chosen.result.tokens_per_second == max(r.result.tokens_per_second for r in within_budget)

@@ -1,5 +1,5 @@
-"""The live progress line (autofit.probe._progress), the phase file a probe keeps (autofit.probe._instrument.PhaseFile), and how
-the runner and the search drive them. No training: the runner tests use factories that sleep or fail."""
+"""The live progress line (autofit.probe._progress), the phase file a probe keeps (autofit.probe._instrument.PhaseFile),
+and how the runner and the search drive them. No training: the runner tests use factories that sleep or fail."""
 
 import io
 import logging
@@ -8,22 +8,19 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import spec_of
 from rich.console import Console
 
-from autofit.core import Candidate
+from autofit.core import Candidate, Outcome
+from autofit.probe import LiveProgress, PlainProgress, ProbeProgress, ProcessRunner, make_progress
 from autofit.probe._instrument import PHASE_FILE, PhaseFile
-from autofit.core import Outcome
-from autofit.probe import LiveProgress, PlainProgress, ProbeProgress, make_progress
-from autofit.probe import ProcessRunner
-from autofit.search import Search
-from autofit.core import SearchSpec
 from autofit.rungs import resolve_ladder
-from fakes import spec_of
+from autofit.search import Search
 
 try:
-    from fakes import MiB, FormulaRunner
+    from fakes import FormulaRunner, MiB
 except ImportError:
-    from tests.fakes import MiB, FormulaRunner
+    from tests.fakes import FormulaRunner, MiB
 
 CANDIDATE = Candidate("sft", "tiny-qwen2", "cpu", micro_batch=4, grad_accum=2, max_length=128, checkpointing=True,
                       rungs=("micro-batch", "checkpointing"))
@@ -209,7 +206,7 @@ def test_search_shows_the_probes_it_runs_not_those_it_reuses(tmp_path, caplog):
     # each finish comes before that probe's log line
     lines_before = [event[1] for event in progress.events if event[0] == "lines"]
     probe_lines = [i for i, r in enumerate(caplog.records) if r.getMessage().startswith(("probe ", "verify "))]
-    assert all(line >= before for line, before in zip(probe_lines, lines_before))
+    assert all(line >= before for line, before in zip(probe_lines, lines_before, strict=False))
 
     again = Recording()
     Search(spec, FormulaRunner(spec.budget_bytes), resolve_ladder(None), progress=again).run()

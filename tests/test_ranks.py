@@ -14,7 +14,11 @@ import psutil
 import pytest
 
 from autofit import memory_model as mm
-from autofit.core import Candidate
+from autofit.core import Candidate, InputError, Outcome, SearchSpec
+from autofit.export import write as export_write
+from autofit.probe import ProcessRunner
+from autofit.probe._ranks import combine
+from autofit.rungs import DEFAULT_LADDER, SHARDING_RUNGS, LadderState, climb, resolve_ladder
 from autofit.rungs._engines import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,
@@ -23,22 +27,13 @@ from autofit.rungs._engines import (
     launch_env,
     write_engine_files,
 )
-from autofit.export import write as export_write
-from autofit.rungs import LadderState, climb
-from autofit.core import Outcome
-from autofit.probe._ranks import combine
-from autofit.probe import ProcessRunner
 from autofit.search import Search
-from autofit.core import InputError
-from autofit.core import SearchSpec
-from autofit.rungs import DEFAULT_LADDER, resolve_ladder
-from autofit.rungs import SHARDING_RUNGS
 
 try:
-    from fakes import MiB, FormulaRunner, formula_spec
+    from fakes import FormulaRunner, MiB, formula_spec
     from probe_factories import RANK_ONE_BALLAST_MIB
 except ImportError:  # tests/ became a package
-    from tests.fakes import MiB, FormulaRunner, formula_spec
+    from tests.fakes import FormulaRunner, MiB, formula_spec
     from tests.probe_factories import RANK_ONE_BALLAST_MIB
 
 FACTORIES = "probe_factories" if "probe_factories" in sys.modules else "tests.probe_factories"
@@ -102,8 +97,8 @@ def test_an_oom_on_one_rank_is_the_candidates_and_the_other_rank_is_ended(tmp_pa
 
 @pytest.mark.slow
 def test_fsdp2_shards_the_training_state_over_the_ranks_on_the_cpu(tmp_path):
-    """FSDP2 full shard for real under gloo (autofit.probe._simulated_fsdp): between steps each rank holds half the weights
-    and AdamW states, where data parallel holds all of them and its gradient buckets."""
+    """FSDP2 full shard for real under gloo (autofit.probe._simulated_fsdp): between steps each rank holds half the
+    weights and AdamW states, where data parallel holds all of them and its gradient buckets."""
     runs = {sharding: ProcessRunner("autofit.probe.algos.sft:build_trainer", None, tmp_path / sharding, timeout_s=300)
             .run(two_ranks(sharding=None if sharding == "ddp" else sharding), steps=2) for sharding in ("ddp", "fsdp2")}
     assert all(result.outcome is Outcome.OK and result.steps == 2 for result in runs.values())

@@ -51,7 +51,8 @@ def test_the_report_shows_the_answer_and_the_studys_numbers(searched):
     assert any(outcome == "OOM" for *_, outcome, _ in rows)
     # four figures: peak per level (with the model's curves), phases, ledger, throughput; their text is text
     assert page.count("<svg") == 4
-    assert "budget 143.00 MiB" in page and "1: micro-batch (OOM)" in page and "2: micro-batch+checkpointing (OK)" in page
+    assert ("budget 143.00 MiB" in page and "1: micro-batch (OOM)" in page
+            and "2: micro-batch+checkpointing (OK)" in page)
     for phase in best["verified"]["phase_peaks"]:
         assert f">{phase}<" in page
     assert "Predicted peak by term" in page and "optimizer states" in page
@@ -75,7 +76,7 @@ def test_the_study_opens_by_path_with_each_probes_attributes(searched):
     out, best = searched
     trials = study_trials(out)
     assert [t.user_attrs["config"] for t in trials] == [r["candidate"] for r in best["candidates"]]
-    for trial, record in zip(trials, best["candidates"]):
+    for trial, record in zip(trials, best["candidates"], strict=True):
         attrs = trial.user_attrs
         assert attrs["outcome"] == record["outcome"] and attrs["peak_bytes"] == record["peak_bytes"]
         assert attrs["rungs"] == ("+".join(record["rungs"]) or "baseline")

@@ -3,16 +3,15 @@
 import tempfile
 
 import pytest
+from fakes import FormulaRunner, MiB, spec_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autofit import cli
+from autofit.core import InputError
 from autofit.rungs import resolve_ladder
 from autofit.search import Search
-from autofit.core import InputError
-from autofit.core import SearchSpec
-from fakes import spec_of
-from fakes import MiB, FormulaRunner
+
 
 def exit_code(argv):
     """cli.main returns its code; argparse's own errors exit (SystemExit) with the same code 2."""
@@ -42,7 +41,8 @@ def _no_probe(monkeypatch):
         (["--num-generations", "4", "--effective-batch", "6"], "--effective-batch 6"),
         (["--max-length", "64"], "--max-completion-length"),
         (["--beta", "-0.1"], "--beta '-0.1'"),
-        (["--min-completion-length", "64", "--max-completion-length", "32"], "--min-completion-length 64 is above --max-completion-length 32"),
+        (["--min-completion-length", "64", "--max-completion-length", "32"],
+         "--min-completion-length 64 is above --max-completion-length 32"),
         (["--max-prompt-length", "0"], "'0'"),
     ],
 )

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from autofit import cli
-from autofit.core import Candidate, LoraSettings
-from autofit.core import Outcome
+from autofit.core import Candidate, LoraSettings, Outcome
 from autofit.probe import ProcessRunner
 
 pytestmark = pytest.mark.slow
@@ -113,8 +112,8 @@ def test_trl_rejecting_the_configuration_is_bad_input(tmp_path, capsys):
 def test_probe_generation_uses_the_kv_cache(tmp_path, checkpointing):
     # Generation speed on a GPU depends on it: with the KV cache each new token is one position through the model;
     # without it (checkpointing left on during generate, say) every step re-runs the whole sequence.
-    from autofit.probe.algos.rl import build_grpo_trainer
     from autofit.core import ProbeSettings
+    from autofit.probe.algos.rl import build_grpo_trainer
 
     candidate = Candidate("grpo", "tiny-qwen2", "cpu", micro_batch=4, grad_accum=1, max_length=12, num_generations=2,
                           prompt_length=8, checkpointing=checkpointing,

@@ -9,25 +9,21 @@ from typing import List, Optional
 
 import optuna
 import pytest
+from fakes import spec_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from autofit.core import Candidate, LoraSettings
+from autofit.core import Candidate, LoraSettings, Outcome, ProbeResult, SearchSpec
 from autofit.rungs import resolve_ladder
-from autofit.search import InfrastructureError
-from autofit.core import Outcome, ProbeResult
-from autofit.search import Search, length_grid
-from autofit.core import SearchSpec
-from autofit.search import STUDY_FILE
-from fakes import spec_of
+from autofit.search import STUDY_FILE, InfrastructureError, Search, length_grid
 
 try:
-    from fakes import MiB, FormulaRunner
+    from fakes import FormulaRunner, MiB
 except ImportError:  # tests/ became a package
-    from tests.fakes import MiB, FormulaRunner
+    from tests.fakes import FormulaRunner, MiB
 
 EIGHT_BIT = "adamw_bnb_8bit"
 # The quality rungs of the default ladder, each with what it adds to the candidate (cumulatively).
@@ -64,8 +60,8 @@ def run(spec: SearchSpec, runner: Optional[FormulaRunner] = None, **runner_kw):
 def cand(spec: SearchSpec, mb: int, length: Optional[int] = None, **changes) -> Candidate:
     """The candidate the search should build for this micro-batch/length/settings (rungs left out)."""
     return Candidate(
-        algo=spec.options.algo, model=spec.options.model, device=spec.device, micro_batch=mb, grad_accum=spec.options.effective_batch // mb,
-        max_length=length or spec.max_length, **changes,
+        algo=spec.options.algo, model=spec.options.model, device=spec.device, micro_batch=mb,
+        grad_accum=spec.options.effective_batch // mb, max_length=length or spec.max_length, **changes,
     )
 
 
@@ -154,7 +150,8 @@ def test_smaller_micro_batch_largest_divisor_that_fits(tmp_path, target, between
     assert chosen.rungs == ("micro-batch",)
     assert chosen.micro_batch * chosen.grad_accum == spec.options.effective_batch
     # every probe kept the effective batch and the length
-    assert all(c.effective_batch == spec.options.effective_batch and c.max_length == spec.max_length for c in runner.candidates)
+    assert all(c.effective_batch == spec.options.effective_batch and c.max_length == spec.max_length
+               for c in runner.candidates)
 
 
 @pytest.mark.parametrize("target", [1, 2, 4])
@@ -377,7 +374,8 @@ def test_verification_failure_falls_back_to_next_fit(tmp_path):
     verifies = [c.candidate.key() for c in runner.calls if c.steps == spec.options.verify_steps]
     assert verifies == [big.key(), small.key()]
     assert any(
-        big.describe() in n and f"not in {spec.options.verify_steps}" in n and "next candidate" in n for n in report.notes
+        big.describe() in n and f"not in {spec.options.verify_steps}" in n and "next candidate" in n
+        for n in report.notes
     )
 
 
@@ -491,7 +489,7 @@ def test_optuna_study_records_one_trial_per_probe(tmp_path):
     study = optuna.load_study(study_name=spec.study_name(), storage=storage)
     trials = study.get_trials(deepcopy=False)
     assert len(trials) == len(runner.calls)
-    for trial, call in zip(sorted(trials, key=lambda t: t.number), runner.calls):
+    for trial, call in zip(sorted(trials, key=lambda t: t.number), runner.calls, strict=True):
         assert trial.user_attrs["key"] == call.candidate.key()
         assert trial.user_attrs["kind"] == ("verify" if call.steps == spec.options.verify_steps else "probe")
         assert Candidate.from_dict(trial.user_attrs["candidate"]) == call.candidate

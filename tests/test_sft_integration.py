@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from autofit import cli
-from autofit.core import Candidate, LoraSettings
-from autofit.core import Outcome
+from autofit.core import Candidate, LoraSettings, Outcome
 from autofit.probe import ProcessRunner
 
 pytestmark = pytest.mark.slow

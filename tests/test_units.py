@@ -8,28 +8,46 @@ import signal
 
 import pytest
 import torch
-
-from autofit.core import Candidate, LoraSettings, ProbeSettings
-from autofit.probe import FactoryError, identity, prepare_factory
-from autofit.rungs import FREE, QUALITY, SPEED, LadderState, climb
-from autofit.core import Outcome, ProbeResult, classify_exception, classify_exit
-from autofit.core import UnknownModelError, resolve_model
-from autofit.core import InputError
-from autofit.core import SearchSpec
-from autofit.core import format_size, parse_size
-from autofit.rungs import DEFAULT_LADDER, RUNGS, resolve_ladder
-from autofit.rungs import ALLOC_ENV, ExpandableSegments
-from autofit.rungs import GradientCheckpointing
-from autofit.rungs import Lora
-from autofit.rungs import MicroBatch
-from autofit.rungs._optimizer import EIGHT_BIT_ADAMW, EightBitOptimizer
-from autofit.rungs import QuantizedBase
-from autofit.rungs import ShorterSequences
 from fakes import spec_of
 
+from autofit.core import (
+    Candidate,
+    InputError,
+    LoraSettings,
+    Outcome,
+    ProbeResult,
+    ProbeSettings,
+    SearchSpec,
+    UnknownModelError,
+    classify_exception,
+    classify_exit,
+    format_size,
+    parse_size,
+    resolve_model,
+)
+from autofit.probe import FactoryError, identity, prepare_factory
+from autofit.rungs import (
+    ALLOC_ENV,
+    DEFAULT_LADDER,
+    FREE,
+    QUALITY,
+    RUNGS,
+    SPEED,
+    ExpandableSegments,
+    GradientCheckpointing,
+    LadderState,
+    Lora,
+    MicroBatch,
+    QuantizedBase,
+    ShorterSequences,
+    climb,
+    resolve_ladder,
+)
+from autofit.rungs._optimizer import EIGHT_BIT_ADAMW, EightBitOptimizer
+
 DEFAULT_NAMES = [
-    "expandable-segments", "liger-kernels", "micro-batch", "zero1", "zero2", "fsdp2", "zero3", "checkpointing", "activation-offload",
-    "optimizer-offload", "fsdp2-offload", "zero3-offload", "bf16-weights", "optimizer-8bit",
+    "expandable-segments", "liger-kernels", "micro-batch", "zero1", "zero2", "fsdp2", "zero3", "checkpointing",
+    "activation-offload", "optimizer-offload", "fsdp2-offload", "zero3-offload", "bf16-weights", "optimizer-8bit",
     "lora", "quant-8bit", "quant-4bit", "shorter-length",
 ]
 
@@ -152,8 +170,8 @@ def test_climb_skips_rungs_that_do_not_apply():
     names = [lvl.rungs[-1] for lvl in levels[1:]]
     assert "expandable-segments" not in names and "checkpointing" not in names
     # Liger's rung applies to the level; the search leaves it out on the CPU, with a note (usable_rungs)
-    assert names == ["liger-kernels", "micro-batch", "bf16-weights", "optimizer-8bit", "lora", "quant-8bit", "quant-4bit",
-                     "shorter-length"]
+    assert names == ["liger-kernels", "micro-batch", "bf16-weights", "optimizer-8bit", "lora", "quant-8bit",
+                     "quant-4bit", "shorter-length"]
 
 
 # -- each rung --------------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, PreTrainedModel
 
-from autofit.probe import _virtual_checkpoint as virtual_checkpoint
 from autofit.core import resolve_model
+from autofit.probe import _virtual_checkpoint as virtual_checkpoint
 
 GiB = 2**30
 
@@ -141,8 +141,8 @@ def test_a_probe_trains_a_filled_model_from_a_weightless_checkpoint(tmp_path):
     import autofit
 
     result = autofit.fit("probe_factories:checks_its_weights", model="tiny-qwen2", algo="grpo", device="cpu",
-                         gpu_memory="2GiB", max_completion_length=8, max_prompt_length=8, effective_batch=4, num_generations=4,
-                         verify_steps=3, out_dir=tmp_path, quiet=True)
+                         gpu_memory="2GiB", max_completion_length=8, max_prompt_length=8, effective_batch=4,
+                         num_generations=4, verify_steps=3, out_dir=tmp_path, quiet=True)
     best = json.loads(result.best_json.read_text())
     assert best["fits"] and all(record["outcome"] == "OK" for record in best["candidates"])
     exported = Path(best["model_args"]["model_name_or_path"])  # a bundled toy: the filled copy, for `make train`

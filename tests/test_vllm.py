@@ -10,11 +10,9 @@ import sys
 import pytest
 
 from autofit import memory_model as mm
-from autofit.core import Candidate
 from autofit.cli._estimate import estimate_text
+from autofit.core import Candidate, SearchOptions, SearchSpec, format_size
 from autofit.memory_model import vllm_share
-from autofit.core import SearchOptions, SearchSpec
-from autofit.core import format_size
 from autofit.search import estimate_question, question
 
 GB = 10**9

@@ -50,8 +50,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def plot_levels(spec: SearchSpec, result: RungEstimate, path: str) -> None:
     """Stacked bars of the ledger's terms, one per ladder level, and the budget line."""
-    from autofit.report import _plots as plots
     from autofit.memory_model import TERMS
+    from autofit.report import _plots as plots
 
     rows = [(f"{level.level}: {'+' + level.rungs[-1] if level.rungs else 'baseline'} "
              f"({level.candidate.micro_batch}x{level.candidate.grad_accum}, len {level.candidate.max_length})",
@@ -127,6 +127,7 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     """The report printed by ``autofit estimate``: one row per ladder level (the level's largest micro-batch
     predicted to fit, else its smallest), the ledger's terms at the predicted peak, the band and the verdict."""
     budget = spec.budget_bytes
+    assert budget is not None  # an estimate's question always has one (estimate_question)
     result = result or expected_rung(spec, budget, calibration=calibration)
     length_name = "max_completion_length" if spec.options.algo in RL_ALGOS else "max_length"
     lines = [
@@ -140,7 +141,8 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     ]
     shape = ModelShape.from_model(spec.options.model)
     if calibration is None:
-        lines.append(f"memory model: analytic prior, uncalibrated (±{prior_uncertainty(shape, spec.options.algo):.0%}), "
+        lines.append(f"memory model: analytic prior, uncalibrated "
+                     f"(±{prior_uncertainty(shape, spec.options.algo):.0%}), "
                      f"{parameters_line(shape, spec.options.algo)}")
     unchecked = unchecked_reason(shape, spec.options.algo)
     if unchecked and calibration is None:
@@ -151,7 +153,8 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     lines += [f"note: {note}" for note in usable_rungs(resolve_ladder(spec.ladder), spec.device, start)[1]]
     unit, scale = _unit(budget)
     host = any(level.ledger.host for level in result.levels)  # an offloading level: its host memory, a column
-    header = ["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in COLUMNS] + ["peak", "±", "phase", "fits"]
+    header = (["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in COLUMNS]
+              + ["peak", "±", "phase", "fits"])
     header += ["host"] if host else []
     rows = []
     for level in result.levels:
@@ -167,7 +170,8 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     left = {1, header.index("phase")}  # rungs and phase read better left-aligned
 
     def render(row):
-        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(row, widths, strict=True)))
 
     lines += ["", f"predicted peak by term ({unit}), at each level's peak phase:", render(header)]
     lines += [render(row) for row in rows]

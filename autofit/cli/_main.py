@@ -48,9 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report_command(args) -> int:
-    from autofit.core import one_line
+    from autofit.core import InputError, one_line
     from autofit.report import write
-    from autofit.core import InputError
 
     try:
         path = write(Path(args.out_dir))
@@ -103,6 +102,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if (spec.options.out_dir / "report.html").exists():
             print(f"report: {spec.options.out_dir / 'report.html'}")
         return EXIT_NO_FIT
+    assert report.chosen is not None and report.verified is not None  # it fits, and a fit is verified
     chosen, verified = report.chosen.candidate, report.verified
     print(
         f"best: {chosen.describe()} [{', '.join(chosen.rungs) or 'no rung needed'}], "

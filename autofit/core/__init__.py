@@ -1,6 +1,7 @@
-"""The vocabulary both processes share, torch-free: what a user asks (``SearchSpec``), one configuration to probe
-(``Candidate``), the options every door declares once (``SearchOptions``), what a probe found (``ProbeResult``, ``Outcome``), where a model's configuration comes from
-(``resolve_model``), the device (through NVML, never CUDA), files written whole, sizes and the one input error.
+"""The vocabulary both processes share, torch-free: the options every door declares once (``SearchOptions``), the
+question they resolve to (``SearchSpec``), one configuration to probe (``Candidate``), what a probe found
+(``ProbeResult``, ``Outcome``), where a model's configuration comes from (``resolve_model``), the device (through
+NVML, never CUDA), files written whole, sizes and the one input error.
 
 Nothing here imports another part of autofit: every other package builds on it.
 """
@@ -10,6 +11,7 @@ from autofit.core._compat import checkpointing_field, exempt_phases, installed, 
 from autofit.core._device import GpuInfo, NoCudaDeviceError, first_gpu, resolve_device, resolve_gpus, visible_gpu_count
 from autofit.core._errors import InputError
 from autofit.core._files import atomic_write_text, cache_dir, one_line
+from autofit.core._options import DEVICES, GROUP_ALGOS, SearchOptions
 from autofit.core._others import DISTURBED_RETRY_WAIT_S, disturbed, free_bytes, other_processes, others_bytes
 from autofit.core._outcome import (
     BAD_FORK,
@@ -25,7 +27,6 @@ from autofit.core._outcome import (
     classify_exit,
     error_origin,
 )
-from autofit.core._options import DEVICES, GROUP_ALGOS, SearchOptions
 from autofit.core._outdir import PHASE_FILE, PID_FILE, exclusive, record_probe_process
 from autofit.core._registry import UnknownModelError, needs_own_code, resolve_model
 from autofit.core._sizes import format_size, parse_size
@@ -33,11 +34,11 @@ from autofit.core._spec import FACTORIES, SearchSpec, ppo_available
 
 __all__ = [
     "BAD_FORK", "DEVICES", "DISTURBED_RETRY_WAIT_S", "ENGINE_FAILURE", "FACTORIES", "GROUP_ALGOS", "INFRASTRUCTURE",
-    "KERNEL_FAILURE", "LENGTH_FIELD", "PHASE_FILE", "PID_FILE", "RL_ALGOS", "USER", "BuildTimeout", "Candidate", "FactoryMisuse",
-    "GpuInfo", "InputError", "LoraSettings", "NoCudaDeviceError", "Outcome", "ProbeResult", "ProbeSettings",
-    "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir", "checkpointing_field", "classify_exception",
-    "classify_exit", "disturbed", "error_origin", "exclusive", "exempt_phases", "first_gpu", "format_size",
-    "free_bytes", "installed", "needs_own_code", "one_line", "other_processes", "others_bytes", "parse_size",
-    "ppo_available", "record_probe_process", "resolve_device", "resolve_gpus", "resolve_model", "visible_gpu_count",
-    "vllm_installed",
+    "KERNEL_FAILURE", "LENGTH_FIELD", "PHASE_FILE", "PID_FILE", "RL_ALGOS", "USER", "BuildTimeout", "Candidate",
+    "FactoryMisuse", "GpuInfo", "InputError", "LoraSettings", "NoCudaDeviceError", "Outcome", "ProbeResult",
+    "ProbeSettings", "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir",
+    "checkpointing_field", "classify_exception", "classify_exit", "disturbed", "error_origin", "exclusive",
+    "exempt_phases", "first_gpu", "format_size", "free_bytes", "installed", "needs_own_code", "one_line",
+    "other_processes", "others_bytes", "parse_size", "ppo_available", "record_probe_process", "resolve_device",
+    "resolve_gpus", "resolve_model", "visible_gpu_count", "vllm_installed",
 ]

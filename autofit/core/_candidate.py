@@ -117,10 +117,10 @@ class Candidate:
             return self.grad_accum
         return min(self.grad_accum, PROBE_ACCUMULATION)
 
-    def replace(self, **changes) -> "Candidate":
+    def replace(self, **changes: Any) -> Candidate:
         return dataclasses.replace(self, **changes)
 
-    def with_rung(self, name: str, **changes) -> "Candidate":
+    def with_rung(self, name: str, **changes: Any) -> Candidate:
         return dataclasses.replace(self, rungs=self.rungs + (name,), **changes)
 
     # -- what factories read ----------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ class Candidate:
                 args["generation_kwargs"] = {**(args.get("generation_kwargs") or {}), "min_new_tokens": self.max_length}
         return args
 
-    def peft_config(self):
+    def peft_config(self) -> Any:
         """A peft ``LoraConfig`` or None."""
         if self.lora is None:
             return None
@@ -192,7 +192,7 @@ class Candidate:
             task_type="SEQ_CLS" if self.algo == "reward" else "CAUSAL_LM",
         )
 
-    def quantization_config(self):
+    def quantization_config(self) -> Any:
         """A transformers ``BitsAndBytesConfig`` or None."""
         if self.quantization is None:
             return None
@@ -200,9 +200,9 @@ class Candidate:
         from transformers import BitsAndBytesConfig
 
         if self.quantization == "8bit":
-            return BitsAndBytesConfig(load_in_8bit=True)
+            return BitsAndBytesConfig(load_in_8bit=True)  # type: ignore[no-untyped-call]
         compute = torch.float32 if self.device == "cpu" else torch.bfloat16
-        return BitsAndBytesConfig(
+        return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
@@ -219,7 +219,7 @@ class Candidate:
         return data
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "Candidate":
+    def from_dict(cls, data: Dict[str, Any]) -> Candidate:
         data = dict(data)
         data["env"] = tuple(sorted(data.get("env", {}).items()))
         data["user_args"] = tuple(sorted(data.get("user_args", {}).items()))

@@ -4,11 +4,14 @@ process never imports torch or transformers; the installed versions are read fro
 from __future__ import annotations
 
 import importlib.util
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
+
+if TYPE_CHECKING:
+    from autofit.core._candidate import Candidate
 
 # transformers 5.23 renamed TrainingArguments.gradient_checkpointing to activation_checkpointing (the old name stays
 # as a deprecated alias there, and setting only it through dataclasses.replace silently keeps checkpointing on);
@@ -16,7 +19,7 @@ from packaging.version import InvalidVersion, Version
 ACTIVATION_CHECKPOINTING_SINCE = Version("5.23.0")
 
 
-@lru_cache(maxsize=None)
+@cache
 def installed(package: str) -> Optional[Version]:
     try:
         return Version(metadata.version(package))
@@ -40,6 +43,6 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def exempt_phases(candidate) -> Tuple[str, ...]:
+def exempt_phases(candidate: Candidate) -> Tuple[str, ...]:
     """Phases a probe measures but does not hold against the budget: generation, when vLLM is estimated."""
     return GENERATION_PHASES if candidate.vllm and not vllm_installed() else ()

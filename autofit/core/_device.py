@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def first_gpu() -> Optional[GpuInfo]:
         name = pynvml.nvmlDeviceGetName(handle)
         name = name.decode() if isinstance(name, bytes) else name
         return GpuInfo(name, int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
-    except Exception as exc:  # no driver, no library, no device
+    except Exception as exc:  # noqa: BLE001 - NVML raises its own types: no driver, no library, no device
         log.debug("no GPU through NVML: %s", exc)
         return None
 
@@ -70,8 +70,8 @@ def visible_gpu_count() -> int:
         import pynvml
 
         pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-    except Exception as exc:  # no driver, no library
+        count = int(pynvml.nvmlDeviceGetCount())
+    except Exception as exc:  # noqa: BLE001 - NVML raises its own types: no driver, no library
         log.debug("no GPU through NVML: %s", exc)
         return 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -85,7 +85,7 @@ def visible_gpu_count() -> int:
     return min(len(entries), count)
 
 
-def resolve_gpus(requested, device: str) -> int:
+def resolve_gpus(requested: Union[int, str], device: str) -> int:
     """``--gpus``: a positive number of ranks, or "all" (every visible GPU). On the simulated device every rank has
     a simulated GPU of its own, so a number is required there."""
     if isinstance(requested, str) and requested.strip().lower() == "all":

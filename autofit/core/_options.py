@@ -158,7 +158,7 @@ class SearchOptions:
                            doors=DOORS)
     ladder: Union[None, str, Sequence[str]] = option(
         help="comma-separated rung names, in order (default: the whole ladder)", kind=LADDER, doors=DOORS)
-    out_dir: Union[str, Path] = option("autofit-out", help="output folder; the study there is resumed", kind=FOLDER,
+    out_dir: Path = option("autofit-out", help="output folder; the study there is resumed", kind=FOLDER,
                                        flags=("--out",))
     real_weights: bool = option(False, help="load the model's weights instead of random", kind=FLAG)
     dtype: Optional[str] = option(help="load the weights in this dtype (auto, bfloat16, float16, float32), as TRL's "

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from autofit.core._sizes import format_size
 
@@ -59,7 +59,7 @@ def _process_name(pid: int) -> str:
         return "?"
 
 
-def other_processes(device: str, exclude: tuple = (), rank: Optional[int] = None) -> List[OtherProcess]:
+def other_processes(device: str, exclude: Tuple[int, ...] = (), rank: Optional[int] = None) -> List[OtherProcess]:
     """Processes other than this one (and ``exclude``) holding memory on the device (``rank``'s GPU: default, this
     process's)."""
     if device != "cuda":
@@ -72,7 +72,7 @@ def other_processes(device: str, exclude: tuple = (), rank: Optional[int] = None
         handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(rank))
         running = list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
         running += list(pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
-    except Exception as exc:  # no NVML: nothing can be said
+    except Exception as exc:  # noqa: BLE001 - no NVML (any of its errors): nothing can be said
         log.debug("NVML process list unavailable: %s", exc)
         return []
     skip = {os.getpid(), *exclude}
@@ -94,7 +94,7 @@ def free_bytes(device: str, budget_bytes: Optional[int], rank: Optional[int] = N
 
         pynvml.nvmlInit()
         return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(rank))).free)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - NVML raises its own types
         log.debug("NVML memory info unavailable: %s", exc)
         return None
 
@@ -111,7 +111,7 @@ def _nvml_index(rank: Optional[int] = None) -> int:
     return int(chosen) if chosen.isdigit() else rank
 
 
-def disturbed(stats: dict, budget_bytes: Optional[int]) -> bool:
+def disturbed(stats: Dict[str, Any], budget_bytes: Optional[int]) -> bool:
     """The other processes grew during the probe by more than a slack: an OOM then is not the candidate's."""
     start, end = stats.get("others_start_bytes"), stats.get("others_end_bytes")
     if not isinstance(start, int) or not isinstance(end, int):

@@ -78,7 +78,7 @@ class ProbeResult:
         return data
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> "ProbeResult":
+    def from_dict(cls, data: Dict[str, Any]) -> ProbeResult:
         """A stored result, checked field by field (a damaged or edited study must not become an answer): raises
         ``ValueError`` naming the first field that is not what a probe writes."""
         if not isinstance(data, dict):

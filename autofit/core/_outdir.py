@@ -24,10 +24,10 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
-from autofit.core._files import atomic_write_text
 from autofit.core._errors import InputError
+from autofit.core._files import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class OutDirBusy(InputError):
     """Another search holds this --out (CLI exit 2)."""
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> Dict[str, Any]:
     try:
         data = json.loads(path.read_text() or "{}")
         return data if isinstance(data, dict) else {}
@@ -49,7 +49,7 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _describe(holder: dict) -> str:
+def _describe(holder: Dict[str, Any]) -> str:
     started = holder.get("started")
     when = datetime.datetime.fromtimestamp(started).isoformat(timespec="seconds") if isinstance(started, (int, float)) \
         else "an unknown time"
@@ -110,7 +110,7 @@ def check_owned(out_dir: Path) -> None:
             raise InputError(f"--out {out_dir}: {name} is a symbolic link; autofit does not write through links")
 
 
-def _rewrite(fd: int, data: dict) -> None:
+def _rewrite(fd: int, data: Dict[str, Any]) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(data).encode(), 0)
 
@@ -138,7 +138,7 @@ def record_probe_process(probe_dir: Path) -> None:
     if alive_fd is not None and os.getpid() != getattr(server, "_forkserver_pid", None):
         with contextlib.suppress(OSError):
             os.close(alive_fd)
-        server._forkserver_alive_fd = None
+        server._forkserver_alive_fd = None  # type: ignore[union-attr]  # server is set when alive_fd is
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

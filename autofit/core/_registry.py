@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +41,15 @@ class UnknownModelError(ValueError):
 @dataclass(frozen=True)
 class ModelSource:
     name: str  # what the user typed
-    config: Dict  # the configuration, model_type included
+    config: Dict[str, Any]  # the configuration, model_type included
     local_path: Optional[str] = None  # a folder with config.json (and maybe weights)
 
     @property
     def model_type(self) -> str:
-        return self.config["model_type"]
+        return str(self.config["model_type"])
 
 
-def needs_own_code(config: Dict) -> Optional[str]:
+def needs_own_code(config: Dict[str, Any]) -> Optional[str]:
     """The model_type of a config that brings its own code (``auto_map``) for a type the installed transformers does
     not know, else None. Most types are found as a module of transformers without importing anything heavy; only an
     ``auto_map`` config whose type is not is looked up in transformers' own table (which imports torch)."""
@@ -98,7 +98,7 @@ def looks_like_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name)) and "--" not in name and ".." not in name
 
 
-def load_config(path: Path, name: str) -> Dict:
+def load_config(path: Path, name: str) -> Dict[str, Any]:
     """The configuration in ``path``; a one-line UnknownModelError naming the file when it cannot be used."""
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -148,8 +148,13 @@ def fetch_hub_config(name: str) -> Path:
     if offline_variable:  # checked here too: huggingface_hub reads it once, when it is first imported
         raise UnknownModelError(_offline_message(name, f"{offline_variable} is set"))
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
-                                       OfflineModeIsEnabled, RepositoryNotFoundError)
+    from huggingface_hub.utils import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
 
     log.info("fetching %s of %s from the Hugging Face Hub", CONFIG_FILE, name)
     try:

@@ -21,7 +21,8 @@ def parse_size(text: str) -> int:
     unit = match.group(2).lower() if match else None
     nbytes = int(float(match.group(1)) * _UNITS[unit]) if match and unit in _UNITS else 0
     if nbytes <= 0:
-        raise InputError(f"memory size '{text}' is not valid: use a positive number with a unit, e.g. 24GiB, 80GB, 512MiB")
+        raise InputError(f"memory size '{text}' is not valid: use a positive number with a unit, e.g. 24GiB, 80GB, "
+                         "512MiB")
     return nbytes
 
 

@@ -88,7 +88,7 @@ class SearchSpec:
     @classmethod
     def plan(cls, options: SearchOptions, *, device: str, gpu_bytes: Optional[int],
              budget_bytes: Optional[int] = None, ranks: int = 1, factory: Optional[str] = None,
-             notes: Tuple[str, ...] = ()) -> "SearchSpec":
+             notes: Tuple[str, ...] = ()) -> SearchSpec:
         """The question from checked options and what the door resolved: the device ("cuda" or "cpu"), each GPU's
         memory, the trainer's budget (``gpu_bytes`` unless given), the ranks on this machine."""
         if device not in ("cuda", "cpu"):

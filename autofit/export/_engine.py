@@ -7,19 +7,20 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from autofit import memory_model
-from autofit.core import Candidate
+from autofit.core import Candidate, format_size
 from autofit.rungs import ACCELERATE_YAML, DDP, DEEPSPEED_JSON, ZERO_STAGES, launch_line
 from autofit.search import SearchReport
-from autofit.core import format_size
 
 
 def exported_engine(report: SearchReport) -> Optional[str]:
     """The engine of the chosen configuration; data parallel when it is exported for several machines."""
+    assert report.chosen is not None  # asked of a fit only
     engine = report.chosen.candidate.engine
     return engine or (DDP if report.spec.options.nodes > 1 else None)
 
 
 def _stat(report: SearchReport, key: str):
+    assert report.chosen is not None and report.verified is not None  # asked of a fit only, and a fit is verified
     return report.verified.stats.get(key) or report.chosen.result.stats.get(key)
 
 

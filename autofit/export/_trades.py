@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from autofit.core import Candidate
-from autofit.memory_model import trainable_tensors
-from autofit.memory_model import census_for
+from autofit.memory_model import ModelShape, census_for, trainable_tensors
 
 FIXED = {
     "expandable-segments": "PyTorch's expandable segments: less fragmentation, nothing traded",
@@ -43,8 +42,9 @@ def trades(candidate: Candidate, asked_length: int, shape=None) -> List[str]:
     return sentences
 
 
-def _lora(candidate: Candidate, shape: Optional[object]) -> str:
+def _lora(candidate: Candidate, shape: Optional[ModelShape]) -> str:
     lora = candidate.lora
+    assert lora is not None  # called for a candidate with LoRA only
     text = f"LoRA r={lora.r} (alpha {lora.alpha}) on {lora.target_modules}: the base model is frozen"
     if shape is None:
         return text

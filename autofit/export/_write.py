@@ -11,19 +11,21 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from autofit import memory_model
-from autofit.core import RL_ALGOS, Candidate
-from autofit.core import atomic_write_text, one_line
-from autofit.core import first_gpu
-from autofit.rungs import ACCELERATE_YAML, remove_stale_engine_files, write_engine_files
-from autofit.core import vllm_installed
+from autofit.core import (
+    RL_ALGOS,
+    Candidate,
+    atomic_write_text,
+    first_gpu,
+    format_size,
+    one_line,
+    resolve_model,
+    vllm_installed,
+)
 from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
-from autofit.search import over_margin
-from autofit.probe.kit import trainable_checkpoint
-from autofit.core import resolve_model
-from autofit.search import SearchReport
-from autofit.core import format_size
-from autofit.search import STUDY_FILE
 from autofit.export._trades import trades
+from autofit.probe.kit import trainable_checkpoint
+from autofit.rungs import ACCELERATE_YAML, remove_stale_engine_files, write_engine_files
+from autofit.search import STUDY_FILE, SearchReport, over_margin
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,7 @@ PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate",
 
 
 def versions(packages=PACKAGES) -> Dict[str, Optional[str]]:
-    found = {}
+    found: Dict[str, Optional[str]] = {}
     for name in packages:
         try:
             found[name] = metadata.version(name)
@@ -67,7 +69,7 @@ def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) 
         args["load_in_8bit"] = True
     elif candidate.quantization == "4bit":
         args.update(load_in_4bit=True, bnb_4bit_quant_type="nf4", use_bnb_nested_quant=True)
-    if (observed or {}).get("attn_implementation"):
+    if observed and observed.get("attn_implementation"):
         args["attn_implementation"] = observed["attn_implementation"]
     return args
 
@@ -156,6 +158,7 @@ def _scalar(value: Any) -> str:
 
 def yaml_text(report: SearchReport) -> str:
     fit, spec = report.chosen, report.spec
+    assert fit is not None and report.verified is not None  # written for a fit only, and a fit is verified
     candidate = as_trained(fit.candidate, report.verified.observed or fit.result.observed)
     defaults = fit.result.config_defaults or report.verified.config_defaults
     train = {k: v for k, v in candidate.training_args().items() if k not in defaults or defaults[k] != v}
@@ -168,11 +171,12 @@ def yaml_text(report: SearchReport) -> str:
     ]
     lines += engine_comments(report, candidate)
     if candidate.is_rl and candidate.prompt_length:
-        lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.options.algo)} does not "
-                     "truncate prompts, so keep yours this short (or search with --max-prompt-length)")
+        lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.options.algo)} "
+                     "does not truncate prompts, so keep yours this short (or search with --max-prompt-length)")
     observed = report.verified.observed or fit.result.observed or {}
     for key, value in {**model_args(candidate, observed), **train}.items():
-        lines.append(f"{key}: {_scalar(value)}  # {one_line(_why(key, candidate, spec.max_length, spec.options.maximize))}")
+        lines.append(f"{key}: {_scalar(value)}  "
+                     f"# {one_line(_why(key, candidate, spec.max_length, spec.options.maximize))}")
     if candidate.env:
         lines.append("env:")
         for key, value in candidate.env:
@@ -258,6 +262,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
     }
     if report.fits:
         fit, verified = report.chosen, report.verified
+        assert fit is not None and verified is not None  # a fit is verified
         candidate = as_trained(fit.candidate, verified.observed or fit.result.observed)
         data.update(
             peak_bytes=max(verified.peak_bytes, fit.result.peak_bytes),
@@ -281,11 +286,12 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
         )
     else:
         failure = report.lightest_failure()
-        data.update(peak_bytes=None, rungs=[], config=None, smallest_oom_peak_bytes=failure.result.peak_bytes if failure else None)
+        data.update(peak_bytes=None, rungs=[], config=None,
+                    smallest_oom_peak_bytes=failure.result.peak_bytes if failure else None)
     return data
 
 
-def prediction_error(report: SearchReport) -> Dict[str, Optional[float]]:
+def prediction_error(report: SearchReport) -> Dict[str, Dict[str, Optional[float]]]:
     """Relative error of the memory model's predictions against the measured peaks of probes that fitted:
     before calibration (the prior alone) and as the search saw it (calibrated on the probes before each one)."""
     measured = [r for r in report.records if r.result.fits and r.result.peak_bytes and not r.cached]
@@ -318,7 +324,7 @@ def table_text(report: SearchReport) -> str:
     header = ("#", "kind", "rungs", "candidate", "outcome", "peak", "tok/s") + (("gen tok/s",) if generation else ())
     rows: List[Tuple[str, ...]] = [header]
     for index, r in enumerate(report.records, 1):
-        row = (
+        row: Tuple[str, ...] = (
             str(index), ("refine" if r.stage == "refine" else r.kind) + ("*" if r.cached else ""),
             "+".join(r.candidate.rungs) or "baseline", r.candidate.describe(),
             _outcome_cell(r.result, report.spec.budget_bytes, report.margin),
@@ -329,7 +335,7 @@ def table_text(report: SearchReport) -> str:
             row += (f"{rate:,.0f}" if r.result.fits and rate else "-",)
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     if any(r.cached for r in report.records):
         lines.append("* stored: measured by an earlier run of this search (same --out), not repeated")
@@ -346,6 +352,7 @@ def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
     atomic_write_text(paths["json"], json.dumps(json_data(report, out_dir), indent=2, default=str) + "\n")
     engine = exported_engine(report) if report.fits else None
     if engine:
+        assert report.chosen is not None  # an engine is exported for a fit only
         chosen = report.chosen.candidate
         paths.update(write_engine_files(out_dir, engine, chosen.device, chosen.ranks, report.spec.options.nodes))
     else:

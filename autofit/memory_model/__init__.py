@@ -69,8 +69,8 @@ from autofit.memory_model._logits import (
 )
 from autofit.memory_model._parameters import (
     ParamCounts,
-    census_for,
     Tensors,
+    census_for,
     lora_params,
     optimizer_state_bytes,
     param_counts,
@@ -80,13 +80,13 @@ from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
 from autofit.memory_model._vllm import VLLM_MODES, vllm_lines, vllm_share
 
 __all__ = [
-    "NoCausalLM", "VLLM_MODES", "census_for", "ensure_census", "sizes_are_exact", "vllm_lines",
-    "vllm_share",
-    "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CHECKED", "Census", "analytic_census", "prior_uncertainty", "unchecked_reason",
-    "CALIBRATED_UNCERTAINTY_FLOOR", "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES",
-    "GEN_PREFILL_MLP_COPIES", "PRIOR_UNCERTAINTY", "SINGLE_POINT_UNCERTAINTY", "TERMS", "TERM_GROUPS", "TERM_HELP", "Calibration",
-    "LevelEstimate", "Ledger", "ModelShape", "ParamCounts", "RungEstimate", "Tensors", "activation_bytes_per_token_layer",
-    "base_candidate", "calibrate", "divisors", "dtype_bytes", "expected_rung", "fused_head_buffer_bytes",
-    "host_bytes", "kv_cache_bytes", "length_grid", "lora_params", "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict",
-    "predict_calibrated", "sequence_length", "shape_or_none", "train_tokens", "trainable_tensors",
+    "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CALIBRATED_UNCERTAINTY_FLOOR", "CHECKED", "Calibration", "Census",
+    "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES", "GEN_PREFILL_MLP_COPIES", "Ledger", "LevelEstimate",
+    "ModelShape", "NoCausalLM", "PRIOR_UNCERTAINTY", "ParamCounts", "RungEstimate", "SINGLE_POINT_UNCERTAINTY",
+    "TERMS", "TERM_GROUPS", "TERM_HELP", "Tensors", "VLLM_MODES", "activation_bytes_per_token_layer",
+    "analytic_census", "base_candidate", "calibrate", "census_for", "divisors", "dtype_bytes", "ensure_census",
+    "expected_rung", "fused_head_buffer_bytes", "host_bytes", "kv_cache_bytes", "length_grid", "lora_params",
+    "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict", "predict_calibrated", "prior_uncertainty",
+    "sequence_length", "shape_or_none", "sizes_are_exact", "train_tokens", "trainable_tensors", "unchecked_reason",
+    "vllm_lines", "vllm_share",
 ]

@@ -66,7 +66,7 @@ class Calibration:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Calibration":
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         if values.get("shape") is not None:
@@ -77,7 +77,7 @@ class Calibration:
 def _solve(parts: Sequence[Tuple[float, float]], measured: Sequence[float]) -> Optional[Tuple[float, float]]:
     """Weighted least squares (weights 1/y², i.e. relative errors) for y ≈ a·S + b·D; None if degenerate."""
     sss = ssd = sdd = ssy = sdy = 0.0
-    for (s, d), y in zip(parts, measured):
+    for (s, d), y in zip(parts, measured, strict=True):
         w = 1.0 / (y * y)
         sss += w * s * s
         ssd += w * s * d
@@ -107,7 +107,9 @@ def calibrate(points: Sequence[Tuple[Candidate, float]], shape: Optional[ModelSh
     shape = shape or ModelShape.from_model(first.model)
     phases = [phase_ledgers(c, shape, device=device) for c, _ in points]
     measured = [y for _, y in points]
-    (a, b), method = _fit(phases, measured, two_term=False), "scale"
+    one = _fit(phases, measured, two_term=False)
+    assert one is not None  # one scale is never degenerate
+    (a, b), method = one, "scale"
     if len({train_tokens(c) for c, _ in points}) >= 2:
         # Both scales when the points separate them, unless the solution is not a model of memory (a scale at or
         # under zero: static parts that barely differ, dynamic parts out of order, as checkpointing's recompute
@@ -123,19 +125,20 @@ def calibrate(points: Sequence[Tuple[Candidate, float]], shape: Optional[ModelSh
     )
 
 
-def _fit(phases, measured: Sequence[float], two_term: bool) -> Optional[Tuple[float, float]]:
+def _fit(phases: Sequence[Sequence[Ledger]], measured: Sequence[float], two_term: bool
+         ) -> Optional[Tuple[float, float]]:
     """The scales, each point decomposed at the phase that peaks under them (chosen again until it is stable);
     None when the two-term fit is degenerate or not positive."""
     a = b = 1.0
     for _ in range(6):
-        parts = [max(ledgers, key=lambda l: a * l.static + b * l.dynamic) for ledgers in phases]
-        parts = [(l.static, l.dynamic) for l in parts]
+        peaks = [max(ledgers, key=lambda ledger: a * ledger.static + b * ledger.dynamic) for ledgers in phases]
+        parts = [(ledger.static, ledger.dynamic) for ledger in peaks]
         if two_term:
             new = _solve(parts, measured)
             if new is None or min(new) <= 0:
                 return None
         else:  # one scale on the whole prediction
-            ratios = [(s + d) / y for (s, d), y in zip(parts, measured)]
+            ratios = [(s + d) / y for (s, d), y in zip(parts, measured, strict=True)]
             k = sum(ratios) / sum(r * r for r in ratios)
             new = (k, k)
         if abs(new[0] - a) <= 1e-12 * a and abs(new[1] - b) <= 1e-12 * b:
@@ -144,9 +147,9 @@ def _fit(phases, measured: Sequence[float], two_term: bool) -> Optional[Tuple[fl
     return a, b
 
 
-def _residual(phases, measured: Sequence[float], a: float, b: float) -> float:
-    fitted = [max(a * l.static + b * l.dynamic for l in ledgers) for ledgers in phases]
-    return max(abs(p - y) / y for p, y in zip(fitted, measured))
+def _residual(phases: Sequence[Sequence[Ledger]], measured: Sequence[float], a: float, b: float) -> float:
+    fitted = [max(a * ledger.static + b * ledger.dynamic for ledger in ledgers) for ledgers in phases]
+    return float(max(abs(p - y) / y for p, y in zip(fitted, measured, strict=True)))
 
 
 def predict_calibrated(candidate: Candidate, calibration: Optional[Calibration] = None,

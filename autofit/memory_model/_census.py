@@ -1,6 +1,6 @@
 """The model's parameters, tensor by tensor, and what peft and bitsandbytes do to them.
 
-A ``Census`` is plain data: built from the model itself on the meta device (``autofit.memory_model._census_build``, in its own
+A ``Census`` is plain data: built from the model itself on the meta device (``_census_build``, in its own
 process) or, where that cannot run, from the configuration's sizes (``analytic_census``: exact for the dense
 llama/qwen2/gemma families, "unchecked" for the rest). The parameter terms of the ledger (weights, gradients,
 optimizer states, LoRA adapters, what quantization replaces) are counted from it.
@@ -27,10 +27,13 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from math import prod
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-from autofit.memory_model._census_build import CENSUS_VERSION
 from autofit.core import cache_dir
+from autofit.memory_model._census_build import CENSUS_VERSION
+
+if TYPE_CHECKING:
+    from autofit.memory_model._shape import ModelShape
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +138,7 @@ class Census:
         """Trained whole next to the adapters: a reward model's score head (peft SEQ_CLS)."""
         return [p for p in self.params if p.kind == SCORE_HEAD]
 
-    def for_reward(self) -> "Census":
+    def for_reward(self) -> Census:
         """The sequence-classification model: the LM head replaced by ``score`` (hidden x 1, no bias), which is the
         last module (bitsandbytes keeps it) and the one peft trains whole."""
         hidden = next((p.shape[1] for p in self.params if p.kind == "embedding"), 0)
@@ -145,7 +148,7 @@ class Census:
             LinearGroup(SCORE_HEAD, hidden, 1, quantizable=False, output=True),)
         return replace(self, params=params, linears=linears, tied=False)
 
-    def for_algo(self, algo: str) -> "Census":
+    def for_algo(self, algo: str) -> Census:
         return self.for_reward() if algo == "reward" else self
 
     # -- storage ----------------------------------------------------------------------------------------------------
@@ -153,7 +156,7 @@ class Census:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Census":
+    def from_dict(cls, data: Mapping[str, Any]) -> Census:
         params = tuple(ParamGroup(str(p["name"]), tuple(int(d) for d in p["shape"]), str(p["kind"]), int(p["count"]))
                        for p in data["params"])
         linears = tuple(LinearGroup(str(g["name"]), int(g["d_in"]), int(g["d_out"]), bool(g["bias"]),
@@ -167,7 +170,7 @@ class Census:
                    lora_per_rank=per_rank, lora_wrapped=tuple(str(n) for n in data.get("lora_wrapped") or ()))
 
 
-def analytic_census(shape) -> Census:
+def analytic_census(shape: ModelShape) -> Census:
     """The census of a llama-style decoder (``ModelShape``) computed from its sizes: what transformers builds for
     llama, mistral, qwen2, qwen3, gemma and gemma3 (exact), and for mixtral-style experts (fused gate_up/down per
     layer, a router, a shared expert); for other families a first guess."""

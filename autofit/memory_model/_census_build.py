@@ -1,8 +1,9 @@
 """Count a model's parameters from the model itself: the architecture built on the meta device (no memory, no
 weights), every parameter tensor and every linear layer listed with what peft and bitsandbytes need to know.
 
-Runs in its own process (``python -m autofit.memory_model._census_build CONFIG OUT``, see ``autofit.memory_model._census_cache``): it imports torch and
-transformers, which the search process never does, and hides the GPU so that nothing here can touch CUDA.
+Runs in its own process (``python -m autofit.memory_model._census_build CONFIG OUT``, see ``_census_cache``): it
+imports torch and transformers, which the search process never does, and hides the GPU so that nothing here can
+touch CUDA.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 CENSUS_VERSION = 4
 NO_CAUSAL_LM_EXIT = 3  # the architecture has no AutoModelForCausalLM class (a vision-language model, say)
@@ -50,7 +51,9 @@ def build(config_dir: str, trust_remote_code: bool = False) -> Dict[str, Any]:
     try:
         from transformers.quantizers.base import get_keys_to_not_convert
     except ImportError:  # transformers 4
-        from transformers.integrations.bitsandbytes import get_keys_to_not_convert
+        from transformers.integrations.bitsandbytes import (  # type: ignore[attr-defined,no-redef]
+            get_keys_to_not_convert,
+        )
 
     config = AutoConfig.from_pretrained(config_dir, trust_remote_code=trust_remote_code)
     try:  # what TRL loads: AutoModelForCausalLM (a multimodal wrapper such as gemma3 whole, vision tower included)
@@ -67,7 +70,8 @@ def build(config_dir: str, trust_remote_code: bool = False) -> Dict[str, Any]:
     output_weight = id(output_embedding.weight) if output_embedding is not None else None
     tied = output_weight is not None and output_weight == embedding_weight
 
-    params, seen = [], set()
+    params: List[Dict[str, Any]] = []
+    seen = set()
     for name, tensor in model.named_parameters(remove_duplicate=False):
         if id(tensor) in seen:
             continue
@@ -88,7 +92,7 @@ def build(config_dir: str, trust_remote_code: bool = False) -> Dict[str, Any]:
 
     not_convert = sorted(get_keys_to_not_convert(model))
     output_name = next((n for n, m in model.named_modules() if m is output_embedding), None)
-    linears = []
+    linears: List[Dict[str, Any]] = []
     for name, module in model.named_modules():
         if not isinstance(module, (torch.nn.Linear, Conv1D)):
             continue
@@ -104,7 +108,7 @@ def build(config_dir: str, trust_remote_code: bool = False) -> Dict[str, Any]:
             "output": name == output_name,
         })
     adapters, targets = _lora_per_rank(model)  # last: peft wraps the model's modules in place
-    wrapped = sorted({p["name"] for p in params
+    wrapped = sorted({str(p["name"]) for p in params
                       if any(p["name"] in (t, t + ".weight") or p["name"].endswith(("." + t, "." + t + ".weight"))
                              for t in targets)})
     return {
@@ -123,7 +127,7 @@ def build(config_dir: str, trust_remote_code: bool = False) -> Dict[str, Any]:
     }
 
 
-def _lora_per_rank(model):
+def _lora_per_rank(model: Any) -> Tuple[List[Dict[str, Any]], List[str]]:
     """What peft's ``all-linear`` LoRA trains, at rank 1 (every adapter tensor is linear in the rank), and the names
     of the parameters it wraps rather than a module: peft converts "all-linear" on transformers 5 mixture-of-experts
     models to ``target_parameters`` (the fused experts and the router), whose adapted weight W + BA is materialized
@@ -136,7 +140,8 @@ def _lora_per_rank(model):
     peft_model = get_peft_model(model, config)
     adapters = [{"name": pattern(name), "numel": int(p.numel())}
                 for name, p in peft_model.named_parameters() if p.requires_grad]
-    return _grouped(adapters), sorted(peft_model.peft_config["default"].target_parameters or [])
+    wrapped = getattr(peft_model.peft_config["default"], "target_parameters", None) or []
+    return _grouped(adapters), sorted(str(name) for name in wrapped)
 
 
 def main(argv: List[str]) -> int:

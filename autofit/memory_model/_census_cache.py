@@ -1,8 +1,8 @@
-"""Get a model's parameter census (``memory_model.census``): from the cache, else built once in its own process.
+"""Get a model's parameter census (``_census``): from the cache, else built once in its own process.
 
-The build (``autofit.memory_model._census_build``) imports torch and transformers and instantiates the architecture on the meta
-device; the search process imports neither, so it runs ``python -m autofit.memory_model._census_build`` with the GPU hidden and
-keeps the result under the cache folder, keyed by the configuration and the installed transformers (a new version
+The build (``_census_build``) imports torch and transformers and instantiates the architecture on the meta device;
+the search process imports neither, so it runs ``python -m autofit.memory_model._census_build`` with the GPU hidden
+and keeps the result under the cache folder, keyed by the configuration and the installed transformers (a new version
 may build a model differently). Where it cannot build (a model that needs its own code without
 ``--trust-remote-code``, an architecture this transformers does not know), the memory model falls back to the
 configuration's sizes and says the numbers are unchecked.
@@ -17,11 +17,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, Optional, Union
+from typing import Any, Dict, Optional, Union
 
-from autofit.memory_model._census_build import NO_CAUSAL_LM_EXIT
 from autofit.core import atomic_write_text
 from autofit.memory_model._census import META, Census, cached_census, census_file
+from autofit.memory_model._census_build import NO_CAUSAL_LM_EXIT
 from autofit.memory_model._checked import sizes_are_exact
 from autofit.memory_model._shape import ModelShape
 
@@ -60,7 +60,7 @@ def ensure_census(model: str, *, trust_remote_code: bool = False) -> Optional[Ce
         raise NoCausalLM(f"model '{model}' ({source.config.get('model_type')}) has no causal-LM class in the installed "
                          "transformers (AutoModelForCausalLM cannot build it, so TRL cannot load it by name): autofit "
                          "searches text models; pass your own trainer_factory for this one")
-    if data is None:
+    if not isinstance(data, dict):
         return None
     path = census_file(source.config)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ def ensure_census(model: str, *, trust_remote_code: bool = False) -> Optional[Ce
     return Census.from_dict({**data, "source": META})
 
 
-def _build(config: Dict, code_dir: Optional[str]) -> Union[Dict, int, None]:
+def _build(config: Dict[str, Any], code_dir: Optional[str]) -> Union[Dict[str, Any], int, None]:
     with tempfile.TemporaryDirectory(prefix="autofit-census-") as tmp:
         folder = code_dir or tmp
         if code_dir is None:
@@ -89,4 +89,5 @@ def _build(config: Dict, code_dir: Optional[str]) -> Union[Dict, int, None]:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             log.warning("could not count the parameters of %s from the model: %s", config.get("model_type"), last)
             return None
-        return json.loads(out.read_text())
+        built: Dict[str, Any] = json.loads(out.read_text())
+        return built

@@ -8,9 +8,12 @@ probes calibrate it: no confident wrong number.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from autofit.memory_model._census import ANALYTIC
+
+if TYPE_CHECKING:
+    from autofit.memory_model._shape import ModelShape
 
 CHECKED_UNCERTAINTY = 0.25  # the prior's band for a checked family (the activation coefficients' spread, 2.4)
 UNCHECKED_UNCERTAINTY = 0.5
@@ -30,11 +33,11 @@ CHECKED = {
 ANALYTIC_EXACT = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text")
 
 
-def sizes_are_exact(shape) -> bool:
+def sizes_are_exact(shape: ModelShape) -> bool:
     return shape.model_type in ANALYTIC_EXACT and not (shape.moe_layers or shape.eager_attention or shape.nested)
 
 
-def unchecked_reason(shape, algo: str) -> Optional[str]:
+def unchecked_reason(shape: ModelShape, algo: str) -> Optional[str]:
     """Why the prediction for this model and algorithm is not a checked one, or None."""
     family = "gemma3_text" if shape.model_type == "gemma3" else shape.model_type
     algo = "grpo" if algo == "ppo" else algo
@@ -46,5 +49,5 @@ def unchecked_reason(shape, algo: str) -> Optional[str]:
     return None
 
 
-def prior_uncertainty(shape, algo: str) -> float:
+def prior_uncertainty(shape: ModelShape, algo: str) -> float:
     return CHECKED_UNCERTAINTY if unchecked_reason(shape, algo) is None else UNCHECKED_UNCERTAINTY

@@ -84,17 +84,18 @@ class Ledger:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, name) for name in TERMS)
+        return float(sum(getattr(self, name) for name in TERMS))
 
     @property
     def static(self) -> float:
         """What does not depend on the tokens (its allocator share included): what the static scale multiplies."""
-        return self.reserved_factor * sum(getattr(self, n) for n in STATIC_TERMS if n != "cuda_context") + self.cuda_context
+        static = sum(getattr(self, n) for n in STATIC_TERMS if n != "cuda_context")
+        return float(self.reserved_factor * static + self.cuda_context)
 
     @property
     def dynamic(self) -> float:
         """Activations, LM-head buffers, generation (allocator share included): what the dynamic scale multiplies."""
-        return self.reserved_factor * sum(getattr(self, n) for n in DYNAMIC_TERMS)
+        return float(self.reserved_factor * sum(getattr(self, n) for n in DYNAMIC_TERMS))
 
     @property
     def low(self) -> float:
@@ -119,7 +120,7 @@ class Ledger:
     def terms(self) -> Dict[str, float]:
         return {name: getattr(self, name) for name in TERMS}
 
-    def scaled(self, static_scale: float, dynamic_scale: float, uncertainty: float) -> "Ledger":
+    def scaled(self, static_scale: float, dynamic_scale: float, uncertainty: float) -> Ledger:
         """This ledger with the static and dynamic terms scaled (calibration)."""
         changes = {n: getattr(self, n) * static_scale for n in STATIC_TERMS}
         changes.update({n: getattr(self, n) * dynamic_scale for n in DYNAMIC_TERMS})

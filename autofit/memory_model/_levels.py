@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 from autofit.core import RL_ALGOS, Candidate, SearchSpec
 from autofit.memory_model._calibration import Calibration, predict_calibrated
 from autofit.memory_model._ledger import Ledger
 from autofit.memory_model._shape import ModelShape
+
+if TYPE_CHECKING:
+    from autofit.rungs import LadderState
 
 
 def divisors(n: int) -> List[int]:
@@ -77,14 +80,15 @@ class RungEstimate:
         return self.expected.rungs[-1] if self.expected.rungs else "baseline"
 
 
-def _predictor(calibration: Optional[Calibration], shape: ModelShape):
+def _predictor(calibration: Optional[Calibration], shape: ModelShape) -> Callable[[Candidate], Ledger]:
     def at(candidate: Candidate) -> Ledger:
         return predict_calibrated(candidate, calibration, shape)
 
     return at
 
 
-def _best_at_level(state, spec: Any, budget: int, predict_at) -> Tuple[Candidate, Ledger, bool]:
+def _best_at_level(state: LadderState, spec: SearchSpec, budget: int, predict_at: Callable[[Candidate], Ledger]
+                   ) -> Tuple[Candidate, Ledger, bool]:
     effective = spec.rank_batch
     batches = divisors(effective) if state.vary_batch else [effective]
     min_length = spec.min_length
@@ -119,8 +123,7 @@ def expected_rung(spec: SearchSpec, budget_bytes: Optional[int] = None, *, calib
     """Walk the ladder (``spec.ladder`` or the default order) over predicted peaks: at each level the largest
     divisor of the effective batch predicted to fit (shorter lengths once that rung is on, or the longest length
     with ``maximize="length"``); the first level with a fit is the rung the model expects to be needed."""
-    from autofit.rungs import LadderState, climb, usable_rungs
-    from autofit.rungs import resolve_ladder
+    from autofit.rungs import LadderState, climb, resolve_ladder, usable_rungs
 
     budget = budget_bytes if budget_bytes is not None else spec.budget_bytes
     if budget is None:

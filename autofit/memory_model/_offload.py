@@ -14,8 +14,8 @@ from __future__ import annotations
 from autofit.core import Candidate
 from autofit.memory_model._parameters import (
     TIED_EMBEDDING_GRAD_COPIES,
-    _beta,
     StateBytes,
+    _beta,
     compute_bytes,
     param_counts,
     trainable_tensors,

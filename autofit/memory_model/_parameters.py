@@ -75,7 +75,8 @@ TRL_DEFAULT_BETA = {"grpo": 0.0, "rloo": 0.05}
 @dataclass(frozen=True)
 class ParamCounts:
     """Parameters by what the memory terms treat differently. ``linear``: what bitsandbytes quantizes (nn.Linear
-    layers but the output layer); ``experts``: fused mixture-of-experts tensors (never quantized; peft's all-linear adapts them, ``census``)."""
+    layers but the output layer); ``experts``: fused mixture-of-experts tensors (never quantized; peft's all-linear
+    adapts them, ``_census``)."""
 
     total: int
     linear: int
@@ -110,7 +111,7 @@ class Tensors(NamedTuple):
     """``count`` trainable tensors of ``numel`` elements each; ``embedding``: an nn.Embedding weight."""
 
     numel: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count, which no caller uses
     embedding: bool = False
 
 
@@ -147,9 +148,10 @@ def optimizer_state_bytes(tensors: Iterable[Any], optim: Optional[str], param_by
 
 
 def optimizer_step_temporary_bytes(tensors: Iterable[Any], optim: Optional[str], param_bytes: int) -> int:
-    """Temporaries of the optimizer step: the foreach AdamW path (``adamw_torch``) allocates one full-size state copy."""
+    """Temporaries of the optimizer step: the foreach AdamW path (``adamw_torch``) allocates one full-size state
+    copy."""
     if (optim or TRL_DEFAULT_OPTIM) in ("adamw_torch", "adamw_hf"):
-        return FOREACH_TEMPORARY_COPIES * param_bytes * sum(t[0] * t[1] for t in tensors)
+        return int(FOREACH_TEMPORARY_COPIES * param_bytes * sum(t[0] * t[1] for t in tensors))
     return 0
 
 

@@ -77,7 +77,7 @@ class ModelShape:
     census: Optional[Census] = field(default=None, compare=False)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "ModelShape":
+    def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
         """The shape of a decoder-only model from its HF configuration dict (a nested ``text_config`` is used)."""
         census = cached_census(config)
         nested = isinstance(config.get("text_config"), Mapping)
@@ -125,7 +125,7 @@ class ModelShape:
         )
 
     @classmethod
-    def from_model(cls, name: str) -> "ModelShape":
+    def from_model(cls, name: str) -> ModelShape:
         """The shape of a bundled model, a local folder or a cached hub config (see ``autofit.core._registry``)."""
         from autofit.core import resolve_model
 
@@ -161,7 +161,7 @@ class ModelShape:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ModelShape":
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelShape:
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         if values.get("census") is not None:

@@ -19,9 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from autofit.core import format_size
-from autofit.core import SearchSpec
-
+from autofit.core import SearchSpec, format_size
 from autofit.memory_model._parameters import param_counts
 from autofit.memory_model._shape import ModelShape
 
@@ -80,6 +78,7 @@ def vllm_lines(spec: SearchSpec, shape: ModelShape) -> List[str]:
         return ["vllm: server mode: vLLM runs on other GPUs (trl vllm-serve), the trainer has the whole budget and "
                 "does not generate; size the server's GPUs with its own --gpu-memory-utilization"]
     per_rank, utilization = spec.rank_batch, options.vllm_gpu_memory_utilization
+    assert spec.gpu_bytes is not None, "a colocated vLLM takes a share of a known GPU memory"
     tokens_per_sequence = options.max_prompt_length + spec.max_length
     share = vllm_share(shape, spec.gpu_bytes, utilization, max_num_seqs=per_rank,
                        sequence_tokens=tokens_per_sequence, algo=options.algo)

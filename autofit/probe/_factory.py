@@ -21,8 +21,7 @@ import types
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
-from autofit.core import FACTORIES
-from autofit.core import InputError
+from autofit.core import FACTORIES, InputError
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +51,7 @@ class FactoryPayload:
             except Exception as exc:  # noqa: BLE001 - a module it needs is missing in the probe, say
                 raise FactoryError(f"trainer factory {self.name} cannot be loaded in the probe: "
                                    f"{type(exc).__name__}: {exc}") from exc
+        assert self.ref is not None  # a payload holds the one or the other
         return load_factory(self.ref)
 
 
@@ -68,7 +68,8 @@ def _code_digest(code: types.CodeType, digest) -> None:
 def identity(factory: Callable) -> str:
     """Qualified name and a hash of the code: the same function wherever it was imported from."""
     name = getattr(factory, "__qualname__", type(factory).__qualname__)
-    code = getattr(factory, "__code__", None) or getattr(getattr(factory, "__call__", None), "__code__", None)
+    code = (getattr(factory, "__code__", None)
+            or getattr(getattr(factory, "__call__", None), "__code__", None))  # noqa: B004 - reads __call__'s code
     if code is None:
         return name
     digest = hashlib.sha1()

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from autofit.core._outdir import PHASE_FILE
 from autofit.core import Candidate, ProbeSettings
+from autofit.core._outdir import PHASE_FILE  # noqa: F401 - re-exported: the file PhaseFile writes, by name
 
 
 @dataclass
@@ -155,7 +155,7 @@ def models_of(trainer) -> List:
     """Every model the trainer holds: the policy, and the reference, reward or value models of RL trainers."""
     import torch
 
-    found = []
+    found: List = []
     for value in vars(trainer).values():
         items = value if isinstance(value, (list, tuple)) else [value]
         found.extend(item for item in items if isinstance(item, torch.nn.Module))

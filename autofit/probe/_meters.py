@@ -17,7 +17,7 @@ import logging
 import os
 import time
 import weakref
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
@@ -82,7 +82,8 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         self.live = 0
         self._phase_peak = 0
         self._seen: Dict[int, int] = {}
-        self._events: Optional[List[Tuple[Optional[int], object]]] = [] if host_aware else None
+        # (storage key, byte change), or (None, phase name) where a phase begins
+        self._events: Optional[List[Tuple[Optional[int], Union[int, str]]]] = [] if host_aware else None
         self._host_keys: Set[int] = set()
         self.host_bytes = 0
         self._last_alloc: Dict[int, int] = {}  # storage key -> index of its allocation event
@@ -211,6 +212,7 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         return self._replayed_peaks()
 
     def _replayed_peaks(self) -> Dict[str, int]:
+        assert self._events is not None  # host-aware
         # The storages still live under a host key were allocated by that key's last allocation event.
         last_alloc = {key: index for index, (key, change) in enumerate(self._events)
                       if key in self._host_keys and isinstance(change, int) and change > 0}
@@ -219,7 +221,7 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         host, host_peak = 0, 0
         peaks[phase] = 0
         for index, (key, change) in enumerate(self._events):
-            if key is None:
+            if isinstance(change, str):  # (None, phase name)
                 phase = change
                 peaks[phase] = max(peaks.get(phase, 0), live)
             elif change > 0:
@@ -301,7 +303,7 @@ class CudaMeter(_PhaseLedger):
             for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 if proc.pid == os.getpid() and proc.usedGpuMemory:
                     return int(proc.usedGpuMemory)
-        except Exception as exc:  # NVML missing, or no per-process accounting in containers
+        except Exception as exc:  # noqa: BLE001 - NVML missing, or no per-process accounting in containers
             log.debug("NVML per-process memory unavailable: %s", exc)
         free, total = torch.cuda.mem_get_info(self.device)
         return total - free

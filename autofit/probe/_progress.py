@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, TextIO, TypeVar
+from typing import Callable, Dict, List, Optional, TextIO, TypeVar, cast
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -22,10 +22,8 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
 
-from autofit.core import Candidate
-from autofit.core import one_line
+from autofit.core import Candidate, format_size, one_line
 from autofit.core._outdir import PHASE_FILE
-from autofit.core import format_size
 
 T = TypeVar("T")
 
@@ -133,6 +131,7 @@ class LiveProgress(ProbeProgress):
         self._reroute_logging(None)
         self._live.stop()
         self._live = None
+        assert self.started is not None  # set where the line was shown
         self.durations.setdefault(self.kind, []).append(self.clock() - self.started)
 
     def close(self) -> None:
@@ -167,7 +166,7 @@ class LiveProgress(ProbeProgress):
                 lines.append(part)
             else:
                 lines[-1] = joined
-        frame = self._spinner.render(self.console.get_time())
+        frame = cast(Text, self._spinner.render(self.console.get_time()))  # a Text: the spinner has no text of its own
         return Text.assemble(frame, " ", "\n  ".join(lines), no_wrap=True, overflow="ellipsis")
 
     def _reroute_logging(self, stream: Optional[TextIO]) -> None:

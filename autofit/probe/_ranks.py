@@ -47,7 +47,7 @@ def combine(results: List[ProbeResult], killed: List[bool]) -> ProbeResult:
 
 def first_failure(results: List[Optional[ProbeResult]], exitcodes: List[Optional[int]]) -> bool:
     """Whether some rank has already ended badly: a result that is not OK, or an exit without one."""
-    for result, code in zip(results, exitcodes):
+    for result, code in zip(results, exitcodes, strict=True):
         if result is not None and result.outcome is not Outcome.OK:
             return True
         if result is None and code is not None:

@@ -1,8 +1,8 @@
 """Runs each probe in a fresh process and turns whatever happens to it into a ``ProbeResult``.
 
 Probe processes are forked from a multiprocessing *forkserver* that has imported torch, transformers and trl once
-but never touched CUDA (``autofit.probe._preload``): each probe is still a new process (its own CUDA context, allocator and
-peak statistics, nothing left over from an earlier OOM), without paying several seconds of imports every time.
+but never touched CUDA (``autofit.probe._preload``): each probe is still a new process (its own CUDA context, allocator
+and peak statistics, nothing left over from an earlier OOM), without paying several seconds of imports every time.
 If a probe reports that it was forked from a server where CUDA had been initialized after all (a "bad fork"), the
 runner switches to the *spawn* start method for the rest of the search, says so once, and runs that probe again.
 A probe that hangs is killed at its timeout; one that dies is reported as a crash; the search goes on.
@@ -10,25 +10,33 @@ A probe that hangs is killed at its timeout; one that dies is reported as a cras
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
-import contextlib
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Protocol, Sequence, Union
 
-from autofit.probe import _ranks as ranks
-from autofit.core import Candidate, ProbeSettings
-from autofit.probe._factory import FactoryPayload, prepare_factory
+from autofit.core import (
+    BAD_FORK,
+    DISTURBED_RETRY_WAIT_S,
+    INFRASTRUCTURE,
+    PID_FILE,
+    Candidate,
+    Outcome,
+    ProbeResult,
+    ProbeSettings,
+    classify_exit,
+    disturbed,
+    format_size,
+)
 from autofit.core._outdir import PHASE_FILE
-from autofit.core import PID_FILE
-from autofit.core import DISTURBED_RETRY_WAIT_S, disturbed
-from autofit.core import BAD_FORK, INFRASTRUCTURE, Outcome, ProbeResult, classify_exit
+from autofit.probe import _ranks as ranks
+from autofit.probe._factory import FactoryPayload, prepare_factory
 from autofit.probe._progress import PlainProgress, ProbeProgress
-from autofit.core import format_size
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +117,8 @@ class ProcessRunner:
                                                           build_timeout_s=self.build_timeout_s, **plan))
         if candidate.ranks > 1:
             return self._run_ranks(candidate, probe_dir)
-        process = self._context.Process(
+        # typeshed's BaseContext (what get_context(str) returns) lacks Process; every real context has it
+        process = self._context.Process(  # type: ignore[attr-defined]
             target=child_main,
             args=(self.factory, candidate, self.budget_bytes, str(result_path), str(probe_dir / "probe.log")),
             name=f"autofit-probe-{self._count}",
@@ -135,10 +144,10 @@ class ProcessRunner:
         return result
 
     def _run_ranks(self, candidate: Candidate, probe_dir: Path) -> ProbeResult:
-        """One process per rank (``autofit.probe._ranks``); all of them killed at the time limit, the others shortly after
-        one has failed."""
-        from autofit.rungs import free_port, rank_env
+        """One process per rank (``autofit.probe._ranks``); all of them killed at the time limit, the others shortly
+        after one has failed."""
         from autofit.probe._worker import child_main
+        from autofit.rungs import free_port, rank_env
 
         port, processes, folders = free_port(), [], []
         for rank in range(candidate.ranks):
@@ -147,7 +156,7 @@ class ProcessRunner:
             for name in ("result.json", PHASE_FILE):
                 (folder / name).unlink(missing_ok=True)
             folders.append(folder)
-            processes.append(self._context.Process(
+            processes.append(self._context.Process(  # type: ignore[attr-defined]  # as in _run_once
                 target=child_main, args=(self.factory, candidate, self.budget_bytes, str(folder / "result.json"),
                                          str(folder / "probe.log")),
                 kwargs={"env": rank_env(rank, candidate.ranks, port)}, name=f"autofit-probe-{self._count}-rank{rank}"))
@@ -165,7 +174,7 @@ class ProcessRunner:
             for folder in folders:
                 (folder / PID_FILE).unlink(missing_ok=True)
         results = []
-        for folder, process, was_killed in zip(folders, processes, killed):
+        for folder, process, was_killed in zip(folders, processes, killed, strict=True):
             path = folder / "result.json"
             result = ProbeResult.from_dict(json.loads(path.read_text())) if path.exists() else \
                 classify_exit(process.exitcode, timed_out and was_killed)

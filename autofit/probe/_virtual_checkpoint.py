@@ -116,11 +116,12 @@ def fill_on_load() -> Iterator[None]:
             fill_model(model[0] if isinstance(model, tuple) else model)
         return model
 
-    PreTrainedModel.from_pretrained = classmethod(from_pretrained)
+    # Patched for the duration, then restored (mypy refuses assigning to a method).
+    PreTrainedModel.from_pretrained = classmethod(from_pretrained)  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:
-        PreTrainedModel.from_pretrained = original
+        PreTrainedModel.from_pretrained = original  # type: ignore[method-assign]
 
 
 def fill_model(model) -> None:
@@ -160,7 +161,9 @@ def fill_quantized(model) -> None:
     with torch.no_grad():
         for module in model.modules():
             weight = getattr(module, "weight", None)
-            kind = type(weight).__name__ if weight is not None else ""
+            if weight is None:
+                continue
+            kind = type(weight).__name__
             if kind == "Params4bit" and getattr(weight, "quant_state", None) is not None:
                 _tile(weight.data.view(-1), _random_bytes(weight.device, weight.dtype))
                 state = weight.quant_state

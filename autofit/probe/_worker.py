@@ -18,19 +18,32 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from autofit.probe import (
-    _activation_offload as activation_offload,
-    _kernels as kernels,
-    kit as probe_kit,
-    _simulated_fsdp as simulated_fsdp,
-    _virtual_checkpoint as virtual_checkpoint,
-)
-from autofit.core import Candidate
-from autofit.rungs import FSDP_ENGINES
-from autofit.probe._factory import FactoryPayload
-from autofit.core import atomic_write_text
-from autofit.probe._instrument import (
+from autofit.core import (
+    BAD_FORK,
+    ENGINE_FAILURE,
+    INFRASTRUCTURE,
+    KERNEL_FAILURE,
     PHASE_FILE,
+    USER,
+    BuildTimeout,
+    Candidate,
+    FactoryMisuse,
+    Outcome,
+    ProbeResult,
+    atomic_write_text,
+    classify_exception,
+    error_origin,
+    exempt_phases,
+    others_bytes,
+    record_probe_process,
+)
+from autofit.probe import _activation_offload as activation_offload
+from autofit.probe import _kernels as kernels
+from autofit.probe import _simulated_fsdp as simulated_fsdp
+from autofit.probe import _virtual_checkpoint as virtual_checkpoint
+from autofit.probe import kit as probe_kit
+from autofit.probe._factory import FactoryPayload
+from autofit.probe._instrument import (
     PhaseFile,
     ProbeClock,
     instrument_rl_phases,
@@ -38,22 +51,7 @@ from autofit.probe._instrument import (
     phase_callback,
 )
 from autofit.probe._observe import describe_trainer
-from autofit.core import others_bytes
-from autofit.core import record_probe_process
-from autofit.core import exempt_phases
-from autofit.core import (
-    BAD_FORK,
-    ENGINE_FAILURE,
-    INFRASTRUCTURE,
-    KERNEL_FAILURE,
-    USER,
-    BuildTimeout,
-    FactoryMisuse,
-    Outcome,
-    ProbeResult,
-    classify_exception,
-    error_origin,
-)
+from autofit.rungs import FSDP_ENGINES
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +76,8 @@ def inherited_cuda() -> Optional[str]:
     """Why this probe cannot use CUDA because of the process it was forked from; None when it can.
 
     A process forked after CUDA was initialized cannot initialize it again ("bad fork"). The probe server records
-    whether its preload initialized CUDA (``autofit.probe._preload``); torch itself marks a forked child of a process that
-    had (``torch.cuda._is_in_bad_fork``). A spawned probe has neither."""
+    whether its preload initialized CUDA (``autofit.probe._preload``); torch itself marks a forked child of a process
+    that had (``torch.cuda._is_in_bad_fork``). A spawned probe has neither."""
     preload = sys.modules.get("autofit.probe._preload")
     if preload is not None and getattr(preload, "cuda_initialized", False):
         return ("CUDA was initialized in the probe server before this probe was forked "
@@ -193,6 +191,7 @@ def enter_engine(candidate: Candidate) -> None:
 
     from autofit.rungs import launch_env, write_engine_files
 
+    assert candidate.engine is not None  # entered only for a candidate with an engine
     folder = Path(candidate.probe.output_dir) / "engine" if candidate.probe else Path(tempfile.mkdtemp())
     files = write_engine_files(folder, candidate.engine, candidate.device, candidate.ranks)
     os.environ.update(launch_env(files["accelerate"], candidate.device, candidate.engine))
@@ -339,14 +338,14 @@ def config_defaults(config_class, keys) -> Dict:
 def _safe_peaks(meter) -> Dict[str, int]:
     try:
         return meter.peaks() if meter is not None else {}
-    except Exception:  # a broken CUDA context cannot be read any more
+    except Exception:  # noqa: BLE001 - a broken CUDA context cannot be read any more
         return {}
 
 
 def _safe_stats(meter) -> Dict:
     try:
         return meter.stats() if meter is not None else {}
-    except Exception:
+    except Exception:  # noqa: BLE001 - as in _safe_peaks: the stats are best effort
         return {}
 
 
@@ -376,7 +375,8 @@ def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Opti
     sys.stderr.flush()
     from multiprocessing import util
 
-    util._run_finalizers()  # release semaphores that libraries created, or the resource tracker warns about leaks
+    # Release semaphores that libraries created, or the resource tracker warns about leaks (private: not in typeshed).
+    util._run_finalizers()  # type: ignore[attr-defined]
     os._exit(0)  # skip interpreter teardown: a broken CUDA context can hang it
 
 

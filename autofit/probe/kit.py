@@ -19,10 +19,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from autofit.core import Candidate, cache_dir, resolve_model
 from autofit.probe import _virtual_checkpoint as virtual_checkpoint
-from autofit.core import Candidate
-from autofit.core import cache_dir
-from autofit.core import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +103,14 @@ def _write_random_checkpoint(config: Dict, folder: Path, code_from: Optional[str
     settings = dict(config)
     model_type = settings.pop("model_type")
     trust = code_from is not None
-    hf_config = AutoConfig.from_pretrained(code_from, trust_remote_code=True) if trust else \
+    hf_config = AutoConfig.from_pretrained(code_from, trust_remote_code=True) if code_from is not None else \
         AutoConfig.for_model(model_type, **settings)
     started = time.perf_counter()
-    # The weights are a hole in the file (autofit.probe._virtual_checkpoint): a 70B checkpoint is a few hundred KB on disk
-    # and is written in seconds; every probe fills what it loads with finite values on its own device.
+    # The weights are a hole in the file (autofit.probe._virtual_checkpoint): a 70B checkpoint is a few hundred KB on
+    # disk and is written in seconds; every probe fills what it loads with finite values on its own device.
     written = virtual_checkpoint.write(hf_config, folder, trust_remote_code=trust)
-    if trust and Path(code_from).is_dir():  # the model's code beside its weights, where from_pretrained looks
+    # the model's code beside its weights, where from_pretrained looks
+    if code_from is not None and Path(code_from).is_dir():
         for module in Path(code_from).glob("*.py"):
             shutil.copy(module, folder / module.name)
     synthesize_tokenizer(config).save_pretrained(folder)
@@ -126,8 +125,8 @@ def trainable_checkpoint(config: Dict, name: str) -> Path:
     (the search process never imports torch)."""
     folder = checkpoint_folder(config, name + "-filled")
     if not (folder / ".complete").exists():
-        done = subprocess.run([sys.executable, "-c", "import sys; from autofit.probe import kit as probe_kit; from autofit.core._registry "
-                               "import resolve_model; probe_kit.write_trainable_checkpoint("
+        done = subprocess.run([sys.executable, "-c", "import sys; from autofit.probe import kit as probe_kit; "
+                               "from autofit.core._registry import resolve_model; probe_kit.write_trainable_checkpoint("
                                "resolve_model(sys.argv[1]).config, sys.argv[1])", name], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"could not write a random-weight checkpoint of {name} to {folder}: "

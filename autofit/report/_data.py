@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from autofit.core import Candidate
-from autofit.core import InputError
+from autofit.core import Candidate, InputError
 from autofit.search import STUDY_FILE
 
 LENGTH_POINTS = 12
@@ -95,7 +94,8 @@ def read_probes(out_dir: Path, study_name: Optional[str]) -> List[Probe]:
         probes.append(Probe(
             number=trial.number, level=int(trial.params.get("level", 0)), kind=trial.user_attrs.get("kind", "probe"),
             candidate=Candidate.from_dict(candidate), outcome=result.get("outcome", "?"),
-            peak_bytes=int(result.get("peak_bytes") or 0), tokens_per_second=float(result.get("tokens_per_second") or 0),
+            peak_bytes=int(result.get("peak_bytes") or 0),
+            tokens_per_second=float(result.get("tokens_per_second") or 0),
             phase_peaks={k: int(v) for k, v in (result.get("phase_peaks") or {}).items()},
         ))
     return probes
@@ -165,7 +165,7 @@ def _curves(data: ReportData, calibration) -> Dict[int, List[Tuple[int, float]]]
                 if high > low else [low]
             points = [template.replace(max_length=x) for x in xs]
         curve = []
-        for x, candidate in zip(xs, points):
+        for x, candidate in zip(xs, points, strict=True):
             ledger = _predict(calibration, candidate)
             if ledger is not None and math.isfinite(ledger.total):
                 curve.append((x, float(ledger.total)))

@@ -8,11 +8,10 @@ import logging
 from pathlib import Path
 from typing import List, Optional
 
-from autofit.report import _plots as plots
-from autofit.core import atomic_write_text
+from autofit.core import atomic_write_text, format_size
 from autofit.memory_model import TERM_GROUPS
+from autofit.report import _plots as plots
 from autofit.report._data import ReportData, gather
-from autofit.core import format_size
 from autofit.search import STUDY_FILE
 
 log = logging.getLogger(__name__)
@@ -21,7 +20,8 @@ REPORT_FILE = "report.html"
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
 h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; font-size: 0.85rem; } td, th { padding: 0.2rem 0.6rem; border-bottom: 1px solid #eee; }
+table { border-collapse: collapse; font-size: 0.85rem; }
+td, th { padding: 0.2rem 0.6rem; border-bottom: 1px solid #eee; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; } .OOM { color: #b00; } .OK { color: #070; }
 code { background: #f4f4f4; padding: 0 0.2rem; } .answer { font-size: 1.05rem; background: #f6f8fa; padding: 0.8rem; }
 """
@@ -95,7 +95,9 @@ def figures_section(data: ReportData) -> List[str]:
 
 
 def _ledger_table(data: ReportData) -> str:
-    rows = "".join(f"<tr><td>{_e(label)}</td><td class='num'>{_e(format_size(sum(data.ledger.get(t, 0.0) for t in terms)))}"
+    assert data.ledger is not None  # shown only where there is a ledger
+    rows = "".join(f"<tr><td>{_e(label)}</td><td class='num'>"
+                   f"{_e(format_size(sum(data.ledger.get(t, 0.0) for t in terms)))}"
                    f"</td></tr>" for _, label, terms in TERM_GROUPS if sum(data.ledger.get(t, 0.0) for t in terms))
     return f"<table><tr><th>term</th><th>predicted</th></tr>{rows}</table>"
 
@@ -116,7 +118,8 @@ def probes_section(data: ReportData) -> List[str]:
     parts = ["<h2>Every probe of this run</h2>", f"<table>{head}{''.join(rows)}</table>"]
     if skipped:
         parts.append("<p>Not probed (the memory model's low end is over the budget): " + ", ".join(
-            f"{_e(s['candidate'])} [{_e('+'.join(s['rungs']) or 'baseline')}] predicted {_e(_size(s['predicted_bytes']))}"
+            f"{_e(s['candidate'])} [{_e('+'.join(s['rungs']) or 'baseline')}] "
+            f"predicted {_e(_size(s['predicted_bytes']))}"
             for s in skipped) + ".</p>")
     parts.append(f"<p>The study holds {len(data.probes)} probes in all. Browse them with "
                  f"<code>optuna-dashboard {_e(data.out_dir / STUDY_FILE)}</code>.</p>")

@@ -52,8 +52,8 @@ def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float]
     for index, level in enumerate(series):
         color = COLORS[index % len(COLORS)]
         if level["curve"]:
-            xs, ys = zip(*sorted(level["curve"]))
-            axes.plot(xs, [y / scale for y in ys], color=color, linewidth=1, alpha=0.6)
+            curve_xs, curve_ys = zip(*sorted(level["curve"]), strict=True)
+            axes.plot(curve_xs, [y / scale for y in curve_ys], color=color, linewidth=1, alpha=0.6)
         for marker, outcome in (("o", "OK"), ("x", "OOM")):
             points = [(x, peak) for x, peak, kind in level["points"] if kind == outcome]
             if points:
@@ -64,7 +64,8 @@ def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float]
     if budget and measured:  # the curves run far past the budget at large batches: keep the budget's region in view
         axes.set_ylim(top=max(1.5 * budget, 1.1 * max(measured)) / scale)
     xs = sorted({x for level in series for x, *_ in list(level["points"]) + list(level["curve"])})
-    if len(xs) > 1 and all(b >= 1.5 * a for a, b in zip(xs, xs[1:])):  # divisors of the batch: a log axis, each labelled
+    # divisors of the batch: a log axis, each labelled
+    if len(xs) > 1 and all(b >= 1.5 * a for a, b in zip(xs, xs[1:], strict=False)):
         from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
         axes.set_xscale("log", base=2)
@@ -101,7 +102,7 @@ def ledger_figure(rows: Sequence[Tuple[str, Dict[str, float]]], budget: Optional
         widths = [sum(ledger.get(term, 0.0) for term in terms) / scale for _, ledger in rows]
         if any(widths):
             axes.barh(labels, widths, left=left, color=COLORS[index], label=name)
-            left = [a + b for a, b in zip(left, widths)]
+            left = [a + b for a, b in zip(left, widths, strict=True)]
     axes.invert_yaxis()
     _budget_lines(axes, budget, 0.0, scale, unit, vertical=True)
     axes.set_xlabel(f"predicted peak ({unit})")

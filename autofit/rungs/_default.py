@@ -4,12 +4,12 @@ Reorder or subset with ``autofit search --ladder NAME,NAME`` or ``autofit.fit(..
 is any object with ``name``, ``cost``, ``help`` and ``apply(state) -> state | None`` (see ``autofit.rungs._ladder``).
 """
 
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Tuple
 
-from autofit.rungs._ladder import Rung
 from autofit.rungs._activation_offload import ActivationOffload
 from autofit.rungs._allocator import ExpandableSegments
 from autofit.rungs._checkpointing import GradientCheckpointing
+from autofit.rungs._ladder import Rung
 from autofit.rungs._liger import LigerKernels
 from autofit.rungs._lora import Lora
 from autofit.rungs._microbatch import MicroBatch
@@ -21,7 +21,7 @@ from autofit.rungs._sequence_length import ShorterSequences
 from autofit.rungs._sharding import OFFLOADING as SHARDING_OFFLOAD
 from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
 
-DEFAULT_LADDER = (
+DEFAULT_LADDER: Tuple[Rung, ...] = (
     ExpandableSegments(),  # free
     LigerKernels(),  # free; CUDA with liger-kernel installed
     MicroBatch(),  # speed

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from autofit.core import Candidate
-from autofit.core import ENGINE_FAILURE, KERNEL_FAILURE, ProbeResult
+from autofit.core import ENGINE_FAILURE, KERNEL_FAILURE, Candidate, ProbeResult
 
 LIGER_RUNG = "liger-kernels"  # the name of the Liger rung (autofit.rungs._liger)
 

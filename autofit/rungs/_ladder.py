@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import List, Optional, Protocol, Sequence, Tuple
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from autofit.core import Candidate
 
@@ -38,7 +38,7 @@ class LadderState:
     min_length: int = 0
     maximize: str = "batch"  # "batch" or "length"
 
-    def with_rung(self, rung: "Rung", **state_changes) -> "LadderState":
+    def with_rung(self, rung: Rung, **state_changes) -> LadderState:
         candidate_changes = state_changes.pop("candidate_changes", {})
         candidate = self.candidate
         if rung.cost == QUALITY and candidate.offload:  # quality rungs shrink the level without optimizer offload
@@ -85,7 +85,8 @@ def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState
     applied = None
     if start is not None:
         applied = {name for level in climb(start, rungs) for name in level.rungs}
-    usable, left_out = [], {}
+    usable: List[Rung] = []
+    left_out: Dict[str, List[str]] = {}  # reason -> the rungs it leaves out
     for rung in rungs:
         if applied is not None and rung.name not in applied:
             usable.append(rung)  # it never applies here: nothing to check, nothing to say

@@ -15,8 +15,8 @@ with a note too. A probe the kernels break is the rung's failure: the search goe
 import importlib.util
 from typing import Optional
 
-from autofit.rungs._ladder import FREE, LadderState
 from autofit.rungs._failures import LIGER_RUNG
+from autofit.rungs._ladder import FREE, LadderState
 
 SUPPORTED_ALGOS = ("sft", "reward", "grpo", "rloo")  # trl 1.12's PPO loop builds its own models: not patched
 

@@ -1,5 +1,7 @@
 """A quantized, frozen base model (bitsandbytes 8-bit or 4-bit NF4) trained through LoRA adapters."""
 
+from typing import Dict
+
 from autofit.core import LoraSettings
 from autofit.rungs._ladder import QUALITY, LadderState
 
@@ -18,7 +20,7 @@ class QuantizedBase:
         current = state.candidate.quantization
         if current is not None and int(current[0]) <= self.bits:
             return None
-        changes = {"quantization": f"{self.bits}bit"}
+        changes: Dict[str, object] = {"quantization": f"{self.bits}bit"}
         if state.candidate.lora is None:
             changes["lora"] = LoraSettings()
         return state.with_rung(self, candidate_changes=changes)

@@ -7,11 +7,12 @@ GPU it need not have); ``Search`` answers it with a ``Runner``; ``SearchReport``
 ``Record``).
 """
 
+from autofit.memory_model import divisors, length_grid  # the search's grids, shared with estimate
 from autofit.search._faults import FaultWatch, InfrastructureError, check_no_fit_is_an_answer
 from autofit.search._margin import over_margin
 from autofit.search._question import check_model_code, check_model_sizes, estimate_question, question
 from autofit.search._result import Fit, Record, SearchReport, Skip, undominated
-from autofit.search._search import Search, divisors, length_grid
+from autofit.search._search import Search
 from autofit.search._store import STUDY_FILE, ProbeStore, quiet_optuna
 
 __all__ = [

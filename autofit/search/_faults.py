@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple
 
-from autofit.core import Candidate
+from autofit.core import INFRASTRUCTURE, USER, Candidate, Outcome, ProbeResult
 from autofit.probe import FactoryError
-from autofit.core import INFRASTRUCTURE, USER, Outcome, ProbeResult
+
+if TYPE_CHECKING:
+    from autofit.search._result import Record
 
 # What to do about an infrastructure cause, in one clause.
 HINTS = {
@@ -85,7 +87,7 @@ class FaultWatch:
         raise infrastructure_failure(result, 2)
 
 
-def check_no_fit_is_an_answer(records: Iterable, skipped: bool) -> None:
+def check_no_fit_is_an_answer(records: Iterable[Record], skipped: bool) -> None:
     """Raise unless "nothing fits" is what the probes (or the memory model) actually showed."""
     results = [record.result for record in records]
     if any(result.outcome is Outcome.OOM for result in results) or skipped:

@@ -8,13 +8,9 @@ import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from autofit import memory_model
+from autofit.core import RL_ALGOS, Candidate, InputError, LoraSettings, ProbeResult, SearchSpec, format_size
 from autofit.memory_model import NoCausalLM, ensure_census
-from autofit.core import RL_ALGOS, Candidate, LoraSettings
-from autofit.core import ProbeResult
 from autofit.search._result import SearchReport
-from autofit.core import InputError
-from autofit.core import SearchSpec
-from autofit.core import format_size
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +27,10 @@ class MemoryGuide:
         self.calibration: Optional[memory_model.Calibration] = None
         self.built: Dict[str, Any] = {}  # what the first probe's trainer runs (autofit.probe._observe)
         unchecked = memory_model.unchecked_reason(shape, spec.options.algo) if shape is not None else None
-        if unchecked:
-            report.notes.append(f"memory model: {unchecked}: its predictions carried a "
-                                f"±{memory_model.prior_uncertainty(shape, spec.options.algo):.0%} band until probes calibrated it")
+        if unchecked and shape is not None:
+            band = memory_model.prior_uncertainty(shape, spec.options.algo)
+            report.notes.append(f"memory model: {unchecked}: its predictions carried a ±{band:.0%} band until probes "
+                                "calibrated it")
 
     def observe(self, candidate: Candidate, result: ProbeResult) -> List[str]:
         """Learn what the trainer runs from the first probe that says; returns notes on what differs from the
@@ -108,7 +105,8 @@ class MemoryGuide:
         a longer run may show too. A prediction above the measured peak hides nothing, so it adds no margin; a
         one-scale extrapolation (a single point) is rough by construction, and its band already says so."""
         errors = [(r.result.peak_bytes - r.predicted_bytes) / r.result.peak_bytes for r in self.report.records
-                  if r.kind == "probe" and r.calibration == "two-term" and r.result.fits and r.result.peak_bytes]
+                  if r.kind == "probe" and r.calibration == "two-term" and r.result.fits and r.result.peak_bytes
+                  and r.predicted_bytes is not None]
         return max(self.spec.headroom, min(max(errors, default=0.0), MAX_MARGIN))
 
     def limit(self) -> float:

@@ -7,10 +7,13 @@ would measure nothing useful), so the rung is left out with a note instead.
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
+from autofit.core import Candidate, format_size
 from autofit.rungs import OFFLOAD_RUNG, LadderState, Rung, climb, usable_rungs
-from autofit.core import format_size
+
+if TYPE_CHECKING:
+    from autofit.memory_model import ModelShape
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ def available_host_bytes(meminfo: str = "/proc/meminfo") -> Optional[int]:
 ACTIVATION_OFFLOAD_RUNG = "activation-offload"
 
 
-def _least_need(candidate, shape, device) -> float:
+def _least_need(candidate: Candidate, shape: ModelShape, device: str) -> float:
     """The least host memory a level can get by with: optimizer offload with gradient accumulation where the
     effective batch can be split (its fp32 buffer counted), offloaded activations at micro-batch 1."""
     from autofit.memory_model import host_bytes
@@ -40,14 +43,15 @@ def _least_need(candidate, shape, device) -> float:
     return host_bytes(candidate, shape, device)
 
 
-def host_shortfalls(start: LadderState, rungs: Sequence[Rung], shape, device: str,
+def host_shortfalls(start: LadderState, rungs: Sequence[Rung], shape: Optional[ModelShape], device: str,
                     available: Optional[int] = None) -> List[Tuple[str, str]]:
     """(rung, note) for each offloading rung whose levels need more host memory than is available, even at their
     smallest micro-batch; empty when they fit (or nothing offloads, or the sizes or the machine's RAM are unknown)."""
     if shape is None:
         return []
     available = available if available is not None else available_host_bytes()
-    rungs, found = list(rungs), []
+    rungs = list(rungs)
+    found: List[Tuple[str, str]] = []
     for name, what in ((ACTIVATION_OFFLOAD_RUNG, "offloaded activations"), (OFFLOAD_RUNG, "offloaded states"),
                        ("fsdp2-offload", "offloaded shards"), ("zero3-offload", "offloaded shards")):
         needs = [_least_need(state.candidate, shape, device) for state in climb(start, rungs) if name in state.rungs]

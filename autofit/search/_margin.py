@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from autofit.core import Candidate, ProbeResult, format_size
 from autofit.rungs import COSTS, QUALITY, LadderState
-from autofit.core import ProbeResult
 from autofit.search._result import Fit, Record
-from autofit.core import format_size
 
 
 def within_margin(primary: List[Fit], fallback: List[Fit], fits: Callable[[ProbeResult], bool],
-                  size: Callable) -> Tuple[List[Fit], List[Fit]]:
+                  size: Callable[[Candidate], Tuple[int, int]]) -> Tuple[List[Fit], List[Fit]]:
     """Drop fits the final margin rejects (it grows with the model's measured error during the search); a level
     whose best fit is dropped is represented by its largest remaining one."""
     kept = [f for f in primary if fits(f.result)]
@@ -49,7 +48,7 @@ def _costliest(rungs: Sequence[str], order: Sequence[str]) -> int:
     return max((order.index(r) for r in rungs if r in order), default=-1)
 
 
-def _rank_key(fit: Fit, levels: Sequence[LadderState], order: Sequence[str]):
+def _rank_key(fit: Fit, levels: Sequence[LadderState], order: Sequence[str]) -> Tuple[int, int, int, float]:
     state = levels[fit.level]
     quality = state.cost == QUALITY
     return (COSTS.index(state.cost), _costliest(state.rungs, order) if quality else 0,
@@ -63,7 +62,9 @@ def best_margin_only_fit(records: Sequence[Record], best: Optional[Fit], levels:
     a verification."""
     found = [Fit(r.level, r.candidate, r.result) for r in records
              if r.kind == "probe" and over_margin(r.result, budget, limit) is not None]
-    key = lambda fit: _rank_key(fit, levels, order)  # noqa: E731
+    def key(fit: Fit) -> Tuple[int, int, int, float]:
+        return _rank_key(fit, levels, order)
+
     found = [fit for fit in found if best is None or key(fit) < key(best)]
     return min(found, key=key) if found else None
 

@@ -14,6 +14,7 @@ import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 from autofit.core import (
+    GROUP_ALGOS,
     RL_ALGOS,
     InputError,
     NoCudaDeviceError,
@@ -61,6 +62,10 @@ def question(options: SearchOptions, factory: Optional[str] = None) -> SearchSpe
     check_model_sizes(spec, config)
     if options.use_vllm is not None and not vllm_installed():
         spec = dataclasses.replace(spec, notes=spec.notes + tuple(_vllm_notes(spec)))
+    elif options.algo in GROUP_ALGOS and not vllm_installed():
+        spec = dataclasses.replace(spec, notes=spec.notes + (
+            "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
+            "(gpu_memory_utilization, max_num_seqs, sleep mode) were not searched",))
     return spec
 
 
@@ -117,7 +122,8 @@ def model_config(options: SearchOptions, probed: bool = True) -> Dict[str, Any]:
     except UnknownModelError as exc:
         raise InputError(str(exc)) from None
     config = source.config
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text: Dict[str, Any] = nested if isinstance(nested, dict) else config
     if probed and not options.real_weights and not isinstance(text.get("vocab_size"), int):
         raise InputError(f"model '{one_line(options.model)}': its configuration has no \"vocab_size\" (an integer), "
                          "which the synthesized tokenizer of random-weight probes needs; add it, or use --real-weights")
@@ -173,7 +179,8 @@ def check_model_sizes(spec: SearchSpec, config: Dict[str, Any]) -> None:
     from autofit.memory_model import ModelShape, param_counts
 
     algo = spec.options.algo
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text: Dict[str, Any] = nested if isinstance(nested, dict) else config
     positions = text.get("max_position_embeddings")
     length = spec.max_length + (spec.options.max_prompt_length if algo in RL_ALGOS else 0)
     if isinstance(positions, int) and length > positions:
@@ -196,6 +203,6 @@ def check_model_code(name: str, config: Dict[str, Any], trust_remote_code: bool)
 
     model_type = needs_own_code(config)
     if model_type is not None and not trust_remote_code:
-        raise InputError(f"model '{one_line(name)}' has model_type '{one_line(model_type)}', which transformers does not "
-                         "know: it needs the model's own code (auto_map in its config.json), and autofit runs it "
+        raise InputError(f"model '{one_line(name)}' has model_type '{one_line(model_type)}', which transformers does "
+                         "not know: it needs the model's own code (auto_map in its config.json), and autofit runs it "
                          "only with --trust-remote-code (trust_remote_code=True in fit())")

@@ -15,7 +15,7 @@ import logging
 from typing import Callable, Dict, Tuple
 
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import TPESampler
 from optuna.trial import TrialState, create_trial
 
@@ -35,7 +35,7 @@ STARTUP_TRIALS = 2  # random proposals before TPE models the history (the walk's
 def refine(space: Dict[Point, Candidate], known: Dict[Point, Score], evaluate: Evaluate, *, seed: int = 0
            ) -> Dict[Point, Score]:
     """Every point answered, ``known`` included. ``evaluate(level, candidate)`` may raise to stop early."""
-    distributions = {
+    distributions: Dict[str, BaseDistribution] = {
         "level": CategoricalDistribution(sorted({level for level, _ in space})),
         "micro_batch": CategoricalDistribution(sorted({batch for _, batch in space})),
     }

@@ -7,11 +7,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from autofit import memory_model
-from autofit.core import LENGTH_FIELD, Candidate
+from autofit.core import LENGTH_FIELD, Candidate, Outcome, ProbeResult, SearchSpec, format_size
 from autofit.rungs import LadderState
-from autofit.core import Outcome, ProbeResult
-from autofit.core import SearchSpec
-from autofit.core import format_size
 
 
 @dataclass

@@ -20,29 +20,22 @@ Rules (see DESIGN.md, "The ladder"):
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from autofit import memory_model
-from autofit.memory_model import divisors, length_grid  # noqa: F401 - the search's grids, shared with estimate
-from autofit.core import Candidate
+from autofit.core import Candidate, InputError, Outcome, ProbeResult, SearchSpec, format_size
+from autofit.memory_model import divisors, length_grid
+from autofit.probe import PlainProgress, ProbeProgress, Runner
+from autofit.rungs import FREE, QUALITY, SPEED, FailedRungs, LadderState, Rung, climb
 from autofit.search._faults import FaultWatch, check_no_fit_is_an_answer
 from autofit.search._guide import MemoryGuide, model_shape
 from autofit.search._host_memory import probeable_rungs
-from autofit.rungs import FREE, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.search._margin import best_margin_only_fit, evidence, within_margin
-from autofit.core import Outcome, ProbeResult
-from autofit.probe import PlainProgress, ProbeProgress
 from autofit.search._pruning import prune
 from autofit.search._refine import refine
 from autofit.search._result import Fit, Record, SearchReport, Skip, truncation_note, undominated
-from autofit.rungs import FailedRungs
-from autofit.probe import Runner
-from autofit.core import InputError
-from autofit.core import SearchSpec
-from autofit.core import format_size
 from autofit.search._store import ProbeStore
 
 log = logging.getLogger(__name__)
@@ -67,18 +60,14 @@ class Search:
         self.levels = climb(self.start, self.rungs)
         self.ladder_len = len(self.levels)  # levels past it are rebuilt without a rung (autofit.search._pruning)
         self.store = store or ProbeStore(spec.options.out_dir, spec.study_name(), spec.budget_bytes,
-                                         self.ladder_len + REBUILT_LEVELS, spec.options.effective_batch, spec.max_length)
+                                         self.ladder_len + REBUILT_LEVELS, spec.options.effective_batch,
+                                         spec.max_length)
         self.report = SearchReport(spec, self.levels, ladder_len=self.ladder_len)
         self.report.notes.extend(getattr(self.store, "notes", []))
         self.report.notes.extend(unavailable)
         self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.options.predict else None)
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         self.failed_rungs = FailedRungs()  # rungs whose machinery could not run here (``autofit.rungs._failures``)
-        if spec.options.algo in ("grpo", "rloo") and spec.options.use_vllm is None and importlib.util.find_spec("vllm") is None:
-            self.report.notes.append(
-                "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
-                "(gpu_memory_utilization, max_num_seqs, sleep mode) were not searched"
-            )
 
     @property
     def shape(self) -> Optional[memory_model.ModelShape]:
@@ -112,8 +101,9 @@ class Search:
             key, (steps, min_steps, cap) = self.spec.options.verify_steps, self.spec.verify_plan()
         else:
             key, steps, min_steps, cap = self.spec.options.probe_steps, self.spec.options.probe_steps, 0, None
-        if (kind == "probe" and self.spec.options.max_probes is not None and self.store.lookup(candidate, kind, key) is None
-                and self.store.probes_run >= self.spec.options.max_probes):
+        limit = self.spec.options.max_probes
+        if (kind == "probe" and limit is not None and self.store.lookup(candidate, kind, key) is None
+                and self.store.probes_run >= limit):
             raise ProbeLimitReached()
         predicted, prior = self.guide.predict(candidate), self.guide.predict(candidate, calibrated=False)
         calibration = self.guide.calibration.method if self.guide.calibration is not None else "prior"
@@ -269,7 +259,8 @@ class Search:
                 fits = self._search_level(level, state)
             except ProbeLimitReached:
                 self.report.probe_limit_reached = True
-                self.report.notes.append(f"--max-probes {self.spec.options.max_probes} reached: the search stopped there")
+                self.report.notes.append(f"--max-probes {self.spec.options.max_probes} reached: the search stopped "
+                                         "there")
                 fits = [f for f in self._fits_so_far(level) if f not in primary + fallback]
                 if fits:
                     primary.append(fits[0])
@@ -282,7 +273,7 @@ class Search:
         return primary, fallback, self.ladder_len
 
     def _prune(self, primary: List[Fit], fallback: List[Fit]) -> Tuple[List[Fit], List[Fit]]:
-        """Fits without the rungs they do not need (``autofit.search._pruning``); the fits with them stay as fallbacks."""
+        """Fits without the rungs they do not need (``_pruning``); the fits with them stay as fallbacks."""
         if not primary or self.report.probe_limit_reached:
             return primary, fallback
         try:
@@ -328,7 +319,8 @@ class Search:
         except ProbeLimitReached:
             answers = None
         self.report.notes.append(
-            f"refinement: {self.store.probes_run - before} probe(s) left under --max-probes {spec.options.max_probes} went to "
+            f"refinement: {self.store.probes_run - before} probe(s) left under --max-probes "
+            f"{spec.options.max_probes} went to "
             f"Optuna's TPE sampler over {len(space)} configurations of the {cost} class at length "
             f"{best.candidate.max_length}" + ("" if answers is not None else " (it stopped at the limit)")
         )
@@ -369,6 +361,7 @@ class Search:
         if fit is None:
             return False
         verified = self._measure(fit.level, fit.candidate, kind="verify")
+        assert budget is not None  # a fit over the margin was measured against a budget
         kept, note = evidence(fit.result, verified, budget, limit)
         note = f"{fit.candidate.describe()} [{'+'.join(fit.candidate.rungs) or 'baseline'}] {note}"
         if note not in self.report.notes:
@@ -395,6 +388,7 @@ class Search:
                 return True
             self.report.notes.append(
                 f"{fit.candidate.describe()} fitted in {self.spec.options.probe_steps} steps but not in "
-                f"{self.spec.verify_plan()[0]} steps of verification ({verified.outcome.value}: {verified.error[:120]}); next candidate"
+                f"{self.spec.verify_plan()[0]} steps of verification ({verified.outcome.value}: "
+                f"{verified.error[:120]}); next candidate"
             )
         return False

@@ -14,17 +14,15 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 import optuna
-from optuna.distributions import IntDistribution
+from optuna.distributions import BaseDistribution, IntDistribution
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from autofit.core import Candidate
-from autofit.core import Outcome, ProbeResult
-from autofit.core import InputError
+from autofit.core import Candidate, InputError, Outcome, ProbeResult
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +30,11 @@ STUDY_FILE = "study.journal"
 # Outcomes an earlier run's result is reused for. A crash or a time-out may have a cause that has been fixed since
 # (or a longer --probe-timeout), so those probes run again.
 REUSABLE = (Outcome.OK, Outcome.OOM, Outcome.INVALID)
+Steps = Union[int, str]  # a probe's optimizer steps, or a verification's ("auto" or a count)
 
 
 @contextlib.contextmanager
-def deferred_interrupt():
+def deferred_interrupt() -> Iterator[None]:
     """Hold Ctrl-C until the block ends: an interrupt in the middle of a journal write would corrupt the study."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -73,7 +72,7 @@ def recover_journal(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def quiet_optuna():
+def quiet_optuna() -> Iterator[None]:
     """Optuna's per-trial INFO lines are noise here (a probe line says more): WARNING while the block runs, the
     caller's verbosity restored after."""
     previous = optuna.logging.get_verbosity()
@@ -91,19 +90,19 @@ class ProbeStore:
         self.notes: List[str] = []
         self.study = self._open(Path(out_dir) / STUDY_FILE, study_name)
         self.budget_bytes = budget_bytes
-        self.distributions = {
+        self.distributions: Dict[str, BaseDistribution] = {
             "level": IntDistribution(0, max(levels - 1, 0)),
             "micro_batch": IntDistribution(1, max(max_batch, 1)),
             "max_length": IntDistribution(1, max(max_length, 1)),
         }
-        self._cache: Dict[Tuple[str, str, int], ProbeResult] = {}
+        self._cache: Dict[Tuple[str, str, Steps], ProbeResult] = {}
         for trial in self.study.get_trials(deepcopy=False):
             attrs = trial.user_attrs
             if "result" not in attrs:
                 continue  # interrupted before it finished: it runs again
             try:
                 result = ProbeResult.from_dict(attrs["result"])
-                key = (str(attrs["key"]), str(attrs["kind"]), attrs.get("steps"))
+                key = (str(attrs["key"]), str(attrs["kind"]), cast(Steps, attrs.get("steps")))
             except (KeyError, TypeError, ValueError) as exc:  # a record this version cannot read: probe again
                 log.warning("study record %d of %s is not readable (%s): its probe runs again", trial.number,
                             STUDY_FILE, exc)
@@ -135,11 +134,11 @@ class ProbeStore:
         """Probes recorded in the study, those of earlier (interrupted) runs included."""
         return len(self._cache)
 
-    def lookup(self, candidate: Candidate, kind: str, steps: int) -> Optional[ProbeResult]:
+    def lookup(self, candidate: Candidate, kind: str, steps: Steps) -> Optional[ProbeResult]:
         return self._cache.get((candidate.key(), kind, steps))
 
     def measure(
-        self, candidate: Candidate, kind: str, steps: int, level: int, run: Callable[[], ProbeResult],
+        self, candidate: Candidate, kind: str, steps: Steps, level: int, run: Callable[[], ProbeResult],
         fresh: bool = False,
     ) -> Tuple[ProbeResult, bool]:
         """The stored result for ``candidate`` measured over ``steps``, or run it as a new trial (always with
@@ -161,7 +160,7 @@ class ProbeStore:
         self.probes_run += 1
         return result, False
 
-    def _record(self, trial, result: ProbeResult) -> None:
+    def _record(self, trial: optuna.trial.Trial, result: ProbeResult) -> None:
         trial.set_user_attr("result", result.to_dict())
         trial.set_user_attr("outcome", result.outcome.value)
         trial.set_user_attr("peak_bytes", int(result.peak_bytes or 0))

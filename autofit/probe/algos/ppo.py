@@ -9,8 +9,8 @@ probe enables it on the policy and the value model when the candidate asks for i
 
 from __future__ import annotations
 
-from autofit.probe import kit as probe_kit
 from autofit.core import Candidate
+from autofit.probe import kit as probe_kit
 
 
 def _load(candidate: Candidate, auto_class, **kwargs):

@@ -3,8 +3,8 @@ chosen and rejected sides are both exactly ``max_length`` tokens: the worst case
 
 from __future__ import annotations
 
-from autofit.probe import kit as probe_kit
 from autofit.core import Candidate
+from autofit.probe import kit as probe_kit
 
 
 def build_trainer(candidate: Candidate):

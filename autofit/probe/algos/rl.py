@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import List
 
-from autofit.probe import kit as probe_kit
 from autofit.core import Candidate
+from autofit.probe import kit as probe_kit
 
 
 def length_reward(completions, **kwargs) -> List[float]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from autofit.probe import kit as probe_kit
 from autofit.core import Candidate
+from autofit.probe import kit as probe_kit
 
 
 def build_trainer(candidate: Candidate):
