@@ -16,6 +16,7 @@ GPU_CHECK_OUT ?= /tmp/autofit-gpu-check
 
 # User targets (make help): search, estimate and train a model of yours; the CLI underneath, one engine.
 MODEL ?=
+CONFIG ?=
 ALGO ?= sft
 GPU_MEMORY ?=
 FACTORY ?=
@@ -31,6 +32,8 @@ help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
 	@echo "  make search MODEL=Qwen/Qwen2.5-7B ALGO=grpo [GPU_MEMORY=24GiB] [FACTORY=pkg.module:function] [OUT=dir] [ARGS='...']"
 	@echo "                   probe real training and write OUT/best.yaml, OUT/best.json (ARGS: more autofit search options)"
+	@echo "  make search CONFIG=sft.yaml [ALGO=sft] [GPU_MEMORY=24GiB]"
+	@echo "                   your TRL config file as the starting point; OUT/best.yaml is that file with the changes"
 	@echo "  make estimate MODEL=meta-llama/Llama-3.1-8B ALGO=sft GPU_MEMORY=80GB [FROM=dir]"
 	@echo "                   the memory model's prediction per ladder level, no probe"
 	@echo "  make train ALGO=sft DATASET=trl-lib/Capybara [OUT=dir] [TRAIN_OUT=dir]"
@@ -46,13 +49,13 @@ help:
 	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
 
 search: venv
-	$(if $(MODEL),,$(error MODEL=... is required, e.g. make search MODEL=Qwen/Qwen2.5-0.5B))
-	$(BIN)/autofit search --model $(MODEL) --algo $(ALGO) $(if $(GPU_MEMORY),--gpu-memory $(GPU_MEMORY)) $(if $(FACTORY),--factory $(FACTORY)) --out $(OUT) $(ARGS)
+	$(if $(MODEL)$(CONFIG),,$(error MODEL=... or CONFIG=... is required, e.g. make search MODEL=Qwen/Qwen2.5-0.5B))
+	$(BIN)/autofit search $(strip $(if $(MODEL),--model $(MODEL)) $(if $(CONFIG),--config $(CONFIG))) --algo $(ALGO) $(if $(GPU_MEMORY),--gpu-memory $(GPU_MEMORY)) $(if $(FACTORY),--factory $(FACTORY)) --out $(OUT) $(ARGS)
 
 estimate: venv
-	$(if $(MODEL),,$(error MODEL=... is required))
+	$(if $(MODEL)$(CONFIG),,$(error MODEL=... or CONFIG=... is required))
 	$(if $(GPU_MEMORY),,$(error GPU_MEMORY=... is required, e.g. GPU_MEMORY=24GiB))
-	$(BIN)/autofit estimate --model $(MODEL) --algo $(ALGO) --gpu-memory $(GPU_MEMORY) $(if $(FROM),--from $(FROM)) $(ARGS)
+	$(BIN)/autofit estimate $(strip $(if $(MODEL),--model $(MODEL)) $(if $(CONFIG),--config $(CONFIG))) --algo $(ALGO) --gpu-memory $(GPU_MEMORY) $(if $(FROM),--from $(FROM)) $(ARGS)
 
 train: venv
 	$(if $(DATASET),,$(error DATASET=... is required, e.g. DATASET=trl-lib/Capybara))

@@ -12,10 +12,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from autofit import export
 from autofit.core import Candidate, SearchSpec, exclusive, format_size, one_line
-from autofit.core._options import FIELDS, FIT, SEARCH, SearchOptions, door_fields
+from autofit.core._options import FIELDS, FIT, SearchOptions, door_fields
 from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
 from autofit.rungs import Rung, resolve_ladder
-from autofit.search import InfrastructureError, Record, Search, SearchReport, question, quiet_optuna
+from autofit.search import InfrastructureError, Record, Search, SearchReport, question, quiet_optuna, with_config
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +159,11 @@ def fit(trainer_factory: Union[str, Callable[[Candidate], Any]], *,
     unknown = sorted(set(options) - set(FIT_OPTIONS))
     if unknown:
         raise TypeError(f"fit() got an unexpected keyword argument '{unknown[0]}'")
-    if "model" not in options:
-        raise TypeError("fit() missing 1 required keyword-only argument: 'model'")
     payload = prepare_factory(trainer_factory)
     ladder = options.get("ladder")
     custom = ladder is not None and not isinstance(ladder, str) and any(not isinstance(r, str) for r in ladder)
-    spec = question(SearchOptions(**{**options, "ladder": None if custom else ladder}),
+    values = with_config({**options, "ladder": None if custom else ladder})
+    spec = question(SearchOptions(**values),
                     factory=payload.identity or None)
     rungs = ([resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder]
              if custom and ladder is not None else None)
@@ -179,11 +178,11 @@ def fit(trainer_factory: Union[str, Callable[[Candidate], Any]], *,
 
 def _signature() -> inspect.Signature:
     """fit()'s signature as help() and editors show it: the factory, every option of the fit door with its default
-    (``model`` required, as on the command line), and the callback."""
+    (``model`` may come from ``config``), and the callback."""
     keyword = inspect.Parameter.KEYWORD_ONLY
     parameters = [inspect.Parameter("trainer_factory", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     for name in FIT_OPTIONS:
-        required = SEARCH in FIELDS[name].metadata["required"]
+        required = FIT in FIELDS[name].metadata["required"]
         parameters.append(inspect.Parameter(name, keyword, default=inspect.Parameter.empty if required
                                             else FIELDS[name].default))
     parameters.append(inspect.Parameter("callback", keyword, default=None))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from autofit.core import RL_ALGOS, InputError, SearchSpec, format_size, one_line
-from autofit.core._options import ESTIMATE, add_options, options_from_args
+from autofit.core._options import ESTIMATE, SearchOptions, add_options, given_values
 from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
     TERM_GROUPS,
@@ -147,7 +147,9 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     unchecked = unchecked_reason(shape, spec.options.algo)
     if unchecked and calibration is None:
         lines.append(f"note: {unchecked}: the band is widened; a search's probes calibrate it")
-    lines += [f"note: {note}" for note in notes]
+    lines += [f"note: {note}" for note in (*spec.notes, *notes)]
+    if spec.baseline is not None:
+        lines.append(your_run_line(spec, result))
     lines += vllm_lines(spec, shape)
     start = LadderState(base_candidate(spec))
     lines += [f"note: {note}" for note in usable_rungs(resolve_ladder(spec.ladder), spec.device, start)[1]]
@@ -199,13 +201,28 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     return "\n".join(lines)
 
 
+def your_run_line(spec: SearchSpec, result: RungEstimate) -> str:
+    """The user's run as their --config file writes it (the ladder's level 0): its peak against the budget."""
+    ledger, candidate = result.levels[0].ledger, result.levels[0].candidate
+    budget = spec.budget_bytes
+    assert budget is not None  # an estimate has a budget
+    band = f"{format_size(ledger.total)} ± {format_size(ledger.total * ledger.uncertainty)}"
+    if ledger.fits(budget):
+        verdict = f"fits in {format_size(budget)}, {format_size(budget - ledger.total)} to spare"
+    else:
+        verdict = f"does not fit: {format_size(ledger.total - budget)} over {format_size(budget)}"
+    maybe = " (the budget lies inside the band)" if ledger.verdict(budget) == "maybe" else ""
+    return (f"your run ({spec.options.config} as written): {candidate.describe()} predicts {band} at its peak "
+            f"({ledger.phase}): {verdict}{maybe}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the estimate; 0, or 2 with a one-line message on bad input."""
     from autofit.memory_model import ensure_census
-    from autofit.search import estimate_question
+    from autofit.search import estimate_question, with_config
 
     try:
-        options = options_from_args(args, ESTIMATE)
+        options = SearchOptions(**with_config(given_values(args, ESTIMATE)))
         spec = estimate_question(options)
         ensure_census(options.model, trust_remote_code=options.trust_remote_code)
         ModelShape.from_model(options.model)

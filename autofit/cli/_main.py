@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from autofit import __version__
-from autofit.core._options import FIELDS, SEARCH, add_options, options_from_args
+from autofit.core._options import FIELDS, SEARCH, SearchOptions, add_options, given_values
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_PROBES_CANNOT_RUN = 0, 2, 3, 4
 EXIT_CODES = """exit codes:
@@ -73,11 +73,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     from autofit.core import InputError, UnknownModelError, format_size, one_line
     from autofit.export import table_text
     from autofit.probe import FactoryError, prepare_factory
-    from autofit.search import InfrastructureError, question
+    from autofit.search import InfrastructureError, question, with_config
 
     out_dir = args.out_dir or FIELDS["out_dir"].default
     try:
-        options = options_from_args(args, SEARCH)
+        options = SearchOptions(**with_config(given_values(args, SEARCH)))
         payload = prepare_factory(options.factory) if options.factory else None
         spec = question(options, factory=payload.identity if payload else None)
         report = run_search(spec, factory=payload)

@@ -13,7 +13,7 @@ import hashlib
 import importlib.util
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 # Config field that holds the searched sequence length, per algorithm (RL: the completion length).
 LENGTH_FIELD = {"sft": "max_length", "reward": "max_length", "grpo": "max_completion_length",
@@ -34,7 +34,11 @@ class LoraSettings:
     r: int = 16
     alpha: int = 32
     dropout: float = 0.0
-    target_modules: str = LORA_TARGETS
+    target_modules: Union[str, Tuple[str, ...]] = LORA_TARGETS  # "all-linear", or module names as peft takes them
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target_modules, list):  # from JSON, or a user's file
+            object.__setattr__(self, "target_modules", tuple(self.target_modules))
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,8 @@ class Candidate:
             r=self.lora.r,
             lora_alpha=self.lora.alpha,
             lora_dropout=self.lora.dropout,
-            target_modules=self.lora.target_modules,
+            target_modules=list(self.lora.target_modules) if isinstance(self.lora.target_modules, tuple)
+            else self.lora.target_modules,
             task_type="SEQ_CLS" if self.algo == "reward" else "CAUSAL_LM",
         )
 

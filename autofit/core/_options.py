@@ -111,10 +111,14 @@ def option(default: Any = MISSING, *, help: str, kind: Kind, doors: Iterable[str
 class SearchOptions:
     """What a user asks for, as they wrote it (the fields are ``autofit search``'s options and ``fit``'s keywords)."""
 
-    model: str = option(help="hub id (bundled configs work offline) or local folder", kind=TEXT,
-                        doors=DOORS, required=(SEARCH, ESTIMATE))
+    model: str = option(help="hub id (bundled configs work offline) or local folder (default: --config's "
+                             "model_name_or_path)", kind=TEXT, doors=DOORS)
     algo: str = option("sft", help="the TRL trainer: sft, grpo, rloo, reward or ppo (default sft)", kind=TEXT,
                        doors=DOORS, estimate_help="sft, grpo, rloo or reward (default sft)")
+    config: Optional[str] = option(
+        help="your TRL config file (as trl sft --config FILE reads it): its run is where the search starts, and "
+             "best.yaml is that file with the changes fitting needed; flags given here override it", kind=TEXT,
+        doors=DOORS, metavar="FILE")
     factory: Optional[str] = option(help="probe your own trainer: a function that builds it from a candidate (see "
                                          "autofit.fit)", kind=TEXT, doors=(SEARCH,), metavar="MODULE:FUNCTION")
     gpu_memory: Union[None, str, int] = option(
@@ -198,7 +202,7 @@ class SearchOptions:
             if value is not None and not spec.metadata["kind"].accepts(value):
                 raise refused(spec.name, value)
         if self.model is None:
-            raise InputError("--model is required: a hub id or a local folder")
+            raise InputError("--model is required: a hub id or a local folder (or model_name_or_path in --config)")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
         self.check()
 
@@ -294,8 +298,13 @@ def add_options(parser: argparse.ArgumentParser, door: str) -> None:
 
 
 def options_from_args(args: argparse.Namespace, door: str) -> SearchOptions:
-    """The options of a parsed command line: each text read by its field's kind, and refused with the message the
-    ``fit`` door gives for the same value (the text quoted as it was typed)."""
+    """The options of a parsed command line."""
+    return SearchOptions(**given_values(args, door))
+
+
+def given_values(args: argparse.Namespace, door: str) -> Dict[str, Any]:
+    """The options a command line was given: each text read by its field's kind, and refused with the message the
+    ``fit`` door gives for the same value (the text quoted as it was typed); switches as they stand."""
     values: Dict[str, Any] = {}
     for name in door_fields(door):
         text = getattr(args, name, None)
@@ -311,7 +320,7 @@ def options_from_args(args: argparse.Namespace, door: str) -> SearchOptions:
         if not kind.accepts(value):
             raise refused(name, text)
         values[name] = value
-    return SearchOptions(**values)
+    return values
 
 
 def keyword_defaults(door: str = FIT) -> Dict[str, Any]:

@@ -4,11 +4,12 @@ budget and the GPUs first). Every bad value raises ``InputError`` with one line 
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-from autofit.core._candidate import RL_ALGOS
+from autofit.core._candidate import RL_ALGOS, LoraSettings
 from autofit.core._compat import checkpointing_field
 from autofit.core._errors import InputError
 from autofit.core._options import AUTO_VERIFY, DEVICES, SearchOptions, ladder_names
@@ -68,6 +69,28 @@ def ppo_message() -> str:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """The user's own run (their TRL config file, ``--config``) as the ladder's first level: the settings the search
+    keeps unless fitting needs a change. None of a field: the search's own baseline (the effective batch in one
+    micro-batch, no checkpointing, full fine-tuning, TRL's optimizer)."""
+
+    micro_batch: Optional[int] = None  # per rank, with ``grad_accum``: the user's split of the effective batch
+    grad_accum: Optional[int] = None
+    checkpointing: bool = False
+    optim: Optional[str] = None
+    lora: Optional[LoraSettings] = None
+    quantization: Optional[str] = None  # "8bit" or "4bit"
+    activation_offload: bool = False
+    source: str = ""  # the file, for messages
+
+    def key(self) -> str:
+        """What the baseline measures (not where it came from): part of the study's name."""
+        data = asdict(self)
+        data.pop("source")
+        return json.dumps(data, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
 class SearchSpec:
     """The options as the user gave them, and what they resolve to here. Built by ``plan``; never changed after."""
 
@@ -84,11 +107,12 @@ class SearchSpec:
     headroom: float = 0.0  # fraction of the budget kept free
     factory: Optional[str] = None  # the identity of the user's factory; None: the built-in one of the algorithm
     notes: Tuple[str, ...] = ()  # what resolving decided and the user should know (a busy GPU, vLLM's share)
+    baseline: Optional[Baseline] = None  # the user's run from their config file: the ladder starts there
 
     @classmethod
     def plan(cls, options: SearchOptions, *, device: str, gpu_bytes: Optional[int],
              budget_bytes: Optional[int] = None, ranks: int = 1, factory: Optional[str] = None,
-             notes: Tuple[str, ...] = ()) -> SearchSpec:
+             notes: Tuple[str, ...] = (), baseline: Optional[Baseline] = None) -> SearchSpec:
         """The question from checked options and what the door resolved: the device ("cuda" or "cpu"), each GPU's
         memory, the trainer's budget (``gpu_bytes`` unless given), the ranks on this machine."""
         if device not in ("cuda", "cpu"):
@@ -125,7 +149,7 @@ class SearchSpec:
                    budget_bytes=gpu_bytes if budget_bytes is None else budget_bytes, max_length=length,
                    min_length=floor, ranks=ranks, ladder=tuple(ladder) if ladder is not None else None,
                    user_args=user_training_args(options.training_args, options.beta), headroom=headroom,
-                   factory=factory or None, notes=tuple(notes))
+                   factory=factory or None, notes=tuple(notes), baseline=baseline)
 
     @property
     def rank_batch(self) -> int:
@@ -159,6 +183,8 @@ class SearchSpec:
             parts.append(f"vllm={o.use_vllm}:{o.vllm_gpu_memory_utilization:g}")
         if o.algo in RL_ALGOS:
             parts += [str(o.num_generations), str(o.max_prompt_length)]
+        if self.baseline is not None:
+            parts.append(f"baseline={self.baseline.key()}")
         return "|".join(parts)
 
 

@@ -23,9 +23,10 @@ from autofit.core import (
 )
 from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
 from autofit.export._trades import trades
+from autofit.export._user_yaml import user_yaml
 from autofit.probe.kit import trainable_checkpoint
 from autofit.rungs import ACCELERATE_YAML, remove_stale_engine_files, write_engine_files
-from autofit.search import STUDY_FILE, SearchReport, over_margin
+from autofit.search import STUDY_FILE, SearchReport, over_margin, read_user_config
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) 
             lora_r=candidate.lora.r,
             lora_alpha=candidate.lora.alpha,
             lora_dropout=candidate.lora.dropout,
-            lora_target_modules=candidate.lora.target_modules,
+            lora_target_modules=_targets(candidate.lora.target_modules),
         )
     if candidate.dtype is not None:
         args["dtype"] = candidate.dtype  # TRL's ModelConfig --dtype (the scripts pass it as model_init_kwargs)
@@ -72,6 +73,11 @@ def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) 
     if observed and observed.get("attn_implementation"):
         args["attn_implementation"] = observed["attn_implementation"]
     return args
+
+
+def _targets(targets: Any) -> Any:
+    """LoRA's target modules as YAML and JSON write them: a name, or a list."""
+    return list(targets) if isinstance(targets, tuple) else targets
 
 
 def as_trained(candidate: Candidate, observed: Dict[str, Any]) -> Candidate:
@@ -141,12 +147,17 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
     return "yours"
 
 
-def usage(algo: str, offload: Optional[str] = None) -> str:
+def usage(algo: str, offload: Optional[str] = None, written: Tuple[str, ...] = ()) -> str:
+    """How the answer runs; ``written``: the keys of the user's own file, which may name the data and rewards."""
     if algo == "ppo":
         return ("# TRL has no ppo command: build PPOConfig(**best.json['config']); PPO's loop does not enable "
                 "checkpointing from its config, so call model.gradient_checkpointing_enable() when it is set")
     engine = f" --accelerate_config {ACCELERATE_YAML}" if offload else ""
-    return f"# use: trl {algo} --config best.yaml{engine} --dataset_name YOUR_DATASET"
+    data = "" if {"dataset_name", "datasets"} & set(written) else " --dataset_name YOUR_DATASET"
+    rewards = ""  # TRL's grpo and rloo commands need a reward: a function of the registry or a module's, or a model
+    if algo in ("grpo", "rloo") and not {"reward_funcs", "reward_model_name_or_path"} & set(written):
+        rewards = " --reward_funcs YOUR_REWARD"
+    return f"# use: trl {algo} --config best.yaml{engine}{data}{rewards}"
 
 
 def _scalar(value: Any) -> str:
@@ -156,23 +167,47 @@ def _scalar(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip().removesuffix("...").strip()
 
 
-def yaml_text(report: SearchReport) -> str:
+def user_file(report: SearchReport) -> Tuple[str, List[Dict[str, Any]]]:
+    """best.yaml as the user's own config file with the answer's changes, and the changes (``--config``)."""
     fit, spec = report.chosen, report.spec
-    assert fit is not None and report.verified is not None  # written for a fit only, and a fit is verified
-    candidate = as_trained(fit.candidate, report.verified.observed or fit.result.observed)
-    defaults = fit.result.config_defaults or report.verified.config_defaults
-    train = {k: v for k, v in candidate.training_args().items() if k not in defaults or defaults[k] != v}
+    assert fit is not None and report.verified is not None and spec.options.config
+    observed = report.verified.observed or fit.result.observed or {}
+    candidate = as_trained(fit.candidate, observed)
+    exported = {**model_args(candidate, observed), **candidate.training_args()}
+    return user_yaml(read_user_config(spec.options.config, spec.options.algo), candidate, exported,
+                     lambda key: _why(key, candidate, spec.max_length, spec.options.maximize), _header(report))
+
+
+def _header(report: SearchReport) -> List[str]:
+    fit, spec = report.chosen, report.spec
+    assert fit is not None and report.verified is not None
+    candidate = fit.candidate
+    written: Tuple[str, ...] = ()
+    if spec.options.config:
+        written = tuple(read_user_config(spec.options.config, spec.options.algo).written)
     lines = [
         f"# autofit: best {one_line(spec.options.algo)} configuration for {one_line(spec.options.model)} within "
         f"{format_size(spec.budget_bytes)}",
         f"# verified peak {format_size(report.verified.peak_bytes)} over {report.verified.steps} steps; "
         f"rungs: {', '.join(candidate.rungs) or 'none'}",
-        usage(one_line(spec.options.algo), exported_engine(report)),
+        usage(one_line(spec.options.algo), exported_engine(report), written),
     ]
     lines += engine_comments(report, candidate)
     if candidate.is_rl and candidate.prompt_length:
         lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.options.algo)} "
                      "does not truncate prompts, so keep yours this short (or search with --max-prompt-length)")
+    return lines
+
+
+def yaml_text(report: SearchReport) -> str:
+    fit, spec = report.chosen, report.spec
+    assert fit is not None and report.verified is not None  # written for a fit only, and a fit is verified
+    if spec.options.config:
+        return user_file(report)[0]
+    candidate = as_trained(fit.candidate, report.verified.observed or fit.result.observed)
+    defaults = fit.result.config_defaults or report.verified.config_defaults
+    train = {k: v for k, v in candidate.training_args().items() if k not in defaults or defaults[k] != v}
+    lines = _header(report)
     observed = report.verified.observed or fit.result.observed or {}
     for key, value in {**model_args(candidate, observed), **train}.items():
         lines.append(f"{key}: {_scalar(value)}  "
@@ -188,7 +223,7 @@ def _peft_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
     if candidate.lora is None:
         return None
     return {"type": "lora", "r": candidate.lora.r, "lora_alpha": candidate.lora.alpha,
-            "lora_dropout": candidate.lora.dropout, "target_modules": candidate.lora.target_modules}
+            "lora_dropout": candidate.lora.dropout, "target_modules": _targets(candidate.lora.target_modules)}
 
 
 def _quantization_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
@@ -281,6 +316,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
             host_memory=host_memory_data(report, candidate),
             phase_peaks=fit.result.phase_peaks,
             probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
+            changes=user_file(report)[1] if spec.options.config else None,
             verified={"steps": verified.steps, "peak_bytes": verified.peak_bytes, "phase_peaks": verified.phase_peaks,
                       "outcome": verified.outcome.value, "stats": verified.stats},
         )

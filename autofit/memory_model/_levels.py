@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from autofit.core import RL_ALGOS, Candidate, SearchSpec
 from autofit.memory_model._calibration import Calibration, predict_calibrated
@@ -30,10 +30,11 @@ def length_grid(low: int, high: int) -> List[int]:
 
 
 def base_candidate(spec: SearchSpec) -> Candidate:
-    """The ladder's starting point, as the search builds it: micro-batch = the effective batch (per rank), no
-    accumulation, full length, checkpointing off."""
+    """The ladder's starting point, as the search builds it: the user's own run where ``--config`` gave one (its
+    micro-batch split, checkpointing, LoRA, quantization, optimizer), else micro-batch = the effective batch (per
+    rank), no accumulation, full length, checkpointing off."""
     options = spec.options
-    return Candidate(
+    candidate = Candidate(
         algo=options.algo,
         model=options.model,
         device=spec.device,
@@ -50,6 +51,14 @@ def base_candidate(spec: SearchSpec) -> Candidate:
         num_generations=options.num_generations,
         prompt_length=options.max_prompt_length if options.algo in RL_ALGOS else None,
     )
+    user = spec.baseline
+    if user is None:
+        return candidate
+    changes: Dict[str, Any] = dict(checkpointing=user.checkpointing, optim=user.optim, lora=user.lora,
+                                   quantization=user.quantization, activation_offload=user.activation_offload)
+    if user.micro_batch is not None and user.grad_accum is not None:
+        changes.update(micro_batch=user.micro_batch, grad_accum=user.grad_accum)
+    return candidate.replace(**changes)
 
 
 @dataclass
@@ -90,7 +99,7 @@ def _predictor(calibration: Optional[Calibration], shape: ModelShape) -> Callabl
 def _best_at_level(state: LadderState, spec: SearchSpec, budget: int, predict_at: Callable[[Candidate], Ledger]
                    ) -> Tuple[Candidate, Ledger, bool]:
     effective = spec.rank_batch
-    batches = divisors(effective) if state.vary_batch else [effective]
+    batches = divisors(effective) if state.vary_batch else [state.candidate.micro_batch]  # the level's own
     min_length = spec.min_length
     maximize = spec.options.maximize
 

@@ -27,11 +27,19 @@ def preload_modules() -> bool:
     import torch
 
     cpu_build = torch.version.cuda is None and getattr(torch.version, "hip", None) is None
-    for name in PRELOADED + (WITHOUT_CUDA_BUILD if cpu_build else ()):
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:  # the probe will report it properly
-            log.debug("preload of %s failed: %s", name, exc)
+    # bitsandbytes warns on import that an optional CPU kernel package is missing; the server has no log of its own,
+    # so the warning would reach the user's terminal at every search (it says nothing about memory)
+    quiet = logging.getLogger("bitsandbytes")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        for name in PRELOADED + (WITHOUT_CUDA_BUILD if cpu_build else ()):
+            try:
+                importlib.import_module(name)
+            except ImportError as exc:  # the probe will report it properly
+                log.debug("preload of %s failed: %s", name, exc)
+    finally:
+        quiet.setLevel(level)
     return bool(torch.cuda.is_initialized())
 
 

@@ -33,7 +33,9 @@ from autofit.core import (
     vllm_installed,
 )
 from autofit.core._options import SearchOptions
+from autofit.core._spec import Baseline
 from autofit.rungs import resolve_ladder
+from autofit.search._user_config import read_user_config
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,8 @@ def question(options: SearchOptions, factory: Optional[str] = None) -> SearchSpe
     if colocated and budget is not None:  # vLLM is estimated: the trainer measures what it leaves
         budget = int(budget * (1 - options.vllm_gpu_memory_utilization))
     spec = SearchSpec.plan(options, device=device, gpu_bytes=gpu_bytes, budget_bytes=budget, ranks=ranks,
-                           factory=factory, notes=tuple(notes))
+                           factory=factory, notes=tuple(notes) + _config_notes(options),
+                           baseline=_baseline(options, ranks))
     check_model_sizes(spec, config)
     if options.use_vllm is not None and not vllm_installed():
         spec = dataclasses.replace(spec, notes=spec.notes + tuple(_vllm_notes(spec)))
@@ -91,9 +94,27 @@ def estimate_question(options: SearchOptions) -> SearchSpec:
     if options.use_vllm == "colocate" and gpu_bytes is not None:
         budget = int(gpu_bytes * (1 - options.vllm_gpu_memory_utilization))
     spec = SearchSpec.plan(dataclasses.replace(options, nodes=1), device=device, gpu_bytes=gpu_bytes,
-                           budget_bytes=budget, ranks=world)
+                           budget_bytes=budget, ranks=world, notes=_config_notes(options),
+                           baseline=_baseline(options, world))
     check_model_sizes(spec, config)
     return spec
+
+
+def _baseline(options: SearchOptions, ranks: int) -> Optional[Baseline]:
+    """The user's run from ``--config``, where the ladder starts."""
+    if not options.config:
+        return None
+    return read_user_config(options.config, options.algo).baseline(options.effective_batch // (ranks * options.nodes))
+
+
+def _config_notes(options: SearchOptions) -> Tuple[str, ...]:
+    if not options.config:
+        return ()
+    unmodelled = read_user_config(options.config, options.algo).unmodelled()
+    if not unmodelled:
+        return ()
+    return (f"{options.config} sets what the memory model does not describe ({', '.join(unmodelled)}): its "
+            "predictions there are a guess, and the probes measure it",)
 
 
 def gpu_memory_bytes(options: SearchOptions, device: str) -> Optional[int]:

@@ -197,7 +197,7 @@ class Search:
     def _search_level(self, level: int, state: LadderState) -> List[Fit]:
         spec = self.spec
         per_rank = spec.rank_batch
-        batches = divisors(per_rank) if state.vary_batch else [per_rank]
+        batches = divisors(per_rank) if state.vary_batch else [state.candidate.micro_batch]  # the level's own
 
         def at(batch: int, length: int) -> Candidate:
             candidate = state.candidate.replace(micro_batch=batch, grad_accum=per_rank // batch, max_length=length)
@@ -218,7 +218,9 @@ class Search:
     def _at_top(self, fit: Fit) -> bool:
         if self.spec.options.maximize == "length":
             return fit.candidate.max_length == self.spec.max_length
-        return fit.candidate.micro_batch == self.spec.rank_batch and fit.candidate.max_length == self.spec.max_length
+        state = self.levels[fit.level]
+        largest = self.spec.rank_batch if state.vary_batch else state.candidate.micro_batch
+        return fit.candidate.micro_batch == largest and fit.candidate.max_length == self.spec.max_length
 
     # -- the walk ---------------------------------------------------------------------------------------------
     def run(self) -> SearchReport:

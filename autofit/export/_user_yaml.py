@@ -1,0 +1,119 @@
+"""best.yaml from the user's own TRL config file (``--config``): their file, its comments and order kept, with every
+key the search changed set to its new value and a comment that says what it was and why, and every key it added
+marked the same way. Keys the search did not change keep the user's text exactly (``3.0e-5`` stays ``3.0e-5``).
+
+Values are compared with what TRL parsed from the file (PyYAML, YAML 1.1: ``yes`` is true), and ruamel.yaml only
+edits the text. best.json's ``changes`` lists the same edits.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.representer import RoundTripRepresenter
+
+from autofit.core import Candidate
+from autofit.search import UserConfig
+
+# The user's model, and how the probes ran on their machine (a CPU search simulates the user's GPU): never written over.
+KEPT_AS_WRITTEN = ("model_name_or_path", "use_cpu", "bf16")
+# What the probes set to run their machine (a CPU search trains on the simulated device): exported only where the
+# user's value would not run the answer there.
+CHECKPOINTING = ("activation_checkpointing", "gradient_checkpointing")
+
+
+def _float(representer: RoundTripRepresenter, value: float) -> Any:
+    """Floats PyYAML reads back as floats: ``2e-05`` (a string to YAML 1.1) is written ``2.0e-5``."""
+    text = repr(value)
+    if "e" in text and "." not in text.split("e")[0]:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}.0e{int(exponent)}"
+    return representer.represent_scalar("tag:yaml.org,2002:float", text)
+
+
+def _yaml() -> YAML:
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    yaml.representer.add_representer(float, _float)
+    return yaml
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _set(mapping: CommentedMap, key: str, value: Any, note: str) -> None:
+    """Set ``key`` with an end-of-line comment, keeping the user's own comment on that line and what followed it (a
+    blank line, the next section's heading)."""
+    token = mapping.ca.items.get(key, [None, None, None, None])[2]
+    old = token.value if token is not None else ""
+    first, _, rest = old.partition("\n")
+    first = first.strip().lstrip("#").strip()
+    if key in mapping:
+        mapping[key] = value
+    else:
+        mapping.insert(len(mapping), key, value)
+    mapping.yaml_add_eol_comment(f"{note}; yours: {first}" if first else note, key)
+    if rest:
+        mapping.ca.items[key][2].value = mapping.ca.items[key][2].value.rstrip("\n") + "\n" + rest
+
+
+def _checkpointing_key(user: UserConfig, exported: Dict[str, Any]) -> Dict[str, Any]:
+    """The checkpointing switch under the name the user's file uses (either name works; the file's stays)."""
+    found = [key for key in CHECKPOINTING if key in exported]
+    written = [key for key in CHECKPOINTING if user.wrote(key)]
+    if found and written and found[0] != written[0]:
+        exported = dict(exported)
+        exported[written[0]] = exported.pop(found[0])
+    return exported
+
+
+def user_yaml(user: UserConfig, candidate: Candidate, exported: Dict[str, Any], why: Callable[[str], str],
+              header: List[str]) -> Tuple[str, List[Dict[str, Any]]]:
+    """The user's file with what the answer changes (``exported``: every training and model argument the answer
+    sets, by TRL's names); returns the text and the list of changes."""
+    yaml = _yaml()
+    document = yaml.load(user.text)
+    changes: List[Dict[str, Any]] = []
+    exported = _checkpointing_key(user, exported)
+    if not user.wrote("model_init_kwargs") and exported.get("model_init_kwargs") == {"dtype": exported.get("dtype")}:
+        exported = {k: v for k, v in exported.items() if k != "model_init_kwargs"}  # TRL's script passes dtype on
+    for key, value in exported.items():
+        if key in KEPT_AS_WRITTEN:
+            continue
+        parsed = user.training.get(key, user.model.get(key))
+        if _plain(value) == parsed or (key == "attn_implementation" and not user.wrote(key)):
+            continue
+        reason = why(key)
+        written = user.wrote(key)
+        default = f"TRL default {_show(parsed)}" if key in user.training or key in user.model else "new"
+        note = f"autofit: was {_show(parsed)}; {reason}" if written else f"autofit: added ({default}); {reason}"
+        _set(document, key, _plain(value), note)
+        changes.append({"key": key, "was": parsed, "now": _plain(value), "why": reason, "added": not written})
+    if candidate.env:
+        env = document.get("env")
+        if not isinstance(env, dict):
+            env = CommentedMap()
+            document["env"] = env
+        for key, value in candidate.env:
+            if env.get(key) != value:
+                was = env.get(key)
+                _set(env, key, value, f"autofit: {'was ' + _show(was) if was is not None else 'added'}; "
+                                      "expandable-segments")
+                changes.append({"key": f"env.{key}", "was": was, "now": value, "why": "expandable-segments",
+                                "added": was is None})
+    out = io.StringIO()
+    yaml.dump(document, out)
+    return "\n".join(header) + "\n" + out.getvalue(), changes
+
+
+def _show(value: Optional[Any]) -> str:
+    return "unset" if value is None else str(value)

@@ -1,0 +1,97 @@
+"""Read a TRL config file exactly as ``trl <algo> --config FILE`` reads it, in a process of its own (TRL imports
+torch, which the search's process never does): ``python -m autofit.probe._trl_config ALGO FILE`` prints one JSON
+object, the parsed fields of every dataclass of the algorithm's script, or ``{"error": ...}`` with TRL's own message
+and exit code 2.
+
+The script's own parser is used (``trl.scripts.<algo>.make_parser()``: ScriptArguments or its GRPO/RLOO variant,
+the trainer's config class, ModelConfig, DatasetMixtureConfig), fresh for the file (TRL's parser keeps a file's
+values as its defaults), with the file's ``env:`` block undone afterwards. Keys no dataclass knows are TRL's error
+unless ``accelerate launch`` takes them (``num_processes``), as in TRL's command line. The GPU is hidden and
+``--use_cpu`` given so that TRL's bf16 check passes on any machine; the file's own ``use_cpu`` is what is reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import sys
+from typing import Any, Dict, List
+
+import yaml
+
+SCRIPTS = {"sft": "sft", "grpo": "grpo", "rloo": "rloo", "reward": "reward"}
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value: dataclasses, enums and torch dtypes by their name."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return getattr(value, "value", None) if hasattr(value, "value") and isinstance(value.value, str) \
+        else str(value)
+
+
+def _accelerate_leftovers(unknown: List[str]) -> List[str]:
+    """The unknown arguments that ``accelerate launch`` does not take either (TRL's command line passes it the rest)."""
+    if not unknown:
+        return []
+    try:
+        from accelerate.commands.launch import launch_command_parser
+    except ImportError:
+        return unknown
+    _, rest = launch_command_parser().parse_known_args(unknown + ["script.py"])
+    return [item for item in rest if item.startswith("--")]
+
+
+def read(algo: str, path: str) -> Dict[str, Any]:
+    """The file as TRL parses it for ``algo``."""
+    with open(path) as handle:
+        written = yaml.safe_load(handle)  # what TRL's parser loads (PyYAML, YAML 1.1)
+    if not isinstance(written, dict):
+        raise ValueError(f"Config file {path} must contain a YAML mapping.")
+    module = importlib.import_module(f"trl.scripts.{SCRIPTS[algo]}")
+    parser = module.make_parser()
+    saved = dict(os.environ)
+    try:
+        *parsed, unknown = parser.parse_args_and_config(args=["--config", path, "--use_cpu"],
+                                                        return_remaining_strings=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    leftovers = _accelerate_leftovers(list(unknown))
+    if leftovers:
+        raise ValueError(f"Unknown arguments from config file: {leftovers}. Please remove them, add them to the "
+                         "dataclass, or set `fail_with_unknown_args=False`.")
+    classes = [type(instance).__name__ for instance in parsed]
+    fields = {name: {f.name: _plain(getattr(instance, f.name)) for f in dataclasses.fields(instance)}
+              for name, instance in zip(("script", "training", "model", "datasets"), parsed, strict=False)}
+    fields["training"]["use_cpu"] = bool(written.get("use_cpu", False))  # ours was only for the parse
+    return {"classes": classes, "fields": fields, "written": _plain(written), "accelerate": list(unknown)}
+
+
+def main(argv: List[str]) -> int:
+    algo, path = argv
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import warnings
+
+    warnings.simplefilter("ignore")
+    try:
+        print(json.dumps(read(algo, path)))
+        return 0
+    except SystemExit as exc:  # argparse refused a value: its message went to stderr, one line starting "error:"
+        return int(exc.code or 2)
+    except (ValueError, TypeError, KeyError, OSError, yaml.YAMLError) as exc:
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,193 @@
+"""The user's TRL config file (``--config FILE``), read as ``trl <algo> --config FILE`` reads it, and what it means
+for the search: the options it sets (a flag given at the door overrides the file, as on TRL's command line), the
+training arguments passed through to every probe, and the baseline, the user's own run that the ladder starts from.
+
+TRL's parser imports torch, so it runs in a process of its own (``autofit.probe._trl_config``); a file is read once
+per process (its content is the cache key). Its errors are TRL's own messages, one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from autofit.core import RL_ALGOS, InputError, LoraSettings, one_line
+from autofit.core._spec import SEARCHED_ARGS, Baseline
+
+READ_TIMEOUT_S = 300
+READABLE_ALGOS = ("sft", "grpo", "rloo", "reward")  # the trainers `trl` has a command for (no ppo since TRL 1.13)
+# Training arguments of the user's file that a probe must not run with: it writes no checkpoint, pushes and reports
+# nowhere, evaluates nothing (it has no evaluation data) and starts from scratch; the export keeps them all.
+NOT_PROBED = frozenset({
+    "output_dir", "overwrite_output_dir", "push_to_hub", "hub_model_id", "hub_strategy", "hub_token",
+    "hub_private_repo", "hub_always_push", "hub_revision", "report_to", "logging_dir", "run_name", "project",
+    "trackio_space_id", "eval_strategy", "eval_steps", "do_eval", "eval_on_start", "load_best_model_at_end",
+    "metric_for_best_model", "resume_from_checkpoint", "save_strategy", "save_steps", "save_total_limit",
+    "logging_steps", "logging_strategy", "num_train_epochs", "max_steps",
+})
+# What the search itself sets from the file (the options and the baseline): not passed through again.
+MAPPED = frozenset({"num_generations", "beta", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "optim",
+                    "activation_offloading", "trust_remote_code"})
+# Settings the memory model does not describe: said, and the band widened (``unmodelled``).
+UNMODELLED = {"fp16": "fp16 mixed precision", "torch_compile": "torch.compile", "use_dora": "DoRA adapters",
+              "use_rslora": None, "deepspeed": "a DeepSpeed config of your own", "fsdp": "an FSDP config of your own",
+              "padding_free": "padding-free batches (probes pad every row to full length: a bound)",
+              "lora_target_parameters": "LoRA on parameters (lora_target_parameters)"}
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    """One config file as TRL parsed it for ``algo``: the fields of its dataclasses (``training``: the trainer's
+    config class, ``model``: ModelConfig, ``script``: the script's arguments) and what the file itself says."""
+
+    path: str
+    algo: str
+    text: str
+    training: Dict[str, Any] = field(default_factory=dict)
+    model: Dict[str, Any] = field(default_factory=dict)
+    script: Dict[str, Any] = field(default_factory=dict)
+    written: Dict[str, Any] = field(default_factory=dict)
+
+    def wrote(self, key: str) -> bool:
+        return key in self.written
+
+    def option_values(self) -> Dict[str, Any]:
+        """``SearchOptions`` values the file sets, by option name."""
+        values: Dict[str, Any] = {"config": self.path}
+        if self.model.get("model_name_or_path"):
+            values["model"] = self.model["model_name_or_path"]
+        rl = self.algo in RL_ALGOS
+        length_key = "max_completion_length" if rl else "max_length"
+        if isinstance(self.training.get(length_key), int):
+            values[length_key] = self.training[length_key]
+        batch, accumulation = self.training.get("per_device_train_batch_size"), \
+            self.training.get("gradient_accumulation_steps")
+        if isinstance(batch, int) and isinstance(accumulation, int):
+            values["effective_batch"] = batch * accumulation
+        if self.algo in ("grpo", "rloo"):
+            if self.wrote("num_generations"):
+                values["num_generations"] = self.training["num_generations"]
+            if self.wrote("beta"):
+                values["beta"] = self.training["beta"]
+            if self.training.get("use_vllm"):
+                values["use_vllm"] = self.training.get("vllm_mode") or "colocate"
+                values["vllm_gpu_memory_utilization"] = self.training.get("vllm_gpu_memory_utilization", 0.3)
+        if self.wrote("dtype") and self.model.get("dtype") not in (None, "float32"):
+            values["dtype"] = self.model["dtype"]
+        if self.training.get("trust_remote_code"):
+            values["trust_remote_code"] = True
+        passed = self.passed_through()
+        if passed:
+            values["training_args"] = passed
+        return values
+
+    def passed_through(self) -> Dict[str, Any]:
+        """The training arguments the file writes that every probe runs with (the learning rate, weight decay,
+        packing, the model's init arguments...): the config class's fields the search neither sets nor must keep
+        out of a probe."""
+        return {key: self.training[key] for key in self.written
+                if key in self.training and key not in SEARCHED_ARGS and key not in MAPPED and key not in NOT_PROBED}
+
+    def baseline(self, rank_batch: int) -> Baseline:
+        """The file's run as the ladder's first level; its micro-batch split only where it is the search's (a
+        ``--effective-batch`` or ``--gpus`` given at the door that changes the batch per rank replaces it)."""
+        batch, accumulation = self.training.get("per_device_train_batch_size"), \
+            self.training.get("gradient_accumulation_steps")
+        split = isinstance(batch, int) and isinstance(accumulation, int) and batch * accumulation == rank_batch
+        lora = None
+        if self.model.get("use_peft"):
+            targets = self.model.get("lora_target_modules")
+            lora = LoraSettings(r=int(self.model.get("lora_r") or 16), alpha=int(self.model.get("lora_alpha") or 32),
+                                dropout=float(self.model.get("lora_dropout") or 0.0),
+                                target_modules=tuple(targets) if isinstance(targets, list)
+                                else (targets or "all-linear"))
+        quantization = "4bit" if self.model.get("load_in_4bit") else "8bit" if self.model.get("load_in_8bit") else None
+        checkpointing = self.training.get("activation_checkpointing")
+        if checkpointing is None:
+            checkpointing = self.training.get("gradient_checkpointing")
+        return Baseline(micro_batch=batch if split else None, grad_accum=accumulation if split else None,
+                        checkpointing=bool(checkpointing),
+                        optim=self.training.get("optim") if self.wrote("optim") else None, lora=lora,
+                        quantization=quantization,
+                        activation_offload=bool(self.training.get("activation_offloading")),
+                        source=self.path)
+
+    def unmodelled(self) -> List[str]:
+        """What the file sets that the memory model does not describe (its predictions say so, with a wider band)."""
+        found = []
+        for key, what in UNMODELLED.items():
+            value = self.training.get(key, self.model.get(key))
+            if what and value not in (None, False, "", [], {}):
+                found.append(what)
+        return found
+
+
+def with_config(values: Dict[str, Any]) -> Dict[str, Any]:
+    """One door's option values with its ``config`` file under them: what the door was given overrides the file, as
+    on TRL's command line (training arguments key by key)."""
+    if not values.get("config"):
+        return values
+    user = read_user_config(str(values["config"]), str(values.get("algo") or "sft"))
+    merged = {**user.option_values(), **values}
+    if values.get("training_args") is not None:
+        merged["training_args"] = {**user.passed_through(), **values["training_args"]}
+    return merged
+
+
+_READ: Dict[Tuple[str, str, str], UserConfig] = {}
+
+
+def read_user_config(path: str, algo: str) -> UserConfig:
+    """The file as ``trl <algo> --config`` reads it; ``InputError`` with TRL's message (one line) when it refuses."""
+    if algo not in READABLE_ALGOS:
+        raise InputError(f"--config reads a file of the trl command's trainers ({', '.join(READABLE_ALGOS)}), "
+                         f"not of '{algo}'")
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--config {path}: cannot be read ({type(exc).__name__}: {one_line(exc)})") from None
+    key = (str(file.resolve()), algo, hashlib.sha1(text.encode()).hexdigest())
+    if key not in _READ:
+        _READ[key] = _parse(str(file), algo, text)
+    return _READ[key]
+
+
+def _parse(path: str, algo: str, text: str) -> UserConfig:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_VERBOSITY": "error"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "autofit.probe._trl_config", algo, path], env=env,
+                              capture_output=True, text=True, timeout=READ_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InputError(f"--config {path}: TRL's parser did not run ({type(exc).__name__}: {one_line(exc)})") \
+            from None
+    data: Dict[str, Any] = {}
+    if done.stdout.strip():
+        try:
+            data = json.loads(done.stdout.strip().splitlines()[-1])
+        except ValueError:
+            data = {}
+    if done.returncode != 0 or "error" in data or "fields" not in data:
+        raise InputError(f"--config {path}: " + _refusal(done, data, algo))
+    fields = data["fields"]
+    return UserConfig(path=path, algo=algo, text=text, training=fields.get("training", {}),
+                      model=fields.get("model", {}), script=fields.get("script", {}), written=data.get("written", {}))
+
+
+def _refusal(done: subprocess.CompletedProcess[str], data: Dict[str, Any], algo: str) -> str:
+    """TRL's own words, one line: its error (a ValueError, a YAML error) or argparse's for a value it refused."""
+    if data.get("error"):
+        message = one_line("; ".join(part.strip() for part in str(data["error"]).splitlines() if part.strip()))
+        if "Unknown arguments" in message:
+            message += f" (keys TRL's {algo} command does not take; is the file for another trainer? --algo)"
+        return message
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    if errors:
+        return "TRL refused a value: " + one_line(errors[-1].split("error:", 1)[1].strip())
+    return f"TRL's parser failed (exit {done.returncode}): " + one_line((done.stderr.strip().splitlines() or ["?"])[-1])
