@@ -138,6 +138,20 @@ def test_optimizer_state_bytes_per_regime():
     assert optimizer_state_bytes([small], "adamw_bnb_8bit", 2) == 8 * 1000  # < 4096 elements: 32-bit states
     assert optimizer_state_bytes([mm.Tensors(1 << 20, 1, True)], "adamw_bnb_8bit", 2) == 8 * (1 << 20)  # embedding
     assert optimizer_state_bytes([big], "sgd", 4) == 0
+    assert optimizer_state_bytes([big], "lion_32bit", 2) == 4 * (1 << 20)  # one fp32 state: Lion's momentum
+    assert optimizer_state_bytes([big], "adagrad", 2) == 2 * (1 << 20)  # one state in the parameter's dtype
+    assert optimizer_state_bytes([big], "adafactor", 2) == 4 * (1 << 20)
+
+
+def test_what_the_ledger_does_not_describe_widens_its_band_and_is_named():
+    plain = mm.predict(cand())
+    for changes, named in ((dict(optim="galore_adamw"), "the optimizer galore_adamw"),
+                           (dict(user_args=(("fp16", True),)), "fp16 mixed precision"),
+                           (dict(user_args=(("torch_compile", True),)), "torch.compile")):
+        widened = mm.predict(cand(**changes))
+        assert widened.uncertainty == 0.5 > plain.uncertainty and named in " ".join(mm.unmodelled(cand(**changes)))
+    for known in ("adamw_torch", "paged_adamw_8bit", "adafactor", "sgd", "lion_32bit", "rmsprop"):
+        assert mm.optimizer_known(known) and not mm.unmodelled(cand(optim=known))
 
 
 def test_ledger_full_finetune_default_fp32_weights():

@@ -41,7 +41,14 @@ from autofit.memory_model._calibration import (
 )
 from autofit.memory_model._census import Census, analytic_census
 from autofit.memory_model._census_cache import NoCausalLM, ensure_census
-from autofit.memory_model._checked import CHECKED, prior_uncertainty, sizes_are_exact, unchecked_reason
+from autofit.memory_model._checked import (
+    CHECKED,
+    UNMODELLED_ARGS,
+    prior_uncertainty,
+    sizes_are_exact,
+    unchecked_reason,
+    unmodelled,
+)
 from autofit.memory_model._ledger import (
     PRIOR_UNCERTAINTY,
     TERM_GROUPS,
@@ -72,6 +79,7 @@ from autofit.memory_model._parameters import (
     Tensors,
     census_for,
     lora_params,
+    optimizer_known,
     optimizer_state_bytes,
     param_counts,
     trainable_tensors,
@@ -80,6 +88,7 @@ from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
 from autofit.memory_model._vllm import VLLM_MODES, vllm_lines, vllm_share
 
 __all__ = [
+    "UNMODELLED_ARGS", "optimizer_known", "unmodelled",
     "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CALIBRATED_UNCERTAINTY_FLOOR", "CHECKED", "Calibration", "Census",
     "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES", "GEN_PREFILL_MLP_COPIES", "Ledger", "LevelEstimate",
     "ModelShape", "NoCausalLM", "PRIOR_UNCERTAINTY", "ParamCounts", "RungEstimate", "SINGLE_POINT_UNCERTAINTY",

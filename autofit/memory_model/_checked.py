@@ -8,12 +8,19 @@ probes calibrate it: no confident wrong number.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from autofit.memory_model._census import ANALYTIC
 
 if TYPE_CHECKING:
+    from autofit.core import Candidate
     from autofit.memory_model._shape import ModelShape
+
+# Training arguments the ledger does not describe: a prediction for a run with one of them gets the unchecked band,
+# and the search and the estimate say so (the probes measure them).
+UNMODELLED_ARGS = {"fp16": "fp16 mixed precision", "torch_compile": "torch.compile",
+                   "deepspeed": "a DeepSpeed config of your own", "fsdp": "an FSDP config of your own",
+                   "padding_free": "padding-free batches (the probes pad every row to full length: a bound)"}
 
 CHECKED_UNCERTAINTY = 0.25  # the prior's band for a checked family (the activation coefficients' spread, 2.4)
 UNCHECKED_UNCERTAINTY = 0.5
@@ -47,6 +54,17 @@ def unchecked_reason(shape: ModelShape, algo: str) -> Optional[str]:
     if algo not in CHECKED.get(family, ()):
         return f"the activation terms of {family} are not checked against measurements for {algo}"
     return None
+
+
+def unmodelled(candidate: Candidate) -> List[str]:
+    """What the candidate sets that the ledger does not describe, in words."""
+    from autofit.memory_model._parameters import optimizer_known
+
+    args = dict(candidate.user_args)
+    found = [what for key, what in UNMODELLED_ARGS.items() if args.get(key) not in (None, False, "", [], {})]
+    if not optimizer_known(candidate.optim):
+        found.append(f"the optimizer {candidate.optim} (two fp32 states assumed)")
+    return found
 
 
 def prior_uncertainty(shape: ModelShape, algo: str) -> float:

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 from autofit.core import Candidate
 from autofit.memory_model._activations import activation_bytes, offloaded_activation_bytes
 from autofit.memory_model._allocator import context_bytes, reserved_factor
-from autofit.memory_model._checked import CHECKED_UNCERTAINTY, prior_uncertainty
+from autofit.memory_model._checked import CHECKED_UNCERTAINTY, UNCHECKED_UNCERTAINTY, prior_uncertainty, unmodelled
 from autofit.memory_model._logits import generation_bytes, logit_bytes
 from autofit.memory_model._offload import (
     engine_setup_bytes,
@@ -179,6 +179,8 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
     phases = _phases(candidate, shape, device)
     totals = {p.name: rho * sum(p.terms.values()) + context for p in phases}
     uncertainty = prior_uncertainty(shape, candidate.algo)
+    if unmodelled(candidate):  # no confident number for what the ledger does not describe
+        uncertainty = max(uncertainty, UNCHECKED_UNCERTAINTY)
     host = host_bytes(candidate, shape, device)
     return [_ledger(p, rho, context, totals, uncertainty, host) for p in phases]
 

@@ -57,6 +57,10 @@ BNB_EMBEDDING_32BIT = True
 ADAFACTOR_BYTES_PER_PARAM = 4.0
 # 2.1: SGD with momentum keeps 4 B/param; HF's "sgd" has no momentum by default [A].
 SGD_BYTES_PER_PARAM = 0.0
+# One state per parameter: Lion's momentum (bitsandbytes' 32-bit Lion keeps it in fp32), RMSprop's square average
+# and Adagrad's sum, in the parameter's dtype for torch's [V: the optimizers' state definitions].
+ONE_STATE_FP32 = ("lion_32bit", "paged_lion_32bit", "rmsprop_bnb_32bit", "rmsprop_bnb")
+ONE_STATE = ("rmsprop", "adagrad")
 # 2.1: the foreach (multi-tensor) AdamW path allocates full-size temporaries (``torch._foreach_sqrt(exp_avg_sqs)``,
 # TRL PR #2776): one copy of a state. The fused path (TRL's default ``adamw_torch_fused``) has none [V].
 FOREACH_TEMPORARY_COPIES = 1
@@ -141,10 +145,21 @@ def optimizer_state_bytes(tensors: Iterable[Any], optim: Optional[str], param_by
             per = ADAFACTOR_BYTES_PER_PARAM
         elif name == "sgd":
             per = SGD_BYTES_PER_PARAM
+        elif name in ONE_STATE_FP32:
+            per = BNB_32BIT_STATE_BYTES
+        elif name in ONE_STATE:
+            per = param_bytes
         else:
             per = UNKNOWN_OPTIM_BYTES_PER_PARAM
         total += per * numel * count
     return total
+
+
+def optimizer_known(optim: Optional[str]) -> bool:
+    """Whether ``optimizer_state_bytes`` describes this optimizer (else it assumes two fp32 states)."""
+    name = optim or TRL_DEFAULT_OPTIM
+    return (name in EIGHT_BIT_OPTIMS or name in ADAMW_OPTIMS or name.startswith(("adamw", "adafactor"))
+            or name in ("sgd", *ONE_STATE_FP32, *ONE_STATE))
 
 
 def optimizer_step_temporary_bytes(tensors: Iterable[Any], optim: Optional[str], param_bytes: int) -> int:

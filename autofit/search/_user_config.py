@@ -34,11 +34,10 @@ NOT_PROBED = frozenset({
 # What the search itself sets from the file (the options and the baseline): not passed through again.
 MAPPED = frozenset({"num_generations", "beta", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "optim",
                     "activation_offloading", "trust_remote_code"})
-# Settings the memory model does not describe: said, and the band widened (``unmodelled``).
-UNMODELLED = {"fp16": "fp16 mixed precision", "torch_compile": "torch.compile", "use_dora": "DoRA adapters",
-              "use_rslora": None, "deepspeed": "a DeepSpeed config of your own", "fsdp": "an FSDP config of your own",
-              "padding_free": "padding-free batches (probes pad every row to full length: a bound)",
-              "lora_target_parameters": "LoRA on parameters (lora_target_parameters)"}
+# ModelConfig's settings the probes and the memory model leave out (the training arguments' are the memory model's
+# ``UNMODELLED_ARGS``): said in a note.
+UNMODELLED_MODEL = {"use_dora": "DoRA adapters (probed as plain LoRA)",
+                    "lora_target_parameters": "LoRA on parameters (lora_target_parameters, probed without)"}
 
 
 @dataclass(frozen=True)
@@ -120,11 +119,13 @@ class UserConfig:
 
     def unmodelled(self) -> List[str]:
         """What the file sets that the memory model does not describe (its predictions say so, with a wider band)."""
-        found = []
-        for key, what in UNMODELLED.items():
-            value = self.training.get(key, self.model.get(key))
-            if what and value not in (None, False, "", [], {}):
-                found.append(what)
+        from autofit.memory_model import UNMODELLED_ARGS, optimizer_known
+
+        found = [what for key, what in UNMODELLED_ARGS.items()
+                 if self.wrote(key) and self.training.get(key) not in (None, False, "", [], {})]
+        found += [what for key, what in UNMODELLED_MODEL.items() if self.model.get(key) not in (None, False, [], "")]
+        if self.wrote("optim") and not optimizer_known(self.training.get("optim")):
+            found.append(f"the optimizer {self.training.get('optim')} (two fp32 states assumed)")
         return found
 
 
