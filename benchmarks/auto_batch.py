@@ -84,7 +84,7 @@ def _run(job: Dict[str, Any]) -> Dict[str, Any]:
 
     from autofit.core import Candidate, ProbeSettings
     from autofit.probe import _virtual_checkpoint as virtual_checkpoint
-    from autofit.probe import kit as probe_kit
+    from autofit import probe_kit
     from autofit.probe._meters import SimulatedMeter
 
     module, _, name = job["factory"].partition(":")

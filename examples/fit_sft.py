@@ -15,7 +15,7 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 import autofit
-from autofit.probe import kit as probe_kit
+from autofit import probe_kit
 
 
 def make_trainer(candidate: autofit.Candidate) -> SFTTrainer:

@@ -43,7 +43,7 @@ def own_lora_short_rows(candidate):
     from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
-    from autofit.probe import kit as probe_kit
+    from autofit import probe_kit
 
     rows = [[(5 * i + j) % 300 + 1 for j in range(8)] for i in range(64)]
     return SFTTrainer(
@@ -60,7 +60,7 @@ def own_grpo_settings(candidate):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from autofit.probe import kit as probe_kit
+    from autofit import probe_kit
     from autofit.probe.algos.rl import length_reward
 
     prompts = [" ".join(f"t{(3 * i + j) % 300 + 1}" for j in range(24)) for i in range(64)]

@@ -17,7 +17,7 @@ FACTORY = textwrap.dedent("""
     from trl import SFTConfig, SFTTrainer
 
     import autofit
-    from autofit.probe import kit as probe_kit
+    from autofit import probe_kit
 
     def make_trainer(candidate):
         return SFTTrainer(

@@ -18,8 +18,8 @@ RLOO = "autofit.probe.algos.rl:build_rloo_trainer"
 
 @pytest.fixture(scope="module")
 def big_vocab_model(tmp_path_factory):
-    """A one-layer model with Qwen2.5's vocabulary: generating 64 completions at once holds 64 x 151,936 logits
-    several times over, while training a micro-batch of 4 does not (TRL's fused LM head works in chunks)."""
+    """A one-layer model with Qwen2.5's vocabulary: generating 32 completions at once holds 32 x 151,936 logits
+    several times over, while training a micro-batch of 2 does not (TRL's fused LM head works in chunks)."""
     folder = tmp_path_factory.mktemp("big-vocab")
     (folder / "config.json").write_text(json.dumps({
         "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 32, "intermediate_size": 64,
@@ -62,8 +62,8 @@ def test_grpo_search_end_to_end(tmp_path):
 
 
 def test_probe_sees_a_generation_phase_that_alone_exceeds_the_budget(tmp_path, big_vocab_model):
-    candidate = Candidate("grpo", big_vocab_model, "cpu", micro_batch=4, grad_accum=16, max_length=8,
-                          num_generations=64, prompt_length=8, checkpointing=True)
+    candidate = Candidate("grpo", big_vocab_model, "cpu", micro_batch=2, grad_accum=16, max_length=8,
+                          num_generations=32, prompt_length=8, checkpointing=True)
     free = ProcessRunner(GRPO, None, tmp_path / "free").run(candidate, 2)
     assert free.outcome is Outcome.OK, free.error
     generation, training = free.phase_peaks["generation"], free.phase_peaks["forward_backward"]

@@ -66,7 +66,7 @@ def test_tight_budget_escalates_within_budget(generous, tmp_path):
 
     baseline_peak = generous[2]["peak_bytes"]
     budget = int(baseline_peak * 0.6)
-    code, best = search(tmp_path, f"{budget}B")
+    code, best = search(tmp_path, f"{budget}B", "--verify-steps", "3")  # auto's 10 steps are tested above
     assert code == 0 and best["fits"]
     assert best["rungs"], "a budget of 60% of the baseline peak must need a rung"
     config = best["config"]
@@ -106,7 +106,8 @@ def test_absurd_budget_without_the_model_probes_and_reports_the_lightest_oom(tmp
 
 
 def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
-    command = [sys.executable, "-m", "autofit.cli", *BASE, "--gpu-memory", "260MiB", "--out", str(tmp_path)]
+    command = [sys.executable, "-m", "autofit.cli", *BASE, "--gpu-memory", "260MiB", "--verify-steps", "3", "--out",
+               str(tmp_path)]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while len(list(tmp_path.glob("probes/*/result.json"))) < 2:
@@ -119,7 +120,7 @@ def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
     assert "resume" in err
     finished = len(list(tmp_path.glob("probes/*/result.json")))
 
-    code, best = search(tmp_path, "260MiB")
+    code, best = search(tmp_path, "260MiB", "--verify-steps", "3")
     assert code == 0
     stored = [c for c in best["candidates"] if c["stored"]]
     # A probe whose result file was written but not yet recorded when Ctrl-C arrived runs again: at most one.
