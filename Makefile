@@ -26,7 +26,7 @@ DATASET ?=
 TRAIN_OUT ?= $(OUT)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families bench-offload bench-activation-offload bench-liger bench-weightless
+.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -46,6 +46,7 @@ help:
 	@echo "  make bench-activation-offload  activation offloading against checkpointing, and its ledger (docs/benchmarks.md)"
 	@echo "  make bench-liger     Liger's kernels (a stand-in of their saved tensors) against the ledger, on the CPU meter"
 	@echo "  make bench-weightless  what a probe's checkpoint of a 7B to 72B model costs in disk, memory and time"
+	@echo "  make bench-public    the estimate against GPU peaks published for the Hugging Face stack"
 	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
 
 search: venv
@@ -131,6 +132,7 @@ bench: venv
 	$(BIN)/python -m benchmarks.activation_offload --write docs/benchmarks.md
 	$(BIN)/python -m benchmarks.liger --write docs/benchmarks.md
 	$(BIN)/python -m benchmarks.weightless --write docs/benchmarks.md
+	$(BIN)/python -m benchmarks.public --write docs/benchmarks.md
 
 clean:
 	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY) $(FLOOR_VENV)
@@ -154,6 +156,12 @@ bench-activation-offload: venv
 # the ledger's saving against the measured one, the table between the "liger" markers of docs/benchmarks.md.
 bench-liger: venv
 	$(BIN)/python -m benchmarks.liger --write docs/benchmarks.md
+
+# The memory model against peaks published for the Hugging Face stack (shared/notes/public-measurements.md), each run
+# as its source states it (benchmarks/public/*.yaml, read with --config): the table between the "public" markers of
+# docs/benchmarks.md (part of bench; no probe, no GPU, about a minute).
+bench-public: venv
+	$(BIN)/python -m benchmarks.public --write docs/benchmarks.md
 
 # What a probe's checkpoint costs for the big bundled models (weightless: headers only; written in seconds): the
 # table between the "weightless" markers of docs/benchmarks.md (part of bench).

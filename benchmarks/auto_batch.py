@@ -82,9 +82,9 @@ def _run(job: Dict[str, Any]) -> Dict[str, Any]:
     import torch
     from transformers import TrainerCallback
 
+    from autofit import probe_kit
     from autofit.core import Candidate, ProbeSettings
     from autofit.probe import _virtual_checkpoint as virtual_checkpoint
-    from autofit import probe_kit
     from autofit.probe._meters import SimulatedMeter
 
     module, _, name = job["factory"].partition(":")

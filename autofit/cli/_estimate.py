@@ -19,6 +19,7 @@ from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
     TERM_GROUPS,
     Calibration,
+    Ledger,
     ModelShape,
     RungEstimate,
     base_candidate,
@@ -196,7 +197,8 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
         lines.append(
             f"expected: {what}: level {expected.level} ({'+'.join(expected.rungs) or 'baseline'}), "
             f"{expected.candidate.describe()} predicts {format_size(expected.ledger.total)} "
-            f"± {format_size(expected.ledger.total * expected.ledger.uncertainty)} of {format_size(budget)}"
+            f"± {format_size(expected.ledger.total * expected.ledger.uncertainty)} of {format_size(budget)}; "
+            f"{_views(expected.ledger, spec.device)}"
         )
     return "\n".join(lines)
 
@@ -213,7 +215,15 @@ def your_run_line(spec: SearchSpec, result: RungEstimate) -> str:
         verdict = f"does not fit: {format_size(ledger.total - budget)} over {format_size(budget)}"
     maybe = " (the budget lies inside the band)" if ledger.verdict(budget) == "maybe" else ""
     return (f"your run ({spec.options.config} as written): {candidate.describe()} predicts {band} at its peak "
-            f"({ledger.phase}): {verdict}{maybe}")
+            f"({ledger.phase}): {verdict}{maybe}; {_views(ledger, spec.device)}")
+
+
+def _views(ledger: Ledger, device: str) -> str:
+    """The two figures users compare: PyTorch's peak and what nvidia-smi shows (what the search holds)."""
+    if device != "cuda":
+        return "the simulated meter counts live tensors"
+    return (f"PyTorch allocates {format_size(ledger.allocated)} at the peak, nvidia-smi shows "
+            f"{format_size(ledger.total)} (reserved + CUDA context: what the search holds against the budget)")
 
 
 def run(args: argparse.Namespace) -> int:

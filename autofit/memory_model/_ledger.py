@@ -87,6 +87,12 @@ class Ledger:
         return float(sum(getattr(self, name) for name in TERMS))
 
     @property
+    def allocated(self) -> float:
+        """PyTorch's own peak (``torch.cuda.max_memory_allocated``): the total without the allocator's overhead and the
+        CUDA context, which ``nvidia-smi`` and the search's CUDA meter count (``total``)."""
+        return self.total - self.allocator - self.cuda_context
+
+    @property
     def static(self) -> float:
         """What does not depend on the tokens (its allocator share included): what the static scale multiplies."""
         static = sum(getattr(self, n) for n in STATIC_TERMS if n != "cuda_context")

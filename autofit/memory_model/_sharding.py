@@ -56,7 +56,7 @@ def _layer_params(shape: ModelShape, candidate: Candidate) -> float:
 def sharded_state(state: StateBytes, candidate: Candidate, shape: ModelShape, device: str) -> StateBytes:
     """One rank's share of ``state`` (a single GPU's) under the candidate's engine across ``candidate.ranks``."""
     ranks = candidate.ranks
-    if ranks < 2 or candidate.offload:
+    if (ranks < 2 and candidate.sharding is None) or candidate.offload:  # a named engine on one GPU is its own
         return state
     strategy = candidate.sharding or "ddp"
     if strategy in OFFLOADED:
