@@ -87,12 +87,26 @@ class FaultWatch:
         raise infrastructure_failure(result, 2)
 
 
+def retry_note(candidate: Candidate, first: ProbeResult, again: ProbeResult) -> str:
+    """What the notes say of a probe run again after the machine failed it (a killed probe server, a signal)."""
+    if again.fits:
+        outcome = "fitted"
+    else:
+        same = again.signature() == first.signature()
+        outcome = f"ended {again.outcome.value}" + (": the same error" if same else "")
+    return (f"{candidate.describe()}: the probe failed for a reason that is not the candidate's ({first.error[:160]}); "
+            f"it ran once more and {outcome}")
+
+
 def check_no_fit_is_an_answer(records: Iterable[Record], skipped: bool) -> None:
-    """Raise unless "nothing fits" is what the probes (or the memory model) actually showed."""
+    """Raise unless "nothing fits" is what the probes (or the memory model) actually showed: an out-of-memory, or the
+    memory model ruling every candidate out with no probe lost to a crash or a time-out (a search stopped by
+    ``--max-probes`` after one crashed probe has learnt nothing about memory)."""
     results = [record.result for record in records]
-    if any(result.outcome is Outcome.OOM for result in results) or skipped:
+    if any(result.outcome is Outcome.OOM for result in results):
         return
-    failed = [result for result in results if not result.fits]
+    lost = (Outcome.CRASH, Outcome.TIMEOUT)
+    failed = [result for result in results if not result.fits and (result.outcome in lost or not skipped)]
     if not failed:
         return
     first = failed[0]

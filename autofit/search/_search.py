@@ -25,18 +25,18 @@ import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from autofit import memory_model
-from autofit.core import Candidate, InputError, Outcome, ProbeResult, SearchSpec, format_size
+from autofit.core import INFRASTRUCTURE, Candidate, InputError, Outcome, ProbeResult, SearchSpec, format_size
 from autofit.memory_model import divisors, length_grid
 from autofit.probe import PlainProgress, ProbeProgress, Runner
 from autofit.rungs import FREE, QUALITY, SPEED, FailedRungs, LadderState, Rung, climb
-from autofit.search._faults import FaultWatch, check_no_fit_is_an_answer
+from autofit.search._faults import FaultWatch, check_no_fit_is_an_answer, retry_note
 from autofit.search._guide import MemoryGuide, model_shape
 from autofit.search._host_memory import probeable_rungs
 from autofit.search._margin import best_margin_only_fit, evidence, within_margin
 from autofit.search._pruning import prune
 from autofit.search._refine import refine
 from autofit.search._result import Fit, Record, SearchReport, Skip, truncation_note, undominated
-from autofit.search._store import ProbeStore
+from autofit.search._store import ProbeStore, measured_on
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Search:
         self.ladder_len = len(self.levels)  # levels past it are rebuilt without a rung (autofit.search._pruning)
         self.store = store or ProbeStore(spec.options.out_dir, spec.study_name(), spec.budget_bytes,
                                          self.ladder_len + REBUILT_LEVELS, spec.options.effective_batch,
-                                         spec.max_length)
+                                         spec.max_length, measured_on(spec))
         self.report = SearchReport(spec, self.levels, ladder_len=self.ladder_len)
         self.report.notes.extend(getattr(self.store, "notes", []))
         self.report.notes.extend(unavailable)
@@ -113,6 +113,9 @@ class Search:
         result, cached = self.store.measure(candidate, kind, key, level, run)
         if cached and self.guide.implausible(candidate, result):
             result, cached = self.store.measure(candidate, kind, key, level, run, fresh=True)
+        if not cached and result.outcome is Outcome.CRASH and result.fault == INFRASTRUCTURE:  # the machine's: again
+            first, (result, _) = result, self.store.measure(candidate, kind, key, level, run, fresh=True)
+            self.report.notes.append(retry_note(candidate, first, result))
         if not cached:
             self.faults.observe(candidate, result)
         failure_note = self.failed_rungs.observe(candidate, result)

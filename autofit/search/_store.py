@@ -8,6 +8,7 @@ RUNNING trial without a result; it is not reused and runs again.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -22,7 +23,16 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from autofit.core import Candidate, InputError, Outcome, ProbeResult
+from autofit.core import (
+    Candidate,
+    InputError,
+    Outcome,
+    ProbeResult,
+    SearchSpec,
+    UnknownModelError,
+    first_gpu,
+    resolve_model,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +93,43 @@ def quiet_optuna() -> Iterator[None]:
         optuna.logging.set_verbosity(previous)
 
 
+# What a probe's peak depends on beyond its candidate: libraries whose code allocates what is measured.
+MEASURING_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "deepspeed")
+
+
+def fingerprint(model_config: Dict[str, object], device: str, gpu: Optional[str] = None) -> str:
+    """What a stored probe was measured on besides its candidate: the model's configuration (its content, not its
+    name or path), the installed versions of the libraries that allocate, the device. A stored result with another
+    fingerprint is not reused."""
+    from importlib import metadata
+
+    versions: Dict[str, Optional[str]] = {}
+    for package in MEASURING_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    data = {"config": model_config, "versions": versions, "device": device, "gpu": gpu}
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def measured_on(spec: SearchSpec) -> str:
+    """The fingerprint of a search's probes: its model's configuration as it is now, this machine's libraries and
+    device."""
+    try:
+        config: Dict[str, object] = dict(resolve_model(spec.options.model).config)
+    except UnknownModelError:  # a factory's own model: the study's name has the factory
+        config = {"model": spec.options.model}
+    gpu = first_gpu() if spec.device == "cuda" else None
+    return fingerprint(config, spec.device, gpu.name if gpu else None)
+
+
 class ProbeStore:
     def __init__(self, out_dir: Path, study_name: str, budget_bytes: Optional[int], levels: int, max_batch: int,
-                 max_length: int):
+                 max_length: int, fingerprint: str = ""):
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         self.notes: List[str] = []
+        self.fingerprint = fingerprint
         self.study = self._open(Path(out_dir) / STUDY_FILE, study_name)
         self.budget_bytes = budget_bytes
         self.distributions: Dict[str, BaseDistribution] = {
@@ -96,10 +138,14 @@ class ProbeStore:
             "max_length": IntDistribution(1, max(max_length, 1)),
         }
         self._cache: Dict[Tuple[str, str, Steps], ProbeResult] = {}
+        stale = 0
         for trial in self.study.get_trials(deepcopy=False):
             attrs = trial.user_attrs
             if "result" not in attrs:
                 continue  # interrupted before it finished: it runs again
+            if fingerprint and attrs.get("fingerprint") != fingerprint:
+                stale += 1  # measured on another configuration of the model, other libraries or another device
+                continue
             try:
                 result = ProbeResult.from_dict(attrs["result"])
                 key = (str(attrs["key"]), str(attrs["kind"]), cast(Steps, attrs.get("steps")))
@@ -109,6 +155,11 @@ class ProbeStore:
                 continue
             if result.outcome in REUSABLE:
                 self._cache[key] = result
+        if stale:
+            self.notes.append(f"{stale} probe(s) stored in {Path(out_dir) / STUDY_FILE} were measured on another "
+                              "configuration of the model, other library versions or another device: they are "
+                              "measured again")
+            log.warning("%s", self.notes[-1])
         self.probes_run = 0
 
     def _open(self, path: Path, study_name: str) -> optuna.Study:
@@ -148,7 +199,8 @@ class ProbeStore:
             return cached, True
         params = {"level": level, "micro_batch": candidate.micro_batch, "max_length": candidate.max_length}
         with deferred_interrupt():
-            self.study.enqueue_trial(params, user_attrs={"key": candidate.key(), "kind": kind, "steps": steps})
+            self.study.enqueue_trial(params, user_attrs={"key": candidate.key(), "kind": kind, "steps": steps,
+                                                         "fingerprint": self.fingerprint})
             trial = self.study.ask(fixed_distributions=self.distributions)
             trial.set_user_attr("candidate", candidate.to_dict())
             trial.set_user_attr("config", candidate.describe())  # flat attributes: what optuna-dashboard lists
