@@ -131,3 +131,32 @@ def test_a_grpo_factory_with_its_own_generations_and_prompts(tmp_path):
     # tokens per step counted with the 24-token prompts measured, not the 128-token default
     steps_per_second = verified.tokens_per_second / (8 * (128 + 16))
     assert abs(steps_per_second * 8 * (24 + 16) - verified.tokens_per_second) > 0.5 * verified.tokens_per_second
+
+
+BROKEN = textwrap.dedent("""
+    from trl import SFTConfig, SFTTrainer
+    from autofit import probe_kit
+
+    def make_trainer(candidate):
+        tokenizer = probe_kit.load_tokenizer(candidate)
+        return SFTTrainer(model=probe_kit.model_path(candidate), args=SFTConfig(**candidate.training_args()),
+                          processing_class=tokenizr)
+""")
+
+
+@pytest.mark.parametrize("filename", ["<dynamic-code>", "train.py"])
+def test_a_bug_in_the_factory_stops_at_the_first_probe_with_the_users_line(tmp_path, filename):
+    # A NameError in the user's own code (misspelt `tokenizr`), whether the factory came from a file or from code
+    # without one (a notebook, exec, a pickled factory): one probe, and the message shows the user's line.
+    import autofit
+
+    namespace: dict = {}
+    exec(compile(BROKEN, str(tmp_path / filename) if filename.endswith(".py") else filename, "exec"), namespace)
+    with pytest.raises(autofit.FactoryError) as info:
+        autofit.fit(namespace["make_trainer"], model="tiny-qwen2", device="cpu", gpu_memory="1GiB", max_length=16,
+                    effective_batch=2, out_dir=tmp_path / "out", quiet=True)
+    message = str(info.value)
+    assert "NameError: name 'tokenizr' is not defined" in message
+    shown = str(tmp_path / filename) if filename.endswith(".py") else filename
+    assert f'File "{shown}", line 8, in make_trainer' in message  # the user's file, not "<dynamic-code>"
+    assert len(list((tmp_path / "out").glob("probes/*/result.json"))) == 1  # one probe, not one per rung

@@ -6,13 +6,13 @@ import json
 import shutil
 
 import pytest
+from fakes import FormulaRunner, MiB, formula_spec
 
 from autofit.core import INFRASTRUCTURE, Outcome, ProbeResult
 from autofit.core._registry import BUNDLED_DIR
 from autofit.rungs import resolve_ladder
 from autofit.search import InfrastructureError, Search, check_no_fit_is_an_answer
 from autofit.search._result import Record
-from fakes import MiB, FormulaRunner, formula_spec
 
 MACHINE_CRASH = ProbeResult(Outcome.CRASH, error="probe exited with code 255 without a result", fault=INFRASTRUCTURE,
                             cause="exit")

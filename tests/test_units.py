@@ -17,6 +17,7 @@ from autofit.core import (
     Outcome,
     ProbeResult,
     ProbeSettings,
+    SearchOptions,
     SearchSpec,
     UnknownModelError,
     classify_exception,
@@ -90,6 +91,21 @@ def test_parse_size_bad_names_the_value(text):
 ])
 def test_format_size(nbytes, text):
     assert format_size(nbytes) == text
+
+
+@pytest.mark.parametrize("name, mib", [("H100", 81559), ("h100-80gb", 81559), ("A100-80GB", 81920),
+                                       ("a100_40gb", 40960), ("L4", 23034), ("RTX 4090", 24564)])
+def test_a_gpu_by_its_name_is_its_whole_memory(name, mib):
+    # "80GB" is 10**9 bytes, 74.51 GiB: a card's name gives what the driver reports for it
+    assert parse_size(name) == mib * 2**20
+    assert parse_size("80GB") == 80 * 10**9 < parse_size("A100-80GB")
+
+
+def test_a_name_of_cards_of_different_sizes_is_refused_with_the_choices():
+    with pytest.raises(InputError, match="A100-40GB, A100-80GB"):
+        parse_size("A100")
+    with pytest.raises(InputError, match="--gpu-memory 'A100' is not valid: accepted are A100-40GB, A100-80GB"):
+        SearchOptions(model="tiny-qwen2", gpu_memory="A100")
 
 
 def test_format_size_round_trips_through_parse_size():

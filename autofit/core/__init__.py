@@ -26,6 +26,7 @@ from autofit.core._outcome import (
     classify_exception,
     classify_exit,
     error_origin,
+    user_file,
 )
 from autofit.core._outdir import PHASE_FILE, PID_FILE, exclusive, record_probe_process
 from autofit.core._registry import UnknownModelError, needs_own_code, resolve_model
@@ -40,5 +41,5 @@ __all__ = [
     "checkpointing_field", "classify_exception", "classify_exit", "disturbed", "error_origin", "exclusive",
     "exempt_phases", "first_gpu", "format_size", "free_bytes", "installed", "needs_own_code", "one_line",
     "other_processes", "others_bytes", "parse_size", "ppo_available", "record_probe_process", "resolve_device",
-    "resolve_gpus", "resolve_model", "visible_gpu_count", "vllm_installed",
+    "resolve_gpus", "resolve_model", "user_file", "visible_gpu_count", "vllm_installed",
 ]

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 
 from autofit.core._candidate import RL_ALGOS
 from autofit.core._errors import InputError
-from autofit.core._sizes import parse_size
+from autofit.core._sizes import card_names, parse_size
 
 SEARCH, ESTIMATE, FIT = "search", "estimate", "fit"
 DOORS = (SEARCH, ESTIMATE, FIT)
@@ -42,6 +42,7 @@ class Kind:
     phrase: str
     accepts: Callable[[Any], bool]
     parse: Optional[Callable[[str], Any]] = None
+    explain: Optional[Callable[[Any], Optional[str]]] = None  # a refusal's own words, where ``phrase`` says too little
 
 
 def _is_int(value: Any) -> bool:
@@ -69,6 +70,17 @@ def _size(value: Any) -> bool:
     return _is_int(value) and value >= MIN_BUDGET_BYTES
 
 
+def _which_card(value: Any) -> Optional[str]:
+    """The words of a card name that fits several cards ("A100": 40 or 80 GB)."""
+    if isinstance(value, str):
+        try:
+            parse_size(value)
+        except InputError as exc:
+            if "cards of different sizes" in str(exc):
+                return str(exc).split(": ", 1)[1]
+    return None
+
+
 def one_of(choices: Sequence[str]) -> Kind:
     return Kind(f"accepted are {', '.join(choices)}", lambda v: v in choices)
 
@@ -85,8 +97,8 @@ FRACTION = Kind("a fraction between 0 and 1 is accepted", lambda v: _is_number(v
 HEADROOM = Kind("use a fraction from 0 to 0.5, e.g. 0.03", lambda v: _is_number(v) and 0 <= v < 0.5, float)
 BETA = Kind("a finite number, 0 or more, is accepted", lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
             float)
-SIZE = Kind("give a size with a unit, e.g. '24GiB' or '1.5GiB', or an integer number of bytes, not below 1 MiB",
-            _size)
+SIZE = Kind("give a size with a unit, e.g. '24GiB' or '1.5GiB', a GPU's name (H100, A100-80GB, L4, RTX4090, ...) or "
+            "an integer number of bytes, not below 1 MiB", _size, explain=_which_card)
 GPUS = Kind("a positive number of GPUs or 'all' is accepted", lambda v: v == "all" or (_is_int(v) and v >= 1),
             _gpu_count)
 VERIFY_STEPS = Kind("use a positive integer or 'auto'", lambda v: v == AUTO_VERIFY or (_is_int(v) and v >= 1),
@@ -122,8 +134,9 @@ class SearchOptions:
     factory: Optional[str] = option(help="probe your own trainer: a function that builds it from a candidate (see "
                                          "autofit.fit)", kind=TEXT, doors=(SEARCH,), metavar="MODULE:FUNCTION")
     gpu_memory: Union[None, str, int] = option(
-        help="budget per GPU, e.g. 24GiB; default the card's memory; required on CPU", kind=SIZE, doors=DOORS,
-        required=(ESTIMATE,), estimate_help="budget per GPU, e.g. 24GiB, 80GB")
+        help=f"budget per GPU: a size (24GiB; 80GB is 10^9 bytes, 74.51 GiB) or a card's name, its whole memory "
+             f"({card_names()}); default the card's memory; required on CPU", kind=SIZE, doors=DOORS,
+        required=(ESTIMATE,), estimate_help=f"budget per GPU: a size (24GiB, 80GB) or a card's name ({card_names()})")
     device: str = option("auto", help="auto, cuda or cpu (cpu: the simulated device meter)", kind=one_of(DEVICES),
                          doors=DOORS, estimate_help="cuda (a GPU with bf16 autocast and a CUDA context; auto is cuda "
                                                     "here) or cpu (the simulated meter)")
@@ -259,7 +272,9 @@ class SearchOptions:
 
 
 def refused(name: str, value: Any) -> InputError:
-    return InputError(f"{flag(name)} {value!r} is not valid: {FIELDS[name].metadata['kind'].phrase}")
+    kind = FIELDS[name].metadata["kind"]
+    words = (kind.explain(value) if kind.explain else None) or kind.phrase
+    return InputError(f"{flag(name)} {value!r} is not valid: {words}")
 
 
 def flag(name: str) -> str:

@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 
@@ -161,8 +162,28 @@ def _innermost_module(exc: BaseException) -> Optional[str]:
     return tb.tb_frame.f_globals.get("__name__")
 
 
+_AUTOFIT_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def user_file(filename: str) -> bool:
+    """A frame's file is the user's own code: not an installed package, the standard library or autofit. Code
+    without a file ("<stdin>", ``python -c``'s "<string>", a notebook cell, a factory pickled by value whose file is
+    gone) is the user's too; Python's frozen modules are not."""
+    if filename.startswith("<"):
+        return not filename.startswith("<frozen")
+    parts = filename.replace("\\", "/").split("/")
+    return not ("site-packages" in parts or "dist-packages" in parts or filename.startswith(_AUTOFIT_DIR)
+                or filename.startswith((sys.prefix, sys.base_prefix)))
+
+
 def raised_by_user_code(exc: BaseException) -> bool:
-    """The innermost frame is neither a library autofit knows nor Python's standard library."""
+    """The innermost frame is the user's code: its file (``user_file``), or a module that is neither a library
+    autofit knows nor Python's standard library."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None and user_file(tb.tb_frame.f_code.co_filename):
+        return True
     module = _innermost_module(exc)
     if not module:
         return False

@@ -1,4 +1,5 @@
-"""Memory sizes: parsed from what a user writes, formatted for every message."""
+"""Memory sizes: parsed from what a user writes (a size with a unit, or a GPU by its name), formatted for every
+message (in GiB from 1 GiB up)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,41 @@ _UNITS = {
 }
 
 
+# GPUs by name: the memory the driver reports (nvidia-smi's "MiB" total), what a search on the card itself takes as
+# its budget. "80GB" is 10**9 bytes (74.51 GiB): planning for an "80 GB" card by that number gives up 5 GiB [M: the
+# cards' usual nvidia-smi totals; the H100's as measured on 2026-11-22, 81,559 MiB].
+CARDS_MIB = {
+    "H100": 81559, "H100-80GB": 81559, "H200": 143771, "A100-80GB": 81920, "A100-40GB": 40960,
+    "L40S": 46068, "L4": 23034, "A10G": 23028, "T4": 15360, "V100-32GB": 32768, "RTX4090": 24564, "RTX3090": 24576,
+}
+AMBIGUOUS = {"A100": ("A100-40GB", "A100-80GB"), "V100": ("V100-32GB",)}
+
+
+def _card_key(text: str) -> str:
+    return re.sub(r"[\s_-]", "", text).upper()
+
+
+_CARDS = {_card_key(name): mib * 2**20 for name, mib in CARDS_MIB.items()}
+
+
+def card_names() -> str:
+    return ", ".join(CARDS_MIB)
+
+
 def parse_size(text: str) -> int:
-    """'24GiB', '80GB', '512MiB', '1.5g' -> bytes."""
+    """'24GiB', '80GB', '512MiB', '1.5g', or a GPU's name ('H100', 'A100-80GB') -> bytes."""
+    key = _card_key(str(text))
+    if key in _CARDS:
+        return _CARDS[key]
+    for name, choices in AMBIGUOUS.items():
+        if key == _card_key(name):
+            raise InputError(f"memory size '{text}' names cards of different sizes: accepted are {', '.join(choices)}")
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None
     nbytes = int(float(match.group(1)) * _UNITS[unit]) if match and unit in _UNITS else 0
     if nbytes <= 0:
         raise InputError(f"memory size '{text}' is not valid: use a positive number with a unit, e.g. 24GiB, 80GB, "
-                         "512MiB")
+                         f"512MiB, or a GPU's name ({card_names()})")
     return nbytes
 
 

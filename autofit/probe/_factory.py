@@ -16,10 +16,11 @@ import hashlib
 import importlib
 import io
 import logging
+import re
 import sys
 import types
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 from autofit.core import FACTORIES, InputError
 
@@ -41,6 +42,19 @@ class FactoryPayload:
     identity: str = ""  # names the study; the built-in ones are named by their algorithm
     builtin: bool = False
     name: str = ""  # for messages
+    # The files the pickled code came from, by function name: cloudpickle names them "<dynamic-code>" in the probe,
+    # and a message must show the user's own file and line.
+    files: Tuple[Tuple[str, str], ...] = ()
+
+    def named_frames(self, frames: str) -> str:
+        """Traceback lines with the pickled functions' files put back."""
+        files = dict(self.files)
+
+        def named(match: re.Match[str]) -> str:
+            original = files.get(match.group(2))
+            return f'File "{original}", line {match.group(1)}, in {match.group(2)}' if original else match.group(0)
+
+        return re.sub(r'File "<dynamic-code>", line (\d+), in (\w+)', named, frames)
 
     def load(self) -> Callable:
         if self.pickled is not None:
@@ -116,7 +130,31 @@ def prepare_factory(factory: Union[str, Callable]) -> FactoryPayload:
         raise FactoryError(f"trainer factory {factory!r} is not callable: pass a function that builds the trainer "
                            "from a candidate")
     name = getattr(factory, "__qualname__", repr(factory))
-    return FactoryPayload(pickled=_pickle(factory, name), identity=identity(factory), name=name)
+    return FactoryPayload(pickled=_pickle(factory, name), identity=identity(factory), name=name,
+                          files=_source_files(factory))
+
+
+def _source_files(factory: Callable) -> Tuple[Tuple[str, str], ...]:
+    """(function name, file) of the factory's code, the functions nested in it and the functions of the same file
+    it names: what crosses to the probe by value."""
+    code = (getattr(factory, "__code__", None)
+            or getattr(getattr(factory, "__call__", None), "__code__", None))  # noqa: B004 - reads __call__'s code
+    if code is None:
+        return ()
+    found: Dict[str, str] = {}
+
+    def walk(current: types.CodeType) -> None:
+        found.setdefault(current.co_name, current.co_filename)
+        for const in current.co_consts:
+            if isinstance(const, types.CodeType):
+                walk(const)
+
+    walk(code)
+    for value in (getattr(factory, "__globals__", None) or {}).values():
+        helper = getattr(value, "__code__", None)
+        if isinstance(helper, types.CodeType) and helper.co_filename == code.co_filename:
+            walk(helper)
+    return tuple(sorted((name, file) for name, file in found.items() if not file.startswith("<dynamic")))
 
 
 def load_factory(ref: str) -> Callable:

@@ -8,6 +8,7 @@ so nothing an out-of-memory error leaves behind can reach the next probe.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ from autofit.core import (
     exempt_phases,
     others_bytes,
     record_probe_process,
+    user_file,
 )
 from autofit.probe import _activation_offload as activation_offload
 from autofit.probe import _kernels as kernels
@@ -55,7 +57,6 @@ from autofit.rungs import FSDP_ENGINES
 
 log = logging.getLogger(__name__)
 
-_AUTOFIT_DIR = str(Path(__file__).resolve().parents[1])  # the autofit package: its frames are not the user's
 
 
 def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
@@ -270,14 +271,8 @@ def _one_line(exc: BaseException) -> str:
 def user_frames(exc: BaseException) -> str:
     """The traceback frames of the user's own code (not of the libraries it called), innermost last."""
     frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
-              if not _library_file(frame.filename)]
+              if user_file(frame.filename)]
     return "".join(traceback.format_list(frames[-6:])).rstrip()
-
-
-def _library_file(filename: str) -> bool:
-    parts = filename.replace("\\", "/").split("/")
-    return ("site-packages" in parts or "dist-packages" in parts or filename.startswith(_AUTOFIT_DIR)
-            or filename.startswith((sys.prefix, sys.base_prefix)) or filename.startswith("<"))
 
 
 def tokens_per_step(candidate: Candidate, observed: Dict) -> int:
@@ -366,8 +361,8 @@ def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Opti
     """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically.
     ``env``: this rank's launch variables, when the probe runs several."""
     os.environ.update(env or {})
-    record_probe_process(Path(log_path).parent)
     detach_into_log(log_path)
+    record_probe_process(Path(log_path).parent)  # its log open: the mark of this folder's probe
     result = _main(factory, candidate, budget_bytes, Path(result_path).parent / PHASE_FILE)
     result.log_path = log_path
     atomic_write_text(Path(result_path), json.dumps(result.to_dict()))
@@ -394,4 +389,7 @@ def _main(payload: FactoryPayload, candidate: Candidate, budget_bytes: Optional[
         log.error("the trainer factory %s cannot be loaded\n%s", payload.name, "".join(traceback.format_exception(exc)))
         outcome, fault, cause = classify_exception(exc, stage="import", user_factory=user_factory)
         return ProbeResult(outcome, error=_one_line(exc), error_phase="import", fault=fault, cause=cause)
-    return run_probe(factory, candidate, budget_bytes, user_factory=user_factory, phase_path=phase_path)
+    result = run_probe(factory, candidate, budget_bytes, user_factory=user_factory, phase_path=phase_path)
+    if result.detail and payload.files:
+        result = dataclasses.replace(result, detail=payload.named_frames(result.detail))
+    return result
