@@ -167,7 +167,9 @@ def fit(trainer_factory: Union[str, Callable[[Candidate], Any]], *,
                     factory=payload.identity or None)
     rungs = ([resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder]
              if custom and ladder is not None else None)
-    with probe_lines(bool(options.get("quiet", False))):
+    # Optuna's verbosity is global: WARNING while fit runs (the search and the report read the study), the caller's
+    # own after it returns or raises
+    with probe_lines(bool(options.get("quiet", False))), quiet_optuna():
         report = run_search(spec, rungs, payload, callback)
     if not report.fits:
         raise NoFitError(no_fit_message(report), report)

@@ -138,3 +138,31 @@ def test_the_makefile_has_user_targets():
     train = subprocess.run(["make", "-n", "train", "ALGO=sft", "DATASET=trl-lib/Capybara"], cwd=REPO,
                            capture_output=True, text=True)
     assert "trl sft --config" in train.stdout and "--dataset_name trl-lib/Capybara" in train.stdout
+
+
+@pytest.mark.slow
+def test_fit_leaves_optunas_verbosity_as_it_found_it(tmp_path, monkeypatch):
+    """Issue 30, item 13: fit(quiet=True) left Optuna at WARNING (INFO before): the report, drawn after the search
+    had put the caller's verbosity back, read the study at WARNING and left it there. Returned or raised, fit() leaves
+    it as found (the second search reuses the first one's stored probes)."""
+    import optuna
+
+    found = optuna.logging.get_verbosity()
+    options = dict(model="tiny-qwen2", device="cpu", gpu_memory="1GiB", max_length=16, effective_batch=2,
+                   verify_steps=3, out_dir=tmp_path)
+    try:
+        for level, quiet in ((optuna.logging.INFO, True), (optuna.logging.DEBUG, False)):
+            optuna.logging.set_verbosity(level)
+            result = autofit.fit("sft", quiet=quiet, **options)
+            assert result.report_html.is_file()  # the report was drawn from the study
+            assert optuna.logging.get_verbosity() == level, quiet
+
+        def interrupted(spec, rungs=None, factory=None, callback=None):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(api, "run_search", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            autofit.fit("sft", quiet=True, **options)
+        assert optuna.logging.get_verbosity() == optuna.logging.DEBUG
+    finally:
+        optuna.logging.set_verbosity(found)

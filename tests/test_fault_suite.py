@@ -4,6 +4,7 @@ process", autofit.core._others), an ``--out`` that is a file."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from pathlib import Path
 import pytest
 from fakes import spec_of
 
-from autofit import cli
-from autofit.core import Candidate, Outcome
-from autofit.core._outdir import exclusive, process_start_ticks
+from autofit import cli, probe_kit
+from autofit.core import Candidate, InputError, Outcome, cache_dir, resolve_model
+from autofit.core._files import entry_problem
+from autofit.core._outdir import PID_FILE, exclusive, kill_orphan_probes, process_start_ticks
 from autofit.probe import ProcessRunner
 from autofit.rungs import resolve_ladder
 from autofit.search import STUDY_FILE, Search
@@ -99,7 +101,133 @@ def test_a_busy_device_is_named_before_any_probe(tmp_path, capsys, monkeypatch):
     assert not list((tmp_path / "out").glob("probes/*"))
 
 
+def live_process(log_path=None):
+    """A ``sleep``, with its output in ``log_path`` when given (as a probe of that folder writes to its log)."""
+    if log_path is None:
+        return subprocess.Popen(["sleep", "60"])
+    with open(log_path, "a") as log:
+        return subprocess.Popen(["sleep", "60"], stdout=log, stderr=log)
+
+
+def pid_file_for(process, folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PID_FILE).write_text(json.dumps({"pid": process.pid, "start": process_start_ticks(process.pid)}))
+
+
+def test_a_planted_or_copied_pid_file_kills_no_process_but_this_folders_probes(tmp_path):
+    """Issue 30, item 5: a pid file is a claim. A planted one naming an unrelated process of the user, and one copied
+    with another search's --out (naming its live probe), kill nothing; the real orphan of this folder is killed."""
+    unrelated = live_process()
+    other = tmp_path / "other-search" / "probes" / "abc-2"
+    other.mkdir(parents=True)
+    their_probe = live_process(other / "probe.log")
+    try:
+        pid_file_for(unrelated, tmp_path / "out" / "probes" / "planted-2")
+        pid_file_for(their_probe, other)
+        shutil.copytree(tmp_path / "other-search" / "probes", tmp_path / "out" / "probes", dirs_exist_ok=True)
+        with exclusive(tmp_path / "out") as notes:
+            assert notes == []
+        assert unrelated.poll() is None and their_probe.poll() is None  # both alive
+        assert not list((tmp_path / "out").glob("probes/*/pid"))  # the claims are dropped
+        assert any("killed probe pid" in note for note in kill_orphan_probes(tmp_path / "other-search"))
+        assert their_probe.wait(timeout=10) == -signal.SIGKILL and unrelated.poll() is None
+    finally:
+        for process in (unrelated, their_probe):
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def test_a_cache_folder_others_can_write_to_is_refused_before_any_probe(tmp_path, monkeypatch, capsys):
+    """Issue 30, item 4: the cache decides what the probes load; one others could fill is refused, as --out is."""
+    shared = tmp_path / "shared-cache"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("AUTOFIT_CACHE", str(shared))
+    with pytest.raises(InputError, match="can be written by every user"):
+        cache_dir()
+    code = cli.main(SEARCH + ["--gpu-memory", "1GiB", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"the cache folder {shared} can be written by every user" in err
+    assert not (tmp_path / "out" / "probes").exists() and list(shared.iterdir()) == []
+    os.chmod(shared, 0o1777)  # sticky, as /tmp: others cannot replace what is ours, and every level is checked
+    assert cache_dir() == shared
+    if os.geteuid() == 0:  # giving a folder to another user needs root
+        (shared / "weightless-checkpoints").mkdir()
+        os.chown(shared / "weightless-checkpoints", 4242, 4242)
+        with pytest.raises(InputError, match="weightless-checkpoints belongs to another user"):
+            probe_kit.checkpoint_folder(resolve_model("tiny-qwen2").config, "tiny-qwen2")
+        os.chown(shared, 4242, 4242)
+        with pytest.raises(InputError, match="shared-cache belongs to another user"):
+            cache_dir()
+
+
+def test_a_link_planted_in_the_cache_is_never_written_through(tmp_path, monkeypatch):
+    """Issue 30, item 4: links planted where a weightless checkpoint and its lock are written (a stale entry's .lock
+    once truncated its target) are replaced, never written through."""
+    monkeypatch.setenv("AUTOFIT_CACHE", str(tmp_path / "cache"))
+    config = resolve_model("tiny-qwen2").config
+    folder = probe_kit.checkpoint_folder(config, "tiny-qwen2")
+    folder.mkdir(parents=True)
+    names = [".lock", "config.json", "model.safetensors", "tokenizer.json", ".autofit-virtual",
+             ".autofit-manifest.json"]
+    victims = {name: tmp_path / f"victim-{index}" for index, name in enumerate(names)}
+    for name, victim in victims.items():
+        victim.write_text("precious")
+        (folder / name).symlink_to(victim)
+    assert probe_kit.random_checkpoint(config, "tiny-qwen2") == folder
+    shutil.rmtree(folder)
+    for lock in folder.parent.glob(".*.lock"):  # the entry's lock, planted as a link this time
+        lock.unlink()
+        lock.symlink_to(victims[".lock"])
+    assert probe_kit.random_checkpoint(config, "tiny-qwen2") == folder
+    assert all(victim.read_text() == "precious" for victim in victims.values())
+    assert not any(path.is_symlink() for path in folder.iterdir())
+    assert entry_problem(folder, probe_kit._entry_key(config, "weightless")) is None
+
+
+def test_a_damaged_cache_entry_is_built_again_with_a_line_naming_it(tmp_path, monkeypatch, caplog):
+    """Issue 30, item 6: a truncated model.safetensors or an edited config.json in the cache was trusted forever
+    (every later search failed, exit 4, without naming the cache)."""
+    monkeypatch.setenv("AUTOFIT_CACHE", str(tmp_path / "cache"))
+    config = resolve_model("tiny-qwen2").config
+    folder = probe_kit.random_checkpoint(config, "tiny-qwen2")
+    weights, settings = folder / "model.safetensors", folder / "config.json"
+    size, written = weights.stat().st_size, settings.read_text()
+    os.truncate(weights, size // 2)
+    with caplog.at_level("WARNING"):
+        assert probe_kit.random_checkpoint(config, "tiny-qwen2") == folder
+    assert weights.stat().st_size == size
+    assert f"the cache entry {folder} is damaged" in caplog.text and "model.safetensors" in caplog.text
+    caplog.clear()
+    settings.write_text(written.replace('"num_hidden_layers": 2', '"num_hidden_layers": 3'))
+    with caplog.at_level("WARNING"):
+        probe_kit.random_checkpoint(config, "tiny-qwen2")
+    assert settings.read_text() == written and "config.json was changed" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # sound: used as it is, without a word
+        probe_kit.random_checkpoint(config, "tiny-qwen2")
+    assert caplog.text == ""
+
+
 # -- slow: real probes ------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_search_after_the_cache_was_damaged_answers(tmp_path):
+    """Issue 30, item 6, end to end: a truncated checkpoint in the cache is written again by the probe that finds it,
+    and the search answers as on a fresh cache. The tests' cache (tests/conftest.py): the probe server, which may
+    have been started by an earlier test, sees the same."""
+    argv = SEARCH + ["--gpu-memory", "2GiB", "-q", "--verify-steps", "3"]
+    assert cli.main(argv + ["--out", str(tmp_path / "first")]) == 0
+    folder = probe_kit.checkpoint_folder(resolve_model("tiny-qwen2").config, "tiny-qwen2")
+    os.truncate(folder / "model.safetensors", 1000)
+    assert cli.main(argv + ["--out", str(tmp_path / "second")]) == 0
+    first, second = (json.loads((tmp_path / name / "best.json").read_text()) for name in ("first", "second"))
+    assert first["config"] == second["config"]
+    assert "is damaged" in "".join(path.read_text() for path in (tmp_path / "second").glob("probes/*/probe.log"))
+
+
+
 @pytest.mark.slow
 def test_busy_device_allowed_searches_within_what_is_free(tmp_path, monkeypatch):
     others = tmp_path / "others"

@@ -292,9 +292,10 @@ def test_each_rank_watches_its_own_gpu_for_other_processes(monkeypatch):
 def test_a_rank_left_running_by_an_earlier_search_is_killed(tmp_path):
     from autofit.core._outdir import PID_FILE, kill_orphan_probes, process_start_ticks
 
-    stray = subprocess.Popen(["sleep", "60"])
     folder = tmp_path / "probes" / "abc-2" / "rank1"
     folder.mkdir(parents=True)
+    with open(folder / "probe.log", "a") as log:  # what marks a probe of this folder: its output goes to the rank's log
+        stray = subprocess.Popen(["sleep", "60"], stdout=log, stderr=log)
     (folder / PID_FILE).write_text(json.dumps({"pid": stray.pid, "start": process_start_ticks(stray.pid)}))
     notes = kill_orphan_probes(tmp_path)
     assert stray.wait(timeout=10) == -9 and notes and f"pid {stray.pid}" in notes[0]

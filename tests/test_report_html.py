@@ -1,6 +1,7 @@
 """What the user looks at: report.html drawn from a real search (its numbers are the study's), `autofit report DIR`,
 the study's attributes as optuna-dashboard shows them, and `autofit estimate --plot`."""
 
+import html
 import json
 import re
 
@@ -139,8 +140,194 @@ def test_a_report_that_cannot_be_drawn_leaves_the_answer_standing(tmp_path, monk
 
 
 def test_report_of_a_damaged_study_is_one_line_exit_2(tmp_path, capsys):
-    (tmp_path / "best.json").write_text(json.dumps({"candidates": [], "model": "tiny-qwen2", "algo": "sft"}))
+    (tmp_path / "best.json").write_text(json.dumps({"fits": False, "candidates": [], "model": "tiny-qwen2",
+                                                    "algo": "sft", "device": "cpu"}))
     (tmp_path / "study.journal").write_text("{not json\n")
     assert cli.main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "study.journal holds no study (empty, or damaged)" in err
+
+
+def copied(searched, tmp_path):
+    """A copy of the searched folder, to edit: the module's search stays as it was."""
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(searched[0], out)
+    return out, json.loads((out / "best.json").read_text())
+
+
+# best.json files crafted by hand (issue 30, item 10): each was a traceback; each is now a one-line exit 2 that names
+# the file and the field
+CRAFTED = {
+    "search": (lambda best: best.update(search=[]), "'search' is []"),  # AttributeError: 'list' ... 'get'
+    "candidate": (lambda best: best["candidates"].__setitem__(0, 1), "'candidates[0]' is 1"),  # AttributeError
+    "model": (lambda best: best.pop("model"), "'model' is missing"),  # KeyError: 'model'
+    "peak": (lambda best: best["verified"].pop("peak_bytes"), "'verified.peak_bytes' is missing"),  # KeyError
+    "probe peak": (lambda best: best["candidates"][0].pop("peak_bytes"), "'candidates[0].peak_bytes' is missing"),
+    "speed": (lambda best: best.update(tokens_per_second="fast"), "'tokens_per_second' is \"fast\""),  # ValueError:
+    # Unknown format code 'f' for object of type 'str'
+    "steps": (lambda best: best["verified"].update(steps="<b>3</b>"), "'verified.steps' is \"<b>3</b>\""),  # drawn raw
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CRAFTED))
+def test_a_crafted_best_json_is_one_line_exit_2_naming_the_field(searched, tmp_path, capsys, name):
+    out, best = copied(searched, tmp_path)
+    edit, named = CRAFTED[name]
+    edit(best)
+    (out / "best.json").write_text(json.dumps(best))
+    (out / "report.html").unlink()
+    assert cli.main(["report", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{out / 'best.json'}: the field {named}" in err
+    assert not (out / "report.html").exists()
+
+
+PAYLOAD = "<img src=x onerror=alert(1)>"
+
+
+def string_fields(value, path=()):
+    """The path of every string in best.json, and of the names drawn as text (phases, versions)."""
+    if isinstance(value, str):
+        yield path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if path[-1:] in (("phase_peaks",), ("versions",)):
+                yield path + (("key", key),)
+            yield from string_fields(item, path + (key,))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from string_fields(item, path + (index,))
+
+
+def planted(best, path):
+    best = json.loads(json.dumps(best))
+    *outer, last = path
+    parent = best
+    for part in outer:
+        parent = parent[part]
+    if isinstance(last, tuple):  # a name: the same value under the payload's name
+        parent[PAYLOAD] = parent.pop(last[1])
+    else:
+        parent[last] = PAYLOAD
+    return best
+
+
+@pytest.mark.slow
+def test_no_value_of_best_json_is_drawn_unescaped(searched, tmp_path, capsys):
+    """An <img onerror=...> in any string of a real best.json (and in verified.steps, drawn raw before) never reaches
+    report.html as markup: the page draws it escaped, or the report refuses the file in one line. Every string at
+    once (one page: drawing is what costs), then one at a time the kinds that mark the verification run (without one
+    the page has no answer to draw) and the number that was drawn raw."""
+    out, best = copied(searched, tmp_path)
+    fields = list(string_fields(best))
+    alone = [("verified", "steps")] + [path for path in fields if path[0] == "candidates" and path[-1] == "kind"]
+    everywhere = best
+    for path in sorted((p for p in fields if p not in alone), key=lambda p: isinstance(p[-1], tuple)):  # names last
+        everywhere = planted(everywhere, path)
+
+    def report(planted_best) -> str:
+        (out / "best.json").write_text(json.dumps(planted_best))
+        (out / "report.html").unlink(missing_ok=True)
+        code = cli.main(["report", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert code in (0, 2)
+        if code == 2:
+            assert len(err.splitlines()) == 1 and "best.json: the field" in err
+            return ""
+        page = (out / "report.html").read_text()
+        assert "<img" not in page
+        return page
+
+    page = report(everywhere)
+    escaped = html.escape(PAYLOAD)
+    assert f"<title>autofit report: {escaped}</title>" in page  # drawn, as text
+    assert f"<li>{escaped}</li>" in page and f"<td class='{escaped}'>{escaped}</td>" in page  # notes, outcomes
+    assert f"{escaped} {escaped}" in page  # a library's name and version
+    assert f"&gt;{escaped}&lt;/text&gt;" not in page and f">{escaped}</text>" in page  # a phase, in the figure's text
+    for path in alone:
+        page = report(planted(best, path))
+        assert path != ("verified", "steps") or not page  # a number: refused, never drawn
+
+
+def every_path(value, path=()):
+    yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        yield from every_path(item, path + (key,))
+
+
+@pytest.mark.slow
+def test_any_field_of_best_json_replaced_is_a_page_or_one_line(searched, tmp_path, capsys):
+    """Hypothesis replaces (or removes) one field anywhere in a real best.json with any JSON value: `autofit report`
+    draws a page without the raw value's markup or refuses the file in one line, never a traceback."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    out, best = copied(searched, tmp_path)
+    paths = [path for path in every_path(best) if path]
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(),
+                        st.text(max_size=8), st.just(PAYLOAD), st.just("$\\frac{$"))
+    values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                           st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+                          max_leaves=6)
+    removed = object()
+
+    @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(path=st.sampled_from(paths), value=st.one_of(values, st.just(removed)))
+    def crafted(path, value):
+        edited = json.loads(json.dumps(best))
+        parent = edited
+        for part in path[:-1]:
+            parent = parent[part]
+        if value is removed:
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = value
+        (out / "best.json").write_text(json.dumps(edited))
+        (out / "report.html").unlink(missing_ok=True)
+        code = cli.main(["report", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert code in (0, 2), err
+        if code == 2:
+            assert len(err.splitlines()) == 1 and "best.json: the field" in err, err
+        else:
+            assert "<img" not in (out / "report.html").read_text()
+
+    crafted()
+
+
+@pytest.mark.slow
+def test_a_name_with_dollar_signs_is_drawn_as_written(searched, tmp_path, capsys):
+    """matplotlib reads text between two '$' as TeX: a phase named so was a ValueError (a traceback), not a page."""
+    out, best = copied(searched, tmp_path)
+    best["verified"]["phase_peaks"]["$\\frac{$"] = best["verified"]["peak_bytes"]
+    (out / "best.json").write_text(json.dumps(best))
+    assert cli.main(["report", str(out)]) == 0
+    assert ">$\\frac{$</text>" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_an_unreadable_study_record_is_left_out_of_the_report_with_a_warning(searched, tmp_path, capsys, caplog):
+    """A record of the study the report cannot read (here a peak that is not a number) is left out, named, as the
+    search leaves it out of its reuse; the page is drawn from the others."""
+    import optuna
+    from optuna.distributions import IntDistribution
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    out, _ = copied(searched, tmp_path)
+    storage = JournalStorage(JournalFileBackend(str(out / "study.journal")))
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    good = study.get_trials()[0]
+    attrs = {**good.user_attrs, "result": {**good.user_attrs["result"], "peak_bytes": "lots"}}
+    study.add_trial(optuna.trial.create_trial(params={"level": 0}, distributions={"level": IntDistribution(0, 9)},
+                                              value=1.0, user_attrs=attrs))
+    with caplog.at_level("WARNING", logger="autofit"):
+        assert cli.main(["report", str(out)]) == 0
+    number = len(study.get_trials()) - 1
+    assert f"study record {number} of {out / 'study.journal'} is not readable" in caplog.text
+    assert f"The study holds {number} probes in all" in (out / "report.html").read_text()

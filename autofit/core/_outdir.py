@@ -7,7 +7,11 @@
 - **Orphan probes**: every probe records its pid and the kernel's start time of its process in
   ``DIR/probes/*/pid``, and asks the kernel to kill it when its parent dies (``PR_SET_PDEATHSIG``; the parent of a
   forked probe is the probe server, which exits when the search does). A search that starts still kills any probe
-  of an earlier run that is alive (same pid and same start time, so never a process that reused the pid).
+  of an earlier run that is alive (same pid and same start time, so never a process that reused the pid) and proven
+  to be a probe of this folder: it holds this probe folder's own log open (a copied ``--out`` or a planted pid file
+  names a process that does not, and that process is left alone).
+- **The cache**: a cache folder that another user owns or every user may write to is refused here too, before any
+  probe (``autofit.core._files.cache_dir``).
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 from autofit.core._errors import InputError
-from autofit.core._files import atomic_write_text
+from autofit.core._files import atomic_write_text, cache_dir
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "search.lock"
 PID_FILE = "pid"  # in a probe's folder: its process, for the next start to end it if it outlived the search
 PHASE_FILE = "phase"  # in a probe's folder: its current phase, for the search's progress display
+LOG_FILE = "probe.log"  # in a probe's folder: its output, open in the probe for its whole life
 PR_SET_PDEATHSIG = 1
 
 
@@ -63,6 +68,7 @@ def exclusive(out_dir: Path) -> Iterator[List[str]]:
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} is a file: a folder (new or of an earlier search) is accepted")
     check_owned(out_dir)
+    cache_dir()  # refused before any probe when someone else could fill it
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / LOCK_FILE
@@ -125,7 +131,8 @@ def process_start_ticks(pid: int) -> Optional[int]:
 
 
 def record_probe_process(probe_dir: Path) -> None:
-    """In the probe: say who it is, and die with its parent.
+    """In the probe, once its output goes to ``probe_dir``'s log (what proves to ``kill_orphan_probes`` that it is
+    this folder's probe): say who it is, and die with its parent.
 
     A probe forked by the probe server inherits the write end of the pipe through which the server learns that
     the search has gone (it exits when every copy is closed); a probe that kept it would keep the server, its
@@ -148,14 +155,37 @@ def record_probe_process(probe_dir: Path) -> None:
 
 
 def kill_orphan_probes(out_dir: Path) -> List[str]:
+    """Kill every probe of this folder that an earlier search left alive. A pid file is only a claim (copied with
+    the folder, or planted): the process it names is killed only when it is the process that started then (pid and
+    start time) and it is writing to this very probe folder's log (``writes_probe_log``)."""
     notes = []
     probes = out_dir / "probes"
     for pid_file in sorted([*probes.glob(f"*/{PID_FILE}"), *probes.glob(f"*/rank*/{PID_FILE}")]):  # every rank
         seen = _read_json(pid_file)
         pid, start = seen.get("pid"), seen.get("start")
-        if isinstance(pid, int) and start is not None and process_start_ticks(pid) == start:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            notes.append(f"killed probe pid {pid} ({pid_file.parent.name}), left running by an earlier search")
+        if isinstance(pid, int) and pid > 1 and pid != os.getpid() and start is not None \
+                and process_start_ticks(pid) == start:
+            if writes_probe_log(pid, pid_file.parent):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                notes.append(f"killed probe pid {pid} ({pid_file.parent.name}), left running by an earlier search")
+            else:
+                log.info("%s names pid %d, which is not a probe of %s: left alone", pid_file, pid, out_dir)
         pid_file.unlink(missing_ok=True)
     return notes
+
+
+def writes_probe_log(pid: int, probe_dir: Path) -> bool:
+    """Whether process ``pid`` holds ``probe_dir``'s own log open: every probe writes its output there from its
+    first line (``autofit.probe._worker.child_main``), and no process of another folder or another program does.
+    The kernel names an open file by its real path, so a copy of the folder, or a link to it, is another file."""
+    wanted = os.path.realpath(probe_dir / LOG_FILE)
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in descriptors:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == wanted:
+                return True
+    return False

@@ -161,9 +161,9 @@ def usage(algo: str, offload: Optional[str] = None, written: Tuple[str, ...] = (
 
 
 def _scalar(value: Any) -> str:
-    """One YAML line: strings as double-quoted JSON (escapes keep a newline in a value from starting a key)."""
-    if isinstance(value, str):
-        return json.dumps(value)
+    """One YAML line: strings double-quoted, in UTF-8; escaped (JSON's, YAML's \\U) only what cannot stand as it is."""
+    if isinstance(value, str):  # an emoji as it is: JSON's \ud83d\ude80 load in YAML as two lone surrogates
+        return "".join(c if c.isprintable() else f"\\U{ord(c):08x}" for c in json.dumps(value, ensure_ascii=False))
     return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip().removesuffix("...").strip()
 
 

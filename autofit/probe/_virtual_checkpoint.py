@@ -23,6 +23,8 @@ import struct
 from pathlib import Path
 from typing import Dict, Iterator, Optional
 
+from autofit.core import atomic_write_text
+
 log = logging.getLogger(__name__)
 
 MARKER = ".autofit-virtual"  # beside config.json: the folder's weights are a hole, to be filled on load
@@ -71,7 +73,7 @@ def write(hf_config, folder: Path, trust_remote_code: bool = False) -> Dict[str,
         model.save_pretrained(folder, max_shard_size=SHARD_SIZE)
     finally:
         modeling_utils.safe_save_file = original
-    (Path(folder) / MARKER).write_text(json.dumps(written) + "\n")
+    atomic_write_text(Path(folder) / MARKER, json.dumps(written) + "\n")
     return written
 
 
@@ -91,7 +93,8 @@ def write_sparse_safetensors(tensors, filename, metadata: Optional[Dict[str, str
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data region starts 8-byte aligned, as safetensors writes it
-    with open(filename, "wb") as handle:
+    fd = os.open(filename, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)  # no link
+    with os.fdopen(fd, "wb") as handle:
         handle.write(struct.pack("<Q", len(encoded)))
         handle.write(encoded)
         handle.truncate(8 + len(encoded) + offset)

@@ -3,26 +3,31 @@
 Random weights by default: peak memory does not depend on weight values. A checkpoint of the configuration (its
 weights a hole in the file, see ``autofit.probe._virtual_checkpoint``, plus a synthesized tokenizer) is written once per
 configuration to a cache folder, so TRL loads the model from a path exactly as ``trl sft --model_name_or_path``
-would, quantization included; the probe fills the loaded weights with finite values.
+would, quantization included; the probe fills the loaded weights with finite values. Each such entry is checked on
+every use (its manifest, written last: what it was built from, each file's size and digest, each safetensors file's
+length against its header) and written again, into a new folder that replaces it, when it is not what was written.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from autofit.core import Candidate, cache_dir, resolve_model
+from autofit.core import Candidate, one_line, resolve_model
+from autofit.core._files import cache_entry, cache_subfolder, entry_problem
 from autofit.probe import _virtual_checkpoint as virtual_checkpoint
 
 log = logging.getLogger(__name__)
+ENTRY_FORMAT = 2  # how a cache entry is laid out (2: a manifest written last); another value builds every entry again
 
 
 def special_token_ids(config: Dict) -> Dict[str, int]:
@@ -79,22 +84,29 @@ def model_path(candidate: Candidate) -> str:
 
 
 def checkpoint_folder(config: Dict, name: str) -> Path:
-    return cache_dir() / "weightless-checkpoints" / f"{name.replace('/', '--')}-{_config_hash(config)}"
+    """The cache entry of ``name``'s checkpoint (the end of a long local path is enough to tell it apart: the hash
+    of the configuration does the rest, and a folder name has at most 255 bytes)."""
+    tail = name.replace("/", "--").encode()[-80:].decode(errors="ignore")
+    return cache_subfolder("weightless-checkpoints") / f"{tail}-{_config_hash(config)}"
+
+
+def _entry_key(config: Dict, kind: str) -> str:
+    """What a cache entry was built from: the configuration, the kind of checkpoint and the transformers that wrote
+    it. Checked on every use (``autofit.core._files.cache_entry``), with each file's size and digest."""
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        version = "none"
+    key = {"config": config, "kind": kind, "transformers": version, "format": ENTRY_FORMAT}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def random_checkpoint(config: Dict, name: str, code_from: Optional[str] = None) -> Path:
-    """Write (once, under a lock) a weightless checkpoint and a synthesized tokenizer. ``code_from``: the
-    folder (or hub id) of a model that runs its own code (``--trust-remote-code``); its code goes along."""
-    folder = checkpoint_folder(config, name)
-    if (folder / ".complete").exists():
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / ".complete").exists():
-            _write_random_checkpoint(config, folder, code_from)
-            (folder / ".complete").touch()
-    return folder
+    """Write (once, under a lock, into a new folder that then takes its place) a weightless checkpoint and a
+    synthesized tokenizer; an entry found damaged is written again. ``code_from``: the folder (or hub id) of a model
+    that runs its own code (``--trust-remote-code``); its code goes along."""
+    return cache_entry(checkpoint_folder(config, name), _entry_key(config, "weightless"),
+                       lambda folder: _write_random_checkpoint(config, folder, code_from))
 
 
 def _write_random_checkpoint(config: Dict, folder: Path, code_from: Optional[str] = None) -> None:
@@ -124,7 +136,10 @@ def trainable_checkpoint(config: Dict, name: str) -> Path:
     training run after the search: written once, beside the weightless one the probes load, by a child process
     (the search process never imports torch)."""
     folder = checkpoint_folder(config, name + "-filled")
-    if not (folder / ".complete").exists():
+    problem = entry_problem(folder, _entry_key(config, "filled"))
+    if problem is not None:
+        if os.path.lexists(folder):
+            log.warning("the cache entry %s is damaged (%s): building it again", one_line(folder), problem)
         done = subprocess.run([sys.executable, "-c", "import sys; from autofit.probe import kit as probe_kit; "
                                "from autofit.core._registry import resolve_model; probe_kit.write_trainable_checkpoint("
                                "resolve_model(sys.argv[1]).config, sys.argv[1])", name], capture_output=True, text=True)
@@ -135,20 +150,17 @@ def trainable_checkpoint(config: Dict, name: str) -> Path:
 
 
 def write_trainable_checkpoint(config: Dict, name: str) -> Path:
-    from transformers import AutoModelForCausalLM
-
     source = random_checkpoint(config, name)
-    folder = checkpoint_folder(config, name + "-filled")
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / ".complete").exists():
-            with virtual_checkpoint.fill_on_load():
-                model = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
-            model.save_pretrained(folder)
-            synthesize_tokenizer(config).save_pretrained(folder)
-            (folder / ".complete").touch()
-    return folder
+
+    def build(folder: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        with virtual_checkpoint.fill_on_load():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
+        model.save_pretrained(folder)
+        synthesize_tokenizer(config).save_pretrained(folder)
+
+    return cache_entry(checkpoint_folder(config, name + "-filled"), _entry_key(config, "filled"), build)
 
 
 def load_tokenizer(candidate: Candidate, **kwargs):

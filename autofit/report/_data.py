@@ -5,13 +5,16 @@ torch, no plotting."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from autofit.core import Candidate, InputError
-from autofit.search import STUDY_FILE
+from autofit.core import Candidate, InputError, one_line
+from autofit.search import STUDY_FILE, quiet_optuna
+
+log = logging.getLogger(__name__)
 
 LENGTH_POINTS = 12
 
@@ -39,7 +42,7 @@ class ReportData:
 
     @property
     def axis(self) -> str:
-        return "max_length" if self.best.get("search", {}).get("maximize") == "length" else "micro_batch"
+        return "max_length" if (self.best.get("search") or {}).get("maximize") == "length" else "micro_batch"
 
     def level_label(self, level: int) -> str:
         rungs = next((p.candidate.rungs for p in self.probes if p.level == level), ())
@@ -57,30 +60,114 @@ def read_best(out_dir: Path) -> Dict[str, Any]:
         raise InputError(f"{path} cannot be read ({type(exc).__name__}: {exc}): run the search again") from None
     if not isinstance(data, dict) or "candidates" not in data:
         raise InputError(f"{path} is not a best.json written by autofit search")
+    check_best(data, path)
     return data
 
 
-def read_probes(out_dir: Path, study_name: Optional[str]) -> List[Probe]:
-    """Every finished probe of the study, in the order they ran."""
-    import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+# best.json as the report reads it: every field it draws, of the type a search writes. Anything else is refused
+# (exit 2, naming the field) before a page is drawn; what passes is still escaped where it is drawn.
+MAX_BYTES = 2**64  # far beyond any device: a count of bytes above it is not a measurement
+MAX_EFFECTIVE_BATCH = 2**20  # the report's curves visit every divisor of the effective batch
+MAX_PHASES = 64  # one bar each in the phase figure
 
+
+def _integer(value: Any, low: int = 0, high: int = MAX_BYTES) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 <= value <= MAX_BYTES)
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _peaks(value: Any) -> bool:
+    return (isinstance(value, dict) and len(value) <= MAX_PHASES
+            and all(isinstance(name, str) and _number(peak) for name, peak in value.items()))
+
+
+TEXT, TEXTS = (lambda v: isinstance(v, str), "a string"), (_texts, "a list of strings")
+BYTES, NUMBER = (_integer, "a whole number of bytes"), (_number, "a finite number, not negative")
+OBJECT, LIST = (lambda v: isinstance(v, dict), "an object"), (lambda v: isinstance(v, list), "a list")
+ALWAYS, FITS, MAY = "always", "fits", "may"  # a field is always written, written when it fits, or may be null
+# field: (check, what is expected, when it must be there); dotted names are fields of the object named before
+BEST_FIELDS: Dict[str, Tuple[Any, str, str]] = {
+    "fits": (lambda v: isinstance(v, bool), "true or false", ALWAYS),
+    "model": (*TEXT, ALWAYS), "algo": (*TEXT, ALWAYS), "device": (*TEXT, ALWAYS), "gpu": (*TEXT, MAY),
+    "candidates": (*LIST, ALWAYS), "skipped": (*LIST, MAY),
+    "budget_bytes": (*BYTES, MAY), "smallest_oom_peak_bytes": (*BYTES, MAY),
+    "margin": (lambda v: _number(v) and v < 1, "a fraction of the budget, from 0 to 1", MAY),
+    "tokens_per_second": (*NUMBER, FITS), "rungs": (*TEXTS, FITS), "trades": (*TEXTS, MAY), "notes": (*TEXTS, MAY),
+    "versions": (lambda v: isinstance(v, dict) and all(x is None or isinstance(x, str) for x in v.values()),
+                 "an object of versions (strings or null)", MAY),
+    "memory_model": (*OBJECT, MAY), "search": (*OBJECT, MAY), "study": (*OBJECT, MAY), "verified": (*OBJECT, FITS),
+    "search.maximize": (*TEXT, MAY),
+    "search.effective_batch": (lambda v: _integer(v, 1, MAX_EFFECTIVE_BATCH),
+                               f"a whole number from 1 to {MAX_EFFECTIVE_BATCH}", MAY),
+    "study.name": (*TEXT, MAY),
+    "verified.steps": (lambda v: _integer(v, 1), "a whole number of steps, at least 1", FITS),
+    "verified.peak_bytes": (*BYTES, FITS),
+    "verified.phase_peaks": (_peaks, f"an object of at most {MAX_PHASES} phases and their peaks in bytes", MAY),
+}
+RECORD_FIELDS: Dict[str, Dict[str, Tuple[Any, str, str]]] = {  # each item of these lists
+    "candidates": {"kind": (*TEXT, ALWAYS), "rungs": (*TEXTS, ALWAYS), "candidate": (*TEXT, ALWAYS),
+                   "outcome": (*TEXT, ALWAYS), "peak_bytes": (*BYTES, ALWAYS), "predicted_bytes": (*NUMBER, MAY),
+                   "tokens_per_second": (*NUMBER, ALWAYS)},
+    "skipped": {"rungs": (*TEXTS, ALWAYS), "candidate": (*TEXT, ALWAYS), "predicted_bytes": (*NUMBER, ALWAYS)},
+}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_fields(data: Dict[str, Any], fields: Dict[str, Tuple[Any, str, str]], path: Path, prefix: str,
+                  fits: bool = False) -> None:
+    for name, (check, expected, when) in fields.items():
+        parent: Any = data
+        *outer, key = name.split(".")
+        for part in outer:
+            parent = parent.get(part) or {}  # checked to be an object (or absent) before its fields
+        if parent.get(key) is None:
+            if when == ALWAYS or (when == FITS and fits):
+                raise InputError(f"{path}: the field '{prefix}{name}' is {'null' if key in parent else 'missing'}"
+                                 f"{' although fits is true' if when == FITS else ''}: not what autofit search "
+                                 "writes (run the search again)")
+            continue
+        if not check(parent[key]):
+            raise InputError(f"{path}: the field '{prefix}{name}' is {_shown(parent[key])}, not what autofit "
+                             f"search writes ({expected}): run the search again")
+
+
+def check_best(data: Dict[str, Any], path: Path) -> None:
+    """Refuse a best.json (``path``) whose fields the report draws are not what a search writes: an InputError
+    naming the file and the field."""
+    _check_fields(data, {"fits": BEST_FIELDS["fits"]}, path, "")
+    _check_fields(data, BEST_FIELDS, path, "", fits=data["fits"])
+    for list_name, fields in RECORD_FIELDS.items():
+        for index, record in enumerate(data.get(list_name) or []):
+            if not isinstance(record, dict):
+                raise InputError(f"{path}: the field '{list_name}[{index}]' is {_shown(record)}, not what autofit "
+                                 "search writes (an object): run the search again")
+            _check_fields(record, fields, path, f"{list_name}[{index}].")
+    if data["fits"] and not any(record["kind"] == "verify" for record in data["candidates"]):
+        raise InputError(f"{path}: the field 'candidates' holds no verification run although fits is true: not "
+                         "what autofit search writes (run the search again)")
+
+
+def read_probes(out_dir: Path, study_name: Optional[str]) -> List[Probe]:
+    """Every finished probe of the study, in the order they ran (a record the report cannot read is left out, with a
+    warning, as the search leaves it out of its reuse)."""
     path = out_dir / STUDY_FILE
     if not path.is_file():
         raise InputError(f"{path} does not exist: the report is drawn from the study a search leaves there")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        storage = JournalStorage(JournalFileBackend(str(path)))
-        names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
-        if study_name not in names:
-            if not names:
-                raise InputError(f"{path} holds no study (empty, or damaged): run the search again to write a report")
-            if len(names) > 1:
-                raise InputError(f"{path} holds {len(names)} studies and best.json names none of them: run the "
-                                 "search again to write a report")
-            study_name = names[0]
-        trials = optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False)
+        with quiet_optuna():  # the caller's verbosity is left as found (fit() draws the report after its search)
+            trials = _trials(path, study_name)
     except InputError:
         raise
     except (ValueError, KeyError, TypeError) as exc:  # a damaged journal (JSONDecodeError is a ValueError)
@@ -91,14 +178,41 @@ def read_probes(out_dir: Path, study_name: Optional[str]) -> List[Probe]:
         result, candidate = trial.user_attrs.get("result"), trial.user_attrs.get("candidate")
         if not result or not candidate:
             continue  # interrupted: no result
-        probes.append(Probe(
-            number=trial.number, level=int(trial.params.get("level", 0)), kind=trial.user_attrs.get("kind", "probe"),
-            candidate=Candidate.from_dict(candidate), outcome=result.get("outcome", "?"),
-            peak_bytes=int(result.get("peak_bytes") or 0),
-            tokens_per_second=float(result.get("tokens_per_second") or 0),
-            phase_peaks={k: int(v) for k, v in (result.get("phase_peaks") or {}).items()},
-        ))
+        try:
+            probe = Probe(
+                number=trial.number, level=int(trial.params.get("level", 0)),
+                kind=str(trial.user_attrs.get("kind", "probe")), candidate=Candidate.from_dict(candidate),
+                outcome=str(result.get("outcome", "?")), peak_bytes=int(result.get("peak_bytes") or 0),
+                tokens_per_second=float(result.get("tokens_per_second") or 0),
+                phase_peaks={str(k): int(v) for k, v in (result.get("phase_peaks") or {}).items()},
+            )
+            sizes = (probe.candidate.micro_batch, probe.candidate.grad_accum, probe.candidate.max_length)
+            if not all(_integer(size, 1) for size in sizes) or not _number(probe.tokens_per_second) \
+                    or not _integer(probe.peak_bytes):
+                raise ValueError(f"sizes {sizes}, peak {probe.peak_bytes}, {probe.tokens_per_second} tokens/s")
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+            log.warning("study record %d of %s is not readable (%s): the report leaves it out", trial.number, path,
+                        one_line(exc))
+            continue
+        probes.append(probe)
     return probes
+
+
+def _trials(path: Path, study_name: Optional[str]) -> List[Any]:
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(path)))
+    names = [summary.study_name for summary in optuna.get_all_study_summaries(storage)]
+    if study_name not in names:
+        if not names:
+            raise InputError(f"{path} holds no study (empty, or damaged): run the search again to write a report")
+        if len(names) > 1:
+            raise InputError(f"{path} holds {len(names)} studies and best.json names none of them: run the "
+                             "search again to write a report")
+        study_name = names[0]
+    return optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False)
 
 
 def gather(out_dir: Path) -> ReportData:
@@ -113,8 +227,9 @@ def gather(out_dir: Path) -> ReportData:
             if ledger is not None:
                 from autofit.memory_model import TERMS
 
-                data.ledger = {term: float(getattr(ledger, term)) for term in TERMS}
-                data.ledger_phase = ledger.phase
+                terms = {term: float(getattr(ledger, term)) for term in TERMS}
+                if all(math.isfinite(value) for value in terms.values()):  # a crafted model predicts inf or nan
+                    data.ledger, data.ledger_phase = terms, str(ledger.phase)
     return data
 
 
@@ -126,7 +241,7 @@ def _calibration(best: Dict[str, Any]):
 
     try:
         return Calibration.from_dict(stored)
-    except (TypeError, ValueError, AttributeError, KeyError):
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError):
         return None
 
 
@@ -135,7 +250,7 @@ def _predict(calibration, candidate: Candidate):
 
     try:
         return predict_calibrated(candidate, calibration, calibration.shape)
-    except (KeyError, ValueError, ZeroDivisionError, TypeError, AttributeError):
+    except (KeyError, ValueError, ZeroDivisionError, TypeError, AttributeError, OverflowError):
         return None
 
 
@@ -151,7 +266,7 @@ def _chosen(data: ReportData) -> Optional[Candidate]:
 def _curves(data: ReportData, calibration) -> Dict[int, List[Tuple[int, float]]]:
     """The calibrated model along the searched axis, for each level probed (its last probe as the template)."""
     curves = {}
-    effective = data.best.get("search", {}).get("effective_batch") or 1
+    effective = (data.best.get("search") or {}).get("effective_batch") or 1
     for level in sorted({p.level for p in data.probes if p.kind == "probe"}):
         template = [p.candidate for p in data.probes if p.kind == "probe" and p.level == level][-1]
         if data.axis == "micro_batch":

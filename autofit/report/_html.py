@@ -28,6 +28,7 @@ code { background: #f4f4f4; padding: 0 0.2rem; } .answer { font-size: 1.05rem; b
 
 
 def _e(value) -> str:
+    """Every value drawn into the page goes through here: best.json and the study are files anyone can edit."""
     return html.escape(str(value))
 
 
@@ -46,7 +47,7 @@ def answer_section(data: ReportData) -> List[str]:
         speed = best.get("tokens_per_second") or 0
         parts.append(f"<p class='answer'>Best: <b>{_e(verify['candidate'])}</b> [{_e(rungs)}], verified peak "
                      f"<b>{_e(_size(best['verified']['peak_bytes']))}</b> of {_e(_size(budget))} over "
-                     f"{best['verified']['steps']} steps, {speed:,.0f} tokens/s. "
+                     f"{_e(best['verified']['steps'])} steps, {_e(f'{speed:,.0f}')} tokens/s. "
                      f"Written to <code>best.yaml</code> and <code>best.json</code>.</p>")
         trades = best.get("trades") or []
         parts.append("<h2>What each rung cost</h2>")
@@ -109,11 +110,12 @@ def probes_section(data: ReportData) -> List[str]:
     for index, record in enumerate(data.best.get("candidates", []), 1):
         outcome = record["outcome"]
         rows.append(
-            f"<tr><td>{index}</td><td>{_e(record['kind'])}</td><td>{_e('+'.join(record['rungs']) or 'baseline')}</td>"
+            f"<tr><td>{_e(index)}</td><td>{_e(record['kind'])}</td>"
+            f"<td>{_e('+'.join(record['rungs']) or 'baseline')}</td>"
             f"<td>{_e(record['candidate'])}</td><td class='{_e(outcome)}'>{_e(outcome)}</td>"
-            f"<td class='num'>{_e(_size(record['peak_bytes']))}</td>"
+            f"<td class='num'>{_e(_size(record.get('peak_bytes')))}</td>"
             f"<td class='num'>{_e(_size(record.get('predicted_bytes')))}</td>"
-            f"<td class='num'>{record['tokens_per_second'] or 0:,.0f}</td></tr>")
+            f"<td class='num'>{_e(format(record.get('tokens_per_second') or 0, ',.0f'))}</td></tr>")
     skipped = data.best.get("skipped") or []
     parts = ["<h2>Every probe of this run</h2>", f"<table>{head}{''.join(rows)}</table>"]
     if skipped:
@@ -121,7 +123,7 @@ def probes_section(data: ReportData) -> List[str]:
             f"{_e(s['candidate'])} [{_e('+'.join(s['rungs']) or 'baseline')}] "
             f"predicted {_e(_size(s['predicted_bytes']))}"
             for s in skipped) + ".</p>")
-    parts.append(f"<p>The study holds {len(data.probes)} probes in all. Browse them with "
+    parts.append(f"<p>The study holds {_e(len(data.probes))} probes in all. Browse them with "
                  f"<code>optuna-dashboard {_e(data.out_dir / STUDY_FILE)}</code>.</p>")
     return parts
 

@@ -12,6 +12,12 @@ COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da
           "#64b5cd"]
 
 
+def plain(text: str) -> str:
+    """A label as written: matplotlib reads text between two '$' as TeX math (and fails on what does not parse).
+    Labels come from best.json and the study; the SVG writer escapes '<' and '&' itself."""
+    return str(text).replace("$", r"\$")
+
+
 def unit_for(budget: Optional[float]) -> Tuple[str, float]:
     return ("GiB", 2**30) if budget and budget >= 2 * 2**30 else ("MiB", 2**20)
 
@@ -58,7 +64,7 @@ def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float]
             points = [(x, peak) for x, peak, kind in level["points"] if kind == outcome]
             if points:
                 axes.scatter([x for x, _ in points], [peak / scale for _, peak in points], marker=marker, color=color,
-                             label=f"{level['label']} ({outcome})", zorder=3)
+                             label=plain(f"{level['label']} ({outcome})"), zorder=3)
     _budget_lines(axes, budget, margin, scale, unit)
     measured = [peak for level in series for _, peak, _ in level["points"]]
     if budget and measured:  # the curves run far past the budget at large batches: keep the budget's region in view
@@ -83,7 +89,7 @@ def phases_figure(phase_peaks: Dict[str, float], budget: Optional[float], margin
     unit, scale = unit_for(budget)
     figure, axes = _figure(height=max(2.0, 0.35 * len(phase_peaks) + 1.2))
     names = list(phase_peaks)
-    axes.barh(names, [phase_peaks[name] / scale for name in names], color=COLORS[0])
+    axes.barh([plain(name) for name in names], [phase_peaks[name] / scale for name in names], color=COLORS[0])
     axes.invert_yaxis()  # in the order the step goes through them
     _budget_lines(axes, budget, margin, scale, unit, vertical=True)
     axes.set_xlabel(f"peak ({unit})")
@@ -96,7 +102,7 @@ def ledger_figure(rows: Sequence[Tuple[str, Dict[str, float]]], budget: Optional
     """Stacked bars of the memory model's terms: one bar per row (a ladder level, or the chosen configuration)."""
     unit, scale = unit_for(budget)
     figure, axes = _figure(width=9.5, height=max(2.4, 0.4 * len(rows) + 1.8))
-    labels = [label for label, _ in rows]
+    labels = [plain(label) for label, _ in rows]
     left = [0.0] * len(rows)
     for index, (_, name, terms) in enumerate(TERM_GROUPS):
         widths = [sum(ledger.get(term, 0.0) for term in terms) / scale for _, ledger in rows]
@@ -121,7 +127,7 @@ def throughput_figure(fits: Sequence[Tuple[str, float, float]], chosen: Optional
     mine = [(peak, speed) for label, peak, speed in fits if label == chosen]
     if mine:
         axes.scatter([p / scale for p, _ in mine], [s for _, s in mine], color=COLORS[3], marker="*", s=160,
-                     label=f"chosen: {chosen}", zorder=3)
+                     label=plain(f"chosen: {chosen}"), zorder=3)
     _budget_lines(axes, budget, 0.0, scale, unit, vertical=True)
     axes.set_xlabel(f"peak ({unit})")
     axes.set_ylabel("tokens/s")

@@ -151,7 +151,7 @@ def read_user_config(path: str, algo: str) -> UserConfig:
                          f"not of '{algo}'")
     file = Path(path)
     try:
-        text = file.read_text()
+        text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"--config {path}: cannot be read ({type(exc).__name__}: {one_line(exc)})") from None
     key = (str(file.resolve()), algo, hashlib.sha1(text.encode()).hexdigest())
