@@ -3,6 +3,8 @@ probes it costs, what it stores. Every expectation is derived from the formula, 
 
 from __future__ import annotations
 
+import io
+import json
 import tempfile
 from pathlib import Path
 from typing import List, Optional
@@ -498,17 +500,50 @@ def test_optuna_study_records_one_trial_per_probe(tmp_path):
         outcome = call.result.outcome
         if outcome is Outcome.OOM:
             assert trial.state is TrialState.COMPLETE
-            assert trial.constraints["peak_minus_budget"] == call.result.peak_bytes - spec.budget_bytes > 0
+            assert list(trial.constraints.values()) == [call.result.peak_bytes - spec.budget_bytes] and \
+                call.result.peak_bytes > spec.budget_bytes
         elif outcome is Outcome.OK:
             assert trial.state is TrialState.COMPLETE
             assert trial.value == call.result.tokens_per_second
-            assert trial.constraints["peak_minus_budget"] <= 0
+            assert list(trial.constraints.values())[0] <= 0
         else:
             assert trial.state is TrialState.FAIL
     assert report.fits
 
 
 # -- regressions: bugs found by these tests and fixed ----------------------------------------------------------
+def test_optuna_dashboard_shows_out_of_memory_as_infeasible_and_names_the_objective(tmp_path):
+    """The dashboard users install today (0.21) reads the study as autofit means it, through its own HTTP API."""
+    dashboard = pytest.importorskip("optuna_dashboard")
+    spec = make_spec(tmp_path, 350 * MiB)
+    _, runner = run(spec)
+    assert {c.result.outcome for c in runner.calls} >= {Outcome.OK, Outcome.OOM}
+
+    app = dashboard.wsgi(str(tmp_path / STUDY_FILE))
+
+    def get(path: str) -> dict:
+        statuses: List[str] = []
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "localhost",
+                   "SERVER_PORT": "80", "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO()}
+        body = b"".join(app(environ, lambda status, headers, *_: statuses.append(status)))
+        assert statuses == ["200 OK"], (path, statuses, body[:300])
+        return json.loads(body)
+
+    (summary,) = get("/api/studies")["study_summaries"]
+    name = summary["study_name"]
+    assert name == spec.study_name() and name.startswith("sft ") and "350.00 MiB" in name and "|" not in name
+    detail = get(f"/api/studies/{summary['study_id']}")
+    assert detail["objective_names"] == ["tokens/s"]
+    trials = sorted(detail["trials"], key=lambda t: t["number"])
+    assert len(trials) == len(runner.calls)
+    for trial, call in zip(trials, runner.calls, strict=True):
+        infeasible = any(value > 0 for value in trial["constraints"])  # the dashboard's own test of feasibility
+        assert trial["state"] == "Complete"
+        assert infeasible == (call.result.outcome is Outcome.OOM), (trial["number"], call.result.outcome)
+    attrs = {attr["key"]: attr["value"] for attr in detail["user_attrs"]}
+    assert attrs["question"] == spec.question_key()
+
+
 def test_rerun_with_more_verify_steps_verifies_again(tmp_path):
     first, _ = run(make_spec(tmp_path, 350 * MiB, verify_steps=10))
     assert first.verified.steps == 10

@@ -69,7 +69,7 @@ def test_the_files_run_is_the_baseline_and_flags_override_the_file(sft_file):
     assert baseline.optim == "adafactor" and baseline.checkpointing  # TRL's default: on, as `trl sft` would run it
     assert (baseline.micro_batch, baseline.grad_accum, baseline.max_length) == (8, 1, 64)
     assert dict(baseline.user_args) == {"learning_rate": 3e-5, "weight_decay": 0.05}
-    assert "baseline=" in spec.study_name()  # another file, another study
+    assert "baseline=" in spec.question_key()  # another file, another study
 
 
 @pytest.mark.parametrize("content, named", [

@@ -4,6 +4,7 @@ budget and the GPUs first). Every bad value raises ``InputError`` with one line 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -13,6 +14,7 @@ from autofit.core._candidate import RL_ALGOS, LoraSettings
 from autofit.core._compat import checkpointing_field
 from autofit.core._errors import InputError
 from autofit.core._options import AUTO_VERIFY, DEVICES, SearchOptions, ladder_names
+from autofit.core._sizes import format_size
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +166,15 @@ class SearchSpec:
         return int(steps), int(steps), None
 
     def study_name(self) -> str:
-        """Same question, same study: running the same command again resumes it."""
+        """Same question, same study: running the same command again resumes it. Readable where Optuna's tools list
+        studies (the algorithm, model, budget and batch), with a digest of the whole question (``question_key``)."""
+        o = self.options
+        budget = format_size(self.budget_bytes) if self.budget_bytes is not None else "no budget"
+        digest = hashlib.sha256(self.question_key().encode()).hexdigest()[:10]
+        return f"{o.algo} {o.model} on {self.device} {budget}, effective batch {o.effective_batch} [{digest}]"
+
+    def question_key(self) -> str:
+        """Every setting that changes what a probe measures or which configuration is chosen."""
         o = self.options
         parts = [
             o.algo, o.model, self.device, str(self.budget_bytes), str(self.max_length), str(self.min_length),

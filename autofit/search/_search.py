@@ -61,7 +61,7 @@ class Search:
         self.ladder_len = len(self.levels)  # levels past it are rebuilt without a rung (autofit.search._pruning)
         self.store = store or ProbeStore(spec.options.out_dir, spec.study_name(), spec.budget_bytes,
                                          self.ladder_len + REBUILT_LEVELS, spec.options.effective_batch,
-                                         spec.max_length, measured_on(spec))
+                                         spec.max_length, measured_on(spec), spec.question_key())
         self.report = SearchReport(spec, self.levels, ladder_len=self.ladder_len)
         self.report.notes.extend(getattr(self.store, "notes", []))
         self.report.notes.extend(unavailable)

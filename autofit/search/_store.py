@@ -1,8 +1,8 @@
 """Probe results kept in an Optuna study on disk: one trial per probe, so a search resumes where it stopped.
 
 OOM is not a failure: the trial completes with a positive constraint value (peak - budget), which is what
-Optuna's constrained samplers read. Crashes and time-outs are FAIL trials. A probe that was interrupted leaves a
-RUNNING trial without a result; it is not reused and runs again.
+Optuna's constrained samplers read and optuna-dashboard draws as infeasible. Crashes and time-outs are FAIL trials.
+A probe that was interrupted leaves a RUNNING trial without a result; it is not reused and runs again.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ import logging
 import os
 import signal
 import threading
+import warnings
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 import optuna
 from optuna.distributions import BaseDistribution, IntDistribution
+from optuna.exceptions import ExperimentalWarning
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
@@ -37,6 +39,9 @@ from autofit.core import (
 log = logging.getLogger(__name__)
 
 STUDY_FILE = "study.journal"
+OBJECTIVE = "tokens/s"  # each trial's value: measured throughput, 0 when the probe does not fit
+CONSTRAINTS_ATTR = "constraints"  # the trial system attribute Optuna and optuna-dashboard read constraints from
+CONSTRAINT_MEANING = "peak bytes minus the budget: above 0 is out of memory"
 # Outcomes an earlier run's result is reused for. A crash or a time-out may have a cause that has been fixed since
 # (or a longer --probe-timeout), so those probes run again.
 REUSABLE = (Outcome.OK, Outcome.OOM, Outcome.INVALID)
@@ -126,11 +131,12 @@ def measured_on(spec: SearchSpec) -> str:
 
 class ProbeStore:
     def __init__(self, out_dir: Path, study_name: str, budget_bytes: Optional[int], levels: int, max_batch: int,
-                 max_length: int, fingerprint: str = ""):
+                 max_length: int, fingerprint: str = "", question: str = ""):
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         self.notes: List[str] = []
         self.fingerprint = fingerprint
         self.study = self._open(Path(out_dir) / STUDY_FILE, study_name)
+        self._label(question)
         self.budget_bytes = budget_bytes
         self.distributions: Dict[str, BaseDistribution] = {
             "level": IntDistribution(0, max(levels - 1, 0)),
@@ -180,6 +186,17 @@ class ProbeStore:
                                  "start the search over") from None
         raise AssertionError("unreachable")
 
+    def _label(self, question: str) -> None:
+        """What optuna-dashboard shows beside the study's values: the objective's name and the whole question."""
+        if self.study.metric_names is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                self.study.set_metric_names([OBJECTIVE])
+        if question and self.study.user_attrs.get("question") != question:
+            self.study.set_user_attr("question", question)
+        if "constraint" not in self.study.user_attrs:
+            self.study.set_user_attr("constraint", CONSTRAINT_MEANING)
+
     @property
     def probes_total(self) -> int:
         """Probes recorded in the study, those of earlier (interrupted) runs included."""
@@ -222,7 +239,8 @@ class ProbeStore:
             over = result.peak_bytes - self.budget_bytes
             if result.outcome is Outcome.OOM:
                 over = max(over, 1)
-            trial.set_constraint("peak_minus_budget", float(over))
+            # Optuna's first format, a list: optuna-dashboard (0.21) reads only that, and Optuna reads both.
+            trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [float(over)])
         if result.outcome in (Outcome.OK, Outcome.OOM):
             self.study.tell(trial, result.tokens_per_second if result.fits else 0.0)
         else:
