@@ -238,6 +238,30 @@ def test_speed_class_fastest_measured_fit_wins(tmp_path, ckpt_speed, expect_ckpt
     assert all(c.optim is None for c in probed)
 
 
+@pytest.mark.parametrize("ckpt_speed", [0.7, 1.3])
+def test_quality_class_drops_checkpointing_that_buys_no_larger_micro_batch_whatever_the_timing(tmp_path, ckpt_speed):
+    """Issue 31, item 5: at a quality level that fits the whole batch with and without checkpointing, checkpointing
+    only recomputes; a timed step that says otherwise (ckpt_speed 1.3: noise) does not keep it."""
+    formula = FormulaRunner(0)
+    spec0 = make_spec(tmp_path, 1)
+    top = dict(dtype="bfloat16")
+    budget = formula.peak_bytes(cand(spec0, spec0.options.effective_batch, **top))
+    spec = make_spec(tmp_path, budget)
+    runner = FormulaRunner(spec.budget_bytes, ckpt_speed=ckpt_speed)
+    # From the formula: the speed class has no fit; bf16 fits the whole batch, with checkpointing or without.
+    assert largest_fitting(runner, spec, checkpointing=True) is None
+    plain = largest_fitting(runner, spec, **top)
+    ckpt = largest_fitting(runner, spec, checkpointing=True, **top)
+    assert plain.micro_batch == ckpt.micro_batch == spec.options.effective_batch
+    assert (runner.tokens_per_second(ckpt) > runner.tokens_per_second(plain)) == (ckpt_speed > 1)
+
+    report, _ = run(spec, runner)
+    assert same(report.chosen.candidate, plain)
+    assert report.chosen.candidate.rungs == ("micro-batch", "bf16-weights")
+    assert any(note.startswith("checkpointing would only cost time") for note in report.notes)
+    assert any(note.startswith("checkpointing dropped") for note in report.notes)
+
+
 def test_shorter_length_respects_min_length_and_notes_truncation(tmp_path):
     spec = make_spec(tmp_path, 20 * MiB, min_length=128)
     runner = FormulaRunner(spec.budget_bytes)

@@ -4,7 +4,8 @@ Rungs are cumulative, so the level that first fits carries every rung before it:
 optimizer that did not fit on its own, although with LoRA the optimizer states are a rounding error. For each
 earlier rung, the costliest first, the level is rebuilt from the ladder without it and searched; the fit is kept
 when it still fits (a quality rung: fewer changes to the training are always cheaper) or, for a speed rung
-(checkpointing), when it fits and is faster. A speed level whose last rung is an alternative to an earlier one
+(checkpointing), when it fits at the same micro-batch and length (the rung would only cost time, whatever one timed
+step says) or is faster. A speed level whose last rung is an alternative to an earlier one
 (activation offloading to checkpointing) is tried without that one the same way. Not pruned: the rung that made
 the level fit, the micro-batch and allocator rungs (they only widen the search), bf16 weights under LoRA or a
 quantized base (the adapters train in float32 whatever the base's dtype, so it costs the training nothing), and, in
@@ -46,13 +47,14 @@ def droppable(state: LadderState, rungs: Sequence[Rung]) -> List[Rung]:
 
 
 def drop_unneeded(fit: Fit, levels: List[LadderState], rungs: Sequence[Rung], start: LadderState,
-                  search_level: SearchLevel) -> Tuple[Fit, List[str], List[Fit]]:
-    """The cheapest fit without rungs ``fit`` does not need, the names dropped, and every other fit found on the
-    way (fallbacks, should the best fail its verification). Rebuilt levels are appended to ``levels`` (their index
-    is the fit's level)."""
+                  search_level: SearchLevel) -> Tuple[Fit, List[str], List[Fit], List[str]]:
+    """The cheapest fit without rungs ``fit`` does not need, the names dropped, every other fit found on the way
+    (fallbacks, should the best fail its verification), and why each speed rung was dropped or kept.
+    Rebuilt levels are appended to ``levels`` (their index is the fit's level)."""
     state = levels[fit.level]
     kept = [r for r in rungs if r.name in state.rungs]
     best, dropped, others = fit, [], []
+    reasons: List[str] = []
     for rung in droppable(state, rungs):
         trial = [r for r in kept if r is not rung]
         rebuilt = climb(start, trial)[-1]
@@ -68,20 +70,34 @@ def drop_unneeded(fit: Fit, levels: List[LadderState], rungs: Sequence[Rung], st
             continue
         if rung.cost == SPEED and not _better(fits[0], best, state.maximize):
             others.extend(fits)
-            continue  # it fits without the rung, but no faster
+            reasons.append(f"{rung.name} kept: without it {fits[0].candidate.describe()} fits at "
+                           f"{fits[0].result.tokens_per_second:,.0f} tok/s, with it {best.candidate.describe()} "
+                           f"at {best.result.tokens_per_second:,.0f} tok/s")
+            continue  # it fits without the rung, but smaller and no faster
         log.info("drop %s: %s fits without it", rung.name, fits[0].candidate.describe())
+        if rung.cost == SPEED and as_large(fits[0], best):
+            reasons.append(f"{rung.name} would only cost time: {fits[0].candidate.describe()} fits without it at "
+                           "the same micro-batch and length")
         others.extend(fits[1:] + ([best] if best is not fit else []))
         best, kept = fits[0], trial
         dropped.append(rung.name)
-    return best, dropped, others
+    return best, dropped, others, reasons
 
 
 def _better(fit: Fit, than: Fit, maximize: str) -> bool:
-    """Without a speed rung, a fit replaces the one with it when faster (when the length is maximized: longer, or as
-    long and faster)."""
+    """Without a speed rung, a fit replaces the one with it when it is as large (micro-batch and length): the rung
+    bought nothing and only recomputes or moves memory, whatever one timed step says (``undominated``); else when
+    faster (when the length is maximized: longer, or as long and faster)."""
     if maximize == "length" and fit.candidate.max_length != than.candidate.max_length:
         return fit.candidate.max_length > than.candidate.max_length
+    if as_large(fit, than):
+        return True
     return fit.result.tokens_per_second > than.result.tokens_per_second
+
+
+def as_large(fit: Fit, than: Fit) -> bool:
+    return (fit.candidate.micro_batch >= than.candidate.micro_batch
+            and fit.candidate.max_length >= than.candidate.max_length)
 
 
 def prune(primary: List[Fit], fallback: List[Fit], cost: str, levels: List[LadderState], rungs: Sequence[Rung],
@@ -96,14 +112,15 @@ def prune(primary: List[Fit], fallback: List[Fit], cost: str, levels: List[Ladde
     pruned, extra = list(primary), []
     for index in targets:
         fit = primary[index]
-        best, dropped, others = drop_unneeded(fit, levels, rungs, start, search_level)
+        best, dropped, others, reasons = drop_unneeded(fit, levels, rungs, start, search_level)
         extra.extend(others)
+        notes.extend(reasons)
         if dropped:
             notes.append(f"{', '.join(dropped)} dropped: {best.candidate.describe()} fits without "
                          + ("it" if len(dropped) == 1 else "them") + f" (the level that first fitted: "
                          f"{fit.candidate.describe()})")
             pruned[index] = best
             extra.append(fit)
-    if cost == QUALITY and notes:  # the quality class answers with its pruned fit alone
+    if cost == QUALITY and pruned[0] is not primary[0]:  # the quality class answers with its pruned fit alone
         return [pruned[0]], extra[:-1] + primary + fallback, notes
     return pruned, extra + fallback, notes
