@@ -426,7 +426,9 @@ def test_expected_rung_walks_the_default_ladder():
     assert names[:7 + len(offload)] == ["baseline", "expandable-segments", "micro-batch", "checkpointing",
                                         "activation-offload", *offload, "bf16-weights", "optimizer-8bit"]
     first = next(level for level in result.levels if level.ledger.total <= 24 * GiB)
-    assert result.expected is first and result.rung == first.rungs[-1]
+    # the first level predicted to fit, without the rungs it is predicted not to need
+    assert result.expected.level == first.level and result.rung == first.rungs[-1]
+    assert set(result.expected.rungs) | set(result.dropped) == set(first.rungs)
     assert all(not level.fits for level in result.levels[: first.level])
     # the micro-batch is the largest divisor predicted to fit at that level
     if "micro-batch" in first.rungs:
@@ -439,6 +441,28 @@ def test_expected_rung_baseline_and_nothing():
     assert expected_rung(_spec(model="tiny-qwen2", device="cpu", budget_bytes=64 * GiB)).rung == "baseline"
     nothing = expected_rung(_spec(budget_bytes=1 * GiB))
     assert nothing.expected is None and nothing.rung is None
+
+
+def test_expected_configuration_carries_no_rung_that_buys_nothing():
+    """Issue 31, item 8: Llama-3.1-8B at effective batch 1 peaks in the optimizer step, where checkpointing and
+    activation offloading save nothing; the expected configuration is optimizer offload without them."""
+    if deepspeed_missing():
+        pytest.skip("optimizer offload needs DeepSpeed")
+    spec = _spec(model="meta-llama/Llama-3.1-8B", effective_batch=1, max_length=128, budget_bytes=80 * GiB)
+    result = expected_rung(spec)
+    first = next(level for level in result.levels if level.fits)
+    assert {"checkpointing", "activation-offload", "optimizer-offload"} <= set(first.rungs)
+    by_rung = {level.rungs[-1]: level for level in result.levels if level.rungs}
+    # what the ladder shows: neither rung changes the predicted peak
+    assert by_rung["checkpointing"].ledger.total == by_rung["activation-offload"].ledger.total \
+        == by_rung["expandable-segments"].ledger.total
+    expected = result.expected
+    assert set(result.dropped) == {"checkpointing", "activation-offload"}
+    assert expected.rungs[-1] == "optimizer-offload" and not set(result.dropped) & set(expected.rungs)
+    candidate = expected.candidate
+    assert candidate.offload and not candidate.checkpointing and not candidate.activation_offload
+    assert (candidate.micro_batch, candidate.max_length) == (first.candidate.micro_batch, first.candidate.max_length)
+    assert expected.fits and predict(candidate).total == expected.ledger.total <= 80 * GiB
 
 
 def test_expected_rung_micro_batch_choice():

@@ -262,6 +262,27 @@ def test_quality_class_drops_checkpointing_that_buys_no_larger_micro_batch_whate
     assert any(note.startswith("checkpointing dropped") for note in report.notes)
 
 
+def test_optimizer_offload_fit_sheds_the_speed_rungs_it_does_not_need(tmp_path):
+    """Issue 31, item 8: the level that first fits with optimizer offload carries checkpointing and activation
+    offloading from the levels before; where it fits the same micro-batch without them, they only cost time."""
+    formula = FormulaRunner(0)
+    spec0 = make_spec(tmp_path, 1, device="cuda")
+    offloaded = cand(spec0, spec0.options.effective_batch, offload=True)
+    spec = make_spec(tmp_path, formula.peak_bytes(offloaded), device="cuda")
+    runner = FormulaRunner(spec.budget_bytes)
+    # From the formula: without optimizer offload nothing fits; with it alone the whole batch does.
+    assert largest_fitting(runner, spec, checkpointing=True, activation_offload=True) is None
+    assert runner.fits(offloaded)
+
+    report, _ = run(spec, runner)
+    chosen = report.chosen.candidate
+    assert chosen.offload and not chosen.checkpointing and not chosen.activation_offload
+    assert (chosen.micro_batch, chosen.max_length) == (offloaded.micro_batch, offloaded.max_length)
+    assert "checkpointing" not in chosen.rungs and "activation-offload" not in chosen.rungs
+    assert chosen.rungs[-1] == "optimizer-offload"
+    assert any(note.startswith("activation-offload, checkpointing dropped") for note in report.notes), report.notes
+
+
 def test_shorter_length_respects_min_length_and_notes_truncation(tmp_path):
     spec = make_spec(tmp_path, 20 * MiB, min_length=128)
     runner = FormulaRunner(spec.budget_bytes)

@@ -200,7 +200,27 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
             f"± {format_size(expected.ledger.total * expected.ledger.uncertainty)} of {format_size(budget)}; "
             f"{_views(expected.ledger, spec.device)}"
         )
+        if result.dropped:
+            lines.append(f"  without {', '.join(result.dropped)}: the level is predicted to fit without "
+                         + ("it" if len(result.dropped) == 1 else "them") + " at the same micro-batch and length, "
+                         "as the search drops rungs that buy nothing")
+        if expected.ledger.host:
+            lines.append(f"  {_host_line(expected.ledger.host)}")
     return "\n".join(lines)
+
+
+def _host_line(needed: float) -> str:
+    """The expected configuration's host memory against this machine's, which the search checks before a probe."""
+    from autofit.search import available_host_bytes
+
+    available = available_host_bytes()
+    line = f"host memory: {format_size(needed)} pinned for offloading"
+    if available is None:
+        return line + "; this machine's available RAM is unknown"
+    if needed > available:
+        return (line + f", more than the {format_size(available)} this machine has available: a search here leaves "
+                "the offloading rung out (run it where the RAM is)")
+    return line + f", within the {format_size(available)} this machine has available"
 
 
 def your_run_line(spec: SearchSpec, result: RungEstimate) -> str:

@@ -75,7 +75,10 @@ class LevelEstimate:
 class RungEstimate:
     budget_bytes: int
     levels: List[LevelEstimate]
-    expected: Optional[LevelEstimate]  # the first level predicted to fit; None: nothing is predicted to fit
+    # The first level predicted to fit, without the rungs it is predicted not to need (``dropped``); None: nothing is
+    # predicted to fit.
+    expected: Optional[LevelEstimate]
+    dropped: Tuple[str, ...] = ()
 
     @property
     def rungs(self) -> Optional[Tuple[str, ...]]:
@@ -148,4 +151,38 @@ def expected_rung(spec: SearchSpec, budget_bytes: Optional[int] = None, *, calib
         candidate, ledger, fits = _best_at_level(state, spec, budget, predict_at)
         levels.append(LevelEstimate(index, tuple(state.rungs), state.cost, candidate, ledger, fits))
     expected = next((level for level in levels if level.fits), None)
-    return RungEstimate(budget, levels, expected)
+    if expected is None:
+        return RungEstimate(budget, levels, None)
+    pruned, dropped = _without_needless(expected, start, rungs, spec, budget, predict_at)
+    return RungEstimate(budget, levels, pruned, dropped)
+
+
+def _without_needless(expected: LevelEstimate, start: LadderState, rungs: Sequence[Any], spec: SearchSpec,
+                      budget: int, predict_at: Callable[[Candidate], Ledger]
+                      ) -> Tuple[LevelEstimate, Tuple[str, ...]]:
+    """The expected level without the earlier rungs it is predicted not to need, as the search prunes
+    (``autofit.search._pruning``): a quality rung when the level fits without it, a speed rung (checkpointing,
+    offloading) when it fits without it at the same micro-batch and length. No timing is predicted, so a speed rung
+    that buys a larger micro-batch is kept."""
+    from autofit.rungs import FREE, FREE_UNDER_ADAPTERS, NEVER_DROPPED, QUALITY, climb
+
+    if start.vary_length or spec.options.maximize == "length" or not expected.rungs:
+        return expected, ()
+    applied = [rung for rung in rungs if rung.name in expected.rungs]
+    adapters = expected.candidate.lora is not None or expected.candidate.quantization is not None
+    kept, best, dropped = list(applied), expected, []
+    for rung in reversed(applied[:-1]):  # the last rung made the level fit
+        if rung.cost == FREE or rung.name in NEVER_DROPPED or (adapters and rung.name in FREE_UNDER_ADAPTERS):
+            continue
+        trial = [r for r in kept if r is not rung]
+        state = climb(start, trial)[-1]
+        if rung.name in state.rungs or state.vary_length:
+            continue  # another rung brings it back, or the level would shorten sequences
+        candidate, ledger, fits = _best_at_level(state, spec, budget, predict_at)
+        as_large = (candidate.micro_batch >= best.candidate.micro_batch
+                    and candidate.max_length >= best.candidate.max_length)
+        if fits and (rung.cost == QUALITY or as_large):
+            best = LevelEstimate(expected.level, tuple(state.rungs), state.cost, candidate, ledger, True)
+            kept = trial
+            dropped.append(rung.name)
+    return best, tuple(dropped)

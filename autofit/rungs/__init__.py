@@ -24,7 +24,19 @@ from autofit.rungs._engines import (
     write_engine_files,
 )
 from autofit.rungs._failures import FailedRungs
-from autofit.rungs._ladder import COSTS, FREE, OFFLOAD_RUNG, QUALITY, SPEED, LadderState, Rung, climb, usable_rungs
+from autofit.rungs._ladder import (
+    COSTS,
+    FREE,
+    FREE_UNDER_ADAPTERS,
+    NEVER_DROPPED,
+    OFFLOAD_RUNG,
+    QUALITY,
+    SPEED,
+    LadderState,
+    Rung,
+    climb,
+    usable_rungs,
+)
 from autofit.rungs._liger import LigerKernels
 from autofit.rungs._lora import Lora
 from autofit.rungs._microbatch import MicroBatch
@@ -36,10 +48,10 @@ from autofit.rungs._sequence_length import ShorterSequences
 from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
 
 __all__ = [
-    "ACCELERATE_YAML", "ALLOC_ENV", "COSTS", "DDP", "DEEPSPEED_JSON", "DEFAULT_LADDER", "FREE", "FSDP_ENGINES",
-    "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS", "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights",
-    "EightBitOptimizer", "ExpandableSegments", "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels",
-    "Lora", "MicroBatch", "OptimizerOffload", "QuantizedBase", "Rung", "Sharding", "ShorterSequences", "climb",
-    "free_port", "launch_env", "launch_line", "rank_env", "remove_stale_engine_files", "resolve_ladder",
-    "usable_rungs", "write_engine_files",
+    "ACCELERATE_YAML", "ALLOC_ENV", "COSTS", "DDP", "DEEPSPEED_JSON", "DEFAULT_LADDER", "FREE", "FREE_UNDER_ADAPTERS",
+    "FSDP_ENGINES", "NEVER_DROPPED", "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS", "SPEED", "ZERO_STAGES",
+    "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments", "FailedRungs",
+    "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload", "QuantizedBase",
+    "Rung", "Sharding", "ShorterSequences", "climb", "free_port", "launch_env", "launch_line", "rank_env",
+    "remove_stale_engine_files", "resolve_ladder", "usable_rungs", "write_engine_files",
 ]

@@ -23,6 +23,10 @@ SPEED = "speed"  # same math, slower
 QUALITY = "quality"  # different training
 COSTS = (FREE, SPEED, QUALITY)
 OFFLOAD_RUNG = "optimizer-offload"  # autofit.rungs._offload: taken off again by the quality rungs
+# Rungs a fit is never tried without (they only widen the search), and one that costs nothing under adapters (they
+# train in float32 whatever the base's dtype): autofit.search._pruning and the estimate's expected configuration.
+NEVER_DROPPED = ("micro-batch", "expandable-segments")
+FREE_UNDER_ADAPTERS = ("bf16-weights",)
 # autofit.rungs._sharding's offloading variants: the quality rungs shrink the level with the shards on the GPU
 SHARDS_BACK_ON_GPU = {"zero3-offload": "zero3", "fsdp2-offload": "fsdp2"}
 

@@ -9,6 +9,7 @@ GPU it need not have); ``Search`` answers it with a ``Runner``; ``SearchReport``
 
 from autofit.memory_model import divisors, length_grid  # the search's grids, shared with estimate
 from autofit.search._faults import FaultWatch, InfrastructureError, check_no_fit_is_an_answer
+from autofit.search._host_memory import available_host_bytes
 from autofit.search._margin import over_margin
 from autofit.search._question import check_model_code, check_model_sizes, estimate_question, question
 from autofit.search._result import Fit, Record, SearchReport, Skip, undominated
@@ -18,7 +19,7 @@ from autofit.search._user_config import UserConfig, read_user_config, with_confi
 
 __all__ = [
     "STUDY_FILE", "FaultWatch", "Fit", "InfrastructureError", "ProbeStore", "Record", "Search", "SearchReport",
-    "Skip", "check_model_code", "check_model_sizes", "check_no_fit_is_an_answer", "divisors", "estimate_question",
-    "length_grid", "over_margin", "question", "quiet_optuna", "read_user_config", "undominated", "UserConfig",
-    "with_config",
+    "Skip", "available_host_bytes", "check_model_code", "check_model_sizes", "check_no_fit_is_an_answer", "divisors",
+    "estimate_question", "length_grid", "over_margin", "question", "quiet_optuna", "read_user_config", "undominated",
+    "UserConfig", "with_config",
 ]

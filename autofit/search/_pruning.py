@@ -18,24 +18,21 @@ from __future__ import annotations
 import logging
 from typing import Callable, List, Sequence, Tuple
 
-from autofit.rungs import FREE, QUALITY, SPEED, LadderState, Rung, climb
+from autofit.rungs import FREE, FREE_UNDER_ADAPTERS, NEVER_DROPPED, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.search._result import Fit
 
 log = logging.getLogger(__name__)
 
 SearchLevel = Callable[[int, LadderState], List[Fit]]
-NEVER_DROPPED = ("micro-batch", "expandable-segments")
-FREE_UNDER_ADAPTERS = ("bf16-weights",)
 
 
 def droppable(state: LadderState, rungs: Sequence[Rung]) -> List[Rung]:
-    """The rungs of ``state`` worth trying without, costliest (latest) first. At a speed level: the rungs its last
-    rung is an alternative to (``alternative_to``: activation offloading to checkpointing)."""
+    """The rungs of ``state`` worth trying without, costliest (latest) first. At a speed level: the speed rungs before
+    its last (checkpointing and activation offloading under optimizer offload, checkpointing under activation
+    offloading, its ``alternative_to``)."""
     applied = [r for r in rungs if r.name in state.rungs]
     if state.cost == SPEED:
-        last = applied[-1] if applied else None
-        alternatives = getattr(last, "alternative_to", ())
-        return [r for r in reversed(applied[:-1]) if r.name in alternatives]
+        return [r for r in reversed(applied[:-1]) if r.cost == SPEED and r.name not in NEVER_DROPPED]
     quality = [r for r in applied if r.cost == QUALITY]
     if not quality or state.vary_length or state.maximize == "length":
         return []
