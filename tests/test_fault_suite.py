@@ -320,3 +320,26 @@ def test_estimate_from_a_damaged_best_json_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert str(tmp_path / "best.json") in err and "cannot be read" in err
+
+
+@pytest.mark.parametrize("key, value", [
+    ("num_hidden_layers", 0), ("hidden_size", -256), ("hidden_size", "256"), ("vocab_size", float("nan")),
+    ("num_attention_heads", 2.5), ("num_hidden_layers", True), ("model_type", "../../etc"), ("model_type", "qwen2/x"),
+])
+@pytest.mark.parametrize("command", ["search", "estimate"])
+def test_a_hostile_value_in_the_models_config_is_one_line_exit_2_naming_the_key(tmp_path, capsys, key, value,
+                                                                                 command):
+    """Issue 30, item 12: refused before any probe (an estimate has none either), not predicted, probed and blamed
+    on the machine."""
+    config = dict(resolve_model("tiny-qwen2").config)
+    config[key] = value
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))  # NaN as JSON writes it: NaN
+    out = tmp_path / "out"
+    code = cli.main([command, "--model", str(folder), "--device", "cpu", "--max-length", "16", "--effective-batch",
+                     "2", "--gpu-memory", "1GiB"] + (["--out", str(out)] if command == "search" else []))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert key in err and str(folder / "config.json") in err
+    assert not (out / "probes").exists()  # nothing ran

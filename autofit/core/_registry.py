@@ -117,7 +117,33 @@ def load_config(path: Path, name: str) -> Dict[str, Any]:
         raise UnknownModelError(
             f"model '{name}': {path} has no \"model_type\", so autofit cannot tell the model's architecture"
         )
+    check_config_values(config, path, name)
     return config
+
+
+# Sizes a configuration gives as a positive whole number (or leaves out, or null where transformers derives them).
+SIZE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "vocab_size", "max_position_embeddings", "n_layer", "n_embd", "n_head", "n_positions")
+_MODEL_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def check_config_values(config: Dict[str, Any], path: Path, name: str) -> None:
+    """Refuse a configuration no model could be built from, naming the key: a size that is not a positive whole
+    number (0 layers, a negative width, a string, NaN), or a model_type that is not a name (it becomes a module
+    and a file name)."""
+    model_type = config["model_type"]
+    if not _MODEL_TYPE.fullmatch(model_type):
+        raise UnknownModelError(f"model '{name}': {path} has model_type {json.dumps(model_type)[:80]}, not a model "
+                                "type's name (letters, digits, '_' and '-')")
+    nested = config.get("text_config")
+    for where, values in (("", config), ("text_config.", nested if isinstance(nested, dict) else {})):
+        for key in SIZE_KEYS:
+            value = values.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UnknownModelError(f"model '{name}': {path} has {where}{key} = {json.dumps(value)[:40]}: a "
+                                        "positive whole number is accepted")
 
 
 def hub_cache_dir() -> Path:
