@@ -343,3 +343,23 @@ def test_a_hostile_value_in_the_models_config_is_one_line_exit_2_naming_the_key(
     assert code == 2 and len(err.splitlines()) == 1, err
     assert key in err and str(folder / "config.json") in err
     assert not (out / "probes").exists()  # nothing ran
+
+
+def test_a_model_folder_with_a_long_path_is_used_and_an_out_too_deep_is_one_line(tmp_path, capsys):
+    """Issue 30, item 9: a model folder whose path is longer than a file name may be (the bundled-configuration lookup
+    built a file name from it) is read; an --out too deep for the files a search writes is refused before anything
+    is written, nothing left behind."""
+    folder = tmp_path / ("a" * 120) / ("b" * 150)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(resolve_model("tiny-qwen2").config))
+    assert len(str(folder)) > 270
+    assert resolve_model(str(folder)).local_path == str(folder.resolve())
+    code = cli.main(["estimate", "--model", str(folder), "--device", "cpu", "--gpu-memory", "200MiB",
+                     "--max-length", "16"])
+    assert code == 0, capsys.readouterr().err
+
+    deep = tmp_path.joinpath(*["d" * 200] * 20)  # about 4,000 bytes: the path limit is 4,096
+    code = cli.main(SEARCH + ["--gpu-memory", "1GiB", "--out", str(deep)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--out is a path of" in err, err
+    assert list(tmp_path.iterdir()) == [tmp_path / ("a" * 120)]  # nothing written for the deep --out

@@ -65,6 +65,7 @@ def _describe(holder: Dict[str, Any]) -> str:
 @contextlib.contextmanager
 def exclusive(out_dir: Path) -> Iterator[List[str]]:
     """Hold ``out_dir`` for one search; yields notes (a lock taken over, orphan probes killed)."""
+    check_room(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} is a file: a folder (new or of an earlier search) is accepted")
     check_owned(out_dir)
@@ -98,6 +99,19 @@ def exclusive(out_dir: Path) -> Iterator[List[str]]:
         _rewrite(fd, {**me, "released": True})
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+PATH_MAX = 4096  # Linux's limit on a whole path, in bytes
+ROOM_BYTES = 512  # what autofit adds under --out (probes/NAME/rankN/probe.log, the journal's lock, report.html)
+
+
+def check_room(out_dir: Path) -> None:
+    """An --out so deep that the files a search writes in it would pass the system's path limit is refused before
+    anything is written there (it failed midway, leaving the journal's lock behind)."""
+    length = len(os.fsencode(str(out_dir.absolute())))
+    if length + ROOM_BYTES > PATH_MAX:
+        raise InputError(f"--out is a path of {length:,} bytes: at most {PATH_MAX - ROOM_BYTES:,} are accepted, "
+                         f"leaving room for the files a search writes in it ({PATH_MAX:,} in all)")
 
 
 def check_owned(out_dir: Path) -> None:

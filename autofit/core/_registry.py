@@ -76,9 +76,8 @@ def bundled_names() -> List[str]:
 
 def resolve_model(name: str) -> ModelSource:
     """Find the configuration of ``name``: bundled, a local folder, the hub cache, then the hub (config.json only)."""
-    bundled = BUNDLED_DIR / (name.replace("/", "--") + ".json")
-    if bundled.is_file():
-        return ModelSource(name, load_config(bundled, name))
+    if name in bundled_names():  # by name: a long folder path is no file name to look up
+        return ModelSource(name, load_config(BUNDLED_DIR / (name.replace("/", "--") + ".json"), name))
     path = Path(os.path.expanduser(name))
     if path.is_dir():
         config = path / CONFIG_FILE
