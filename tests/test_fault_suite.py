@@ -90,6 +90,44 @@ def test_a_damaged_study_keeps_its_valid_records(tmp_path):
     assert runner.calls == [] and second.chosen.candidate.key() == first.chosen.candidate.key()
 
 
+def test_a_journal_cut_mid_write_is_repaired_on_the_first_resume(tmp_path):
+    """Issue 30, item 7: a record cut short (a full disk) was skipped by Optuna's reader, which then appended the
+    next record to it: the first resume died on a line no reader can parse. Now it resumes and keeps resuming."""
+    def search(budget):
+        spec = spec_of(model="tiny-qwen2", budget_bytes=budget, out_dir=tmp_path, max_length=512, device="cpu",
+                       predict=False, verify_steps=10)
+        runner = FormulaRunner(spec.budget_bytes)
+        return Search(spec, runner, resolve_ladder(None)).run(), runner
+
+    first, _ = search(350 * MiB)
+    journal = tmp_path / STUDY_FILE
+    with open(journal, "a") as handle:
+        handle.write('{"op_code": 5, "worker_id": "x", "trial_id": 1, "sta')  # no space left mid-record
+    second, runner = search(350 * MiB)
+    assert any("was damaged or cut short" in note for note in second.notes)
+    assert runner.calls == [] and second.chosen.candidate.key() == first.chosen.candidate.key()
+    third, runner = search(300 * MiB)  # another question in the same journal: new records appended
+    assert runner.calls and third.fits
+    lines = journal.read_bytes().splitlines(keepends=True)
+    assert all(line.endswith(b"\n") and isinstance(json.loads(line), dict) for line in lines)
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_search_resumes(tmp_path, capsys, monkeypatch):
+    """Issue 30, item 7: ENOSPC writing the study or best.* was a traceback, exit 1."""
+    import errno
+
+    import autofit._api
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "best.json"))
+
+    monkeypatch.setattr(autofit._api, "run_search", full)
+    code = cli.main(SEARCH + ["--gpu-memory", "1GiB", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 4 and len(err.splitlines()) == 1, err
+    assert str(tmp_path / "out" / "best.json") in err and "No space left" in err and "resume" in err
+
+
 def test_a_busy_device_is_named_before_any_probe(tmp_path, capsys, monkeypatch):
     others = tmp_path / "others"
     others.write_text(str(200 * MiB))
@@ -363,3 +401,14 @@ def test_a_model_folder_with_a_long_path_is_used_and_an_out_too_deep_is_one_line
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--out is a path of" in err, err
     assert list(tmp_path.iterdir()) == [tmp_path / ("a" * 120)]  # nothing written for the deep --out
+
+
+def test_a_cache_on_a_full_disk_names_the_error_not_a_progress_bar():
+    """Issue 30, item 8: the child's last stderr line was transformers' progress bar, drawn after the traceback."""
+    stderr = ("Traceback (most recent call last):\n  File \"<string>\", line 1, in <module>\n"
+              "OSError: [Errno 28] No space left on device: '/cache/tiny-qwen2-filled/model.safetensors'\n"
+              "Loading weights: 100%|##########| 3/3 [00:00<00:00, 1234.5it/s]\r\n")
+    assert probe_kit.error_line(stderr) == ("OSError: [Errno 28] No space left on device: "
+                                            "'/cache/tiny-qwen2-filled/model.safetensors'")
+    assert probe_kit.error_line("Loading weights: 100%|###| 3/3\nKilled\n") == "Killed"
+    assert probe_kit.error_line("") == ""

@@ -4,6 +4,7 @@ factory failing included), 3 nothing fits, 4 probes cannot run here (not a memor
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 from pathlib import Path
@@ -93,6 +94,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"autofit: interrupted; run the same command again to resume from {out_dir}", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"autofit: error: {exc.strerror} writing {exc.filename or out_dir}: free some space and run the same "
+              f"command again; it resumes from {out_dir}", file=sys.stderr)
+        return EXIT_PROBES_CANNOT_RUN
     print(table_text(report))
     for note in report.notes:
         print(f"note: {note}")

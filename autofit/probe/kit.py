@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -145,8 +146,22 @@ def trainable_checkpoint(config: Dict, name: str) -> Path:
                                "resolve_model(sys.argv[1]).config, sys.argv[1])", name], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"could not write a random-weight checkpoint of {name} to {folder}: "
-                               f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+                               f"{error_line(done.stderr) or f'exit code {done.returncode}'}")
     return folder
+
+
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(: .*)?")
+
+
+def error_line(stderr: str) -> str:
+    """The exception a child process died of, from its stderr: its last exception line, not whatever was printed
+    last (a progress bar drawn after the traceback hid "No space left on device")."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.fullmatch(line):
+            return line
+    plain = [line for line in lines if "%|" not in line]  # tqdm's bars
+    return plain[-1] if plain else ""
 
 
 def write_trainable_checkpoint(config: Dict, name: str) -> Path:

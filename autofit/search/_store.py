@@ -32,6 +32,7 @@ from autofit.core import (
     ProbeResult,
     SearchSpec,
     UnknownModelError,
+    atomic_write_text,
     first_gpu,
     resolve_model,
 )
@@ -66,8 +67,10 @@ def deferred_interrupt() -> Iterator[None]:
 
 def recover_journal(path: Path) -> bool:
     """Keep the journal's lines up to the first that is not a JSON record; the whole file goes to
-    ``<name>.damaged``. True when something was cut."""
-    lines = path.read_bytes().splitlines(keepends=True)
+    ``<name>.damaged``. True when something was cut, or a last line lacked its newline (a write cut short: Optuna
+    skips such a line when it reads, then appends its next record to it, which no reader can parse)."""
+    data = path.read_bytes()
+    lines = data.splitlines(keepends=True)
     valid = []
     for line in lines:
         try:
@@ -77,12 +80,10 @@ def recover_journal(path: Path) -> bool:
         if not isinstance(record, dict):
             break
         valid.append(line if line.endswith(b"\n") else line + b"\n")
-    if len(valid) == len(lines):
+    if len(valid) == len(lines) and data.endswith(b"\n"):
         return False
     os.replace(path, path.with_name(path.name + ".damaged"))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(valid))
-    os.replace(tmp, path)
+    atomic_write_text(path, b"".join(valid).decode("utf-8"))  # valid JSON lines are UTF-8
     return True
 
 
@@ -171,6 +172,10 @@ class ProbeStore:
     def _open(self, path: Path, study_name: str) -> optuna.Study:
         """The study in ``path``; a journal damaged after its valid records (a crash mid-write, a stray line) is cut
         back to them, the damaged file kept beside it."""
+        if path.is_file() and path.stat().st_size and recover_journal(path):  # before Optuna appends to it
+            self.notes.append(f"{path} was damaged or cut short after its valid records (a full disk, a crash "
+                              f"mid-write): they were kept and the whole file moved to {path.name}.damaged")
+            log.warning("%s", self.notes[-1])
         for attempt in range(2):
             try:
                 storage = JournalStorage(JournalFileBackend(str(path)))
