@@ -166,3 +166,42 @@ def test_fit_leaves_optunas_verbosity_as_it_found_it(tmp_path, monkeypatch):
         assert optuna.logging.get_verbosity() == optuna.logging.DEBUG
     finally:
         optuna.logging.set_verbosity(found)
+
+
+CHAT = [
+    ("What is the capital of France?", "Paris is the capital of France."),
+    ("Name a primary colour.", "Red is a primary colour."),
+    ("How many legs does a spider have?", "A spider has eight legs."),
+    ("What does a thermometer measure?", "A thermometer measures temperature."),
+]
+
+
+@pytest.mark.slow
+def test_the_readmes_demo_then_train_trains_on_text(tmp_path):
+    """Issue 31, item 2: `make demo`, then `make train` on a few rows of real text. The demo's best.yaml names a
+    random-weight checkpoint of the toy model; its tokenizer must read text (the probes' word-level one read every
+    string as unknown tokens)."""
+    import json
+    import sys
+
+    from transformers import AutoTokenizer
+
+    venv = Path(sys.executable).parent.parent  # this interpreter's environment; -o: never reinstalled here
+    make = ["make", f"VENV={venv}", "-o", f"{venv}/.installed"]
+    demo, data, trained = tmp_path / "demo", tmp_path / "chat", tmp_path / "trained"
+    done = subprocess.run(make + ["demo", f"DEMO_OUT={demo}"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data.mkdir()
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in CHAT]
+    (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows * 2))
+
+    done = subprocess.run(make + ["train", f"OUT={demo}", f"DATASET={data}", f"TRAIN_OUT={trained}",
+                                  "ARGS=--max_steps 1 --report_to none --save_strategy no"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = [json.loads(line.strip().replace("'", '"')) for line in (done.stdout + done.stderr).replace("\r", "\n")
+              .splitlines() if line.strip().startswith("{'train_runtime'")]
+    assert logged and float(logged[0]["num_tokens"]) > 0 and float(logged[0]["epoch"]) > 0
+    tokenizer = AutoTokenizer.from_pretrained(trained)
+    ids = tokenizer(CHAT[0][1])["input_ids"]
+    assert len(set(ids)) > 5 and tokenizer.decode(ids) == CHAT[0][1]  # text, not a row of unknown tokens

@@ -71,6 +71,32 @@ def synthesize_tokenizer(config: Dict):
     return tokenizer
 
 
+TEXT_SPECIAL_TOKENS = {"pad": "<|pad|>", "eos": "<|endoftext|>", "bos": "<|startoftext|>"}
+
+
+def text_tokenizer(config: Dict):
+    """A byte-level tokenizer built offline, for training a toy model on real text: each of the 256 bytes is a token
+    (placed around the configuration's special ids, which keep their places), no merges. The probes' word-level
+    tokenizer reads any text as unknown tokens; this one trains on what it is given."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = special_token_ids(config)
+    free = (i for i in range(config["vocab_size"]) if i not in special.values())
+    vocab = {symbol: next(free) for symbol in sorted(pre_tokenizers.ByteLevel.alphabet())}
+    vocab.update({TEXT_SPECIAL_TOKENS[role]: index for role, index in special.items()})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=TEXT_SPECIAL_TOKENS["pad"],
+                                        eos_token=TEXT_SPECIAL_TOKENS["eos"], bos_token=TEXT_SPECIAL_TOKENS["bos"])
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}" + TEXT_SPECIAL_TOKENS["eos"] + "\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    return tokenizer
+
+
 def _config_hash(config: Dict) -> str:
     return hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -132,12 +158,15 @@ def _write_random_checkpoint(config: Dict, folder: Path, code_from: Optional[str
              time.perf_counter() - started)
 
 
+FILLED = "filled-text"  # the trainable checkpoint's kind: finite weights, the byte-level tokenizer
+
+
 def trainable_checkpoint(config: Dict, name: str) -> Path:
     """A checkpoint of a bundled toy model (one without a hub id) with finite values stored, for the user's own
     training run after the search: written once, beside the weightless one the probes load, by a child process
     (the search process never imports torch)."""
     folder = checkpoint_folder(config, name + "-filled")
-    problem = entry_problem(folder, _entry_key(config, "filled"))
+    problem = entry_problem(folder, _entry_key(config, FILLED))
     if problem is not None:
         if os.path.lexists(folder):
             log.warning("the cache entry %s is damaged (%s): building it again", one_line(folder), problem)
@@ -173,9 +202,9 @@ def write_trainable_checkpoint(config: Dict, name: str) -> Path:
         with virtual_checkpoint.fill_on_load():
             model = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
         model.save_pretrained(folder)
-        synthesize_tokenizer(config).save_pretrained(folder)
+        text_tokenizer(config).save_pretrained(folder)
 
-    return cache_entry(checkpoint_folder(config, name + "-filled"), _entry_key(config, "filled"), build)
+    return cache_entry(checkpoint_folder(config, name + "-filled"), _entry_key(config, FILLED), build)
 
 
 def load_tokenizer(candidate: Candidate, **kwargs):
