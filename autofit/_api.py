@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from autofit import export
-from autofit.core import Candidate, SearchSpec, exclusive, format_size, one_line
+from autofit.core import Candidate, SearchSpec, clip, exclusive, format_size, one_line
 from autofit.core._options import FIELDS, FIT, SearchOptions, door_fields
 from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
 from autofit.rungs import Rung, resolve_ladder
@@ -128,7 +128,7 @@ def no_fit_message(report: SearchReport) -> str:
                 "so nothing was probed (--no-predict probes anyway)")
     else:
         errors = sorted({r.result.error for r in report.records if r.result.error})
-        seen = "no probe ran to completion" + (f" (first error: {errors[0][:200]})" if errors else "")
+        seen = "no probe ran to completion" + (f" (first error: {clip(errors[0], 200)})" if errors else "")
     return (
         f"nothing fits in {format_size(spec.budget_bytes)} even with {', '.join(last.rungs) or 'no rung'}: {seen}. "
         "Try a larger --gpu-memory, a lower --min-length, a smaller --effective-batch, or more rungs in --ladder."

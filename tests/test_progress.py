@@ -12,7 +12,7 @@ from fakes import spec_of
 from rich.console import Console
 
 from autofit.core import Candidate, Outcome
-from autofit.probe import LiveProgress, PlainProgress, ProbeProgress, ProcessRunner, make_progress
+from autofit.probe import LineProgress, LiveProgress, PlainProgress, ProbeProgress, ProcessRunner, make_progress
 from autofit.probe._instrument import PHASE_FILE, PhaseFile
 from autofit.rungs import resolve_ladder
 from autofit.search import Search
@@ -47,13 +47,24 @@ class Recording(ProbeProgress):
 
 
 # -- which display ------------------------------------------------------------------------------------------------
-def test_plain_off_a_terminal_or_when_quiet(monkeypatch):
+def test_a_line_per_probe_start_off_a_terminal_nothing_more_when_quiet(monkeypatch):
     monkeypatch.setenv("TERM", "xterm-256color")
-    assert type(make_progress(stream=io.StringIO())) is PlainProgress
+    assert type(make_progress(stream=io.StringIO())) is LineProgress
     assert type(make_progress(quiet=True, stream=Tty())) is PlainProgress
+    assert type(make_progress(quiet=True, stream=io.StringIO())) is PlainProgress
     assert type(make_progress(stream=Tty())) is LiveProgress
     monkeypatch.setenv("TERM", "dumb")
-    assert type(make_progress(stream=Tty())) is PlainProgress
+    assert type(make_progress(stream=Tty())) is LineProgress
+
+
+def test_piped_a_probe_says_when_it_starts(caplog):
+    """Issue 31, item 7: piped or in CI, nothing was printed between probe lines that take minutes."""
+    progress = make_progress(stream=io.StringIO())
+    with caplog.at_level(logging.INFO, logger="autofit.probe._progress"):
+        progress.around(lambda: None, 3, 2, "probe", CANDIDATE, 150 * MiB, 300 * MiB)()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == ("probe 3     [micro-batch+checkpointing] mb=4x2 len=128 ckpt: started, predicted 150.00 MiB of "
+                    "300.00 MiB")
 
 
 # -- what it shows ------------------------------------------------------------------------------------------------

@@ -46,6 +46,9 @@ def test_the_report_shows_the_answer_and_the_studys_numbers(searched):
         assert trade.replace("'", "&#x27;") in page
     rows = re.findall(r"<tr><td>(\d+)</td><td>(\w+)</td><td>([^<]*)</td><td>([^<]*)</td><td class='(\w+)'>\w+</td>"
                       r"<td class='num'>([^<]*)</td>", page)
+    speeds = re.findall(r"<td class='(\w+)'>\w+</td>(?:<td class='num'>[^<]*</td>){2}<td class='num'>([^<]*)</td></tr>",
+                        page)
+    assert speeds and all((speed == "-") == (outcome != "OK") for outcome, speed in speeds)  # an OOM ran no timed step
     assert [(kind, rungs, candidate, outcome, peak) for _, kind, rungs, candidate, outcome, peak in rows] == [
         (r["kind"], "+".join(r["rungs"]), r["candidate"], r["outcome"], format_size(r["peak_bytes"]))
         for r in best["candidates"]]

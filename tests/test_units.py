@@ -479,3 +479,15 @@ def test_a_candidates_key_is_unchanged_without_a_dtype():
     # commit 6704e3f, before the field existed
     assert candidate().key() == "77f078bef43b96cf"
     assert candidate(dtype="bfloat16").key() != "77f078bef43b96cf"
+
+
+def test_a_quoted_error_is_cut_at_a_words_end():
+    """Issue 31, item 7: probe lines were cut mid-word ("(phase forward_back")."""
+    from autofit.core import clip
+
+    error = "CUDA out of memory while the probe ran (phase forward_backward, micro-batch 8): tried to allocate 2 GiB"
+    cut = clip(error, 60)
+    assert len(cut) <= 60 and cut.endswith("...") and error.startswith(cut[:-3])
+    assert cut[:-3].split()[-1] in error.split()  # whole words only
+    assert clip(error, len(error)) == error
+    assert clip("x" * 100, 20) == "x" * 17 + "..."  # one long word is cut where it must be

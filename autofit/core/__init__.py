@@ -10,7 +10,7 @@ from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, LoraSetti
 from autofit.core._compat import checkpointing_field, exempt_phases, installed, vllm_installed
 from autofit.core._device import GpuInfo, NoCudaDeviceError, first_gpu, resolve_device, resolve_gpus, visible_gpu_count
 from autofit.core._errors import InputError
-from autofit.core._files import atomic_write_text, cache_dir, one_line
+from autofit.core._files import atomic_write_text, cache_dir, clip, one_line
 from autofit.core._options import DEVICES, GROUP_ALGOS, SearchOptions
 from autofit.core._others import DISTURBED_RETRY_WAIT_S, disturbed, free_bytes, other_processes, others_bytes
 from autofit.core._outcome import (
@@ -37,7 +37,7 @@ __all__ = [
     "BAD_FORK", "DEVICES", "DISTURBED_RETRY_WAIT_S", "ENGINE_FAILURE", "FACTORIES", "GROUP_ALGOS", "INFRASTRUCTURE",
     "KERNEL_FAILURE", "LENGTH_FIELD", "PHASE_FILE", "PID_FILE", "RL_ALGOS", "USER", "BuildTimeout", "Candidate",
     "FactoryMisuse", "GpuInfo", "InputError", "LoraSettings", "NoCudaDeviceError", "Outcome", "ProbeResult",
-    "ProbeSettings", "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir",
+    "ProbeSettings", "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir", "clip",
     "checkpointing_field", "classify_exception", "classify_exit", "disturbed", "error_origin", "exclusive",
     "exempt_phases", "first_gpu", "format_size", "free_bytes", "installed", "needs_own_code", "one_line",
     "other_processes", "others_bytes", "parse_size", "ppo_available", "record_probe_process", "resolve_device",

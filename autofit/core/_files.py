@@ -33,6 +33,16 @@ def one_line(text: object) -> str:
     return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode(), str(text))
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word's end, with "..." where it was cut: a message quotes
+    an error without ending mid-word ("(phase forward_back")."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "..."
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``path`` through a new temporary file in its folder, then ``os.replace``: a reader sees the old file
     or the new one, never half, and a symlink at ``path`` is replaced, not written through."""

@@ -8,8 +8,8 @@ a configuration, a synthesized tokenizer, worst-case rows) and ``autofit.probe.a
 """
 
 from autofit.probe._factory import FactoryError, FactoryPayload, identity, prepare_factory
-from autofit.probe._progress import LiveProgress, PlainProgress, ProbeProgress, make_progress
+from autofit.probe._progress import LineProgress, LiveProgress, PlainProgress, ProbeProgress, make_progress
 from autofit.probe._runner import ProcessRunner, Runner
 
-__all__ = ["FactoryError", "FactoryPayload", "LiveProgress", "PlainProgress", "ProbeProgress", "ProcessRunner",
-           "Runner", "identity", "make_progress", "prepare_factory"]
+__all__ = ["FactoryError", "FactoryPayload", "LineProgress", "LiveProgress", "PlainProgress", "ProbeProgress",
+           "ProcessRunner", "Runner", "identity", "make_progress", "prepare_factory"]

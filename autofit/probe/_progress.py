@@ -1,6 +1,7 @@
 """What the search shows while a probe runs: on a terminal, one live line (the probe, its predicted peak against the
 budget, the phase its process is in, how long it has run and about how long it has left) that gives way to the
-probe's log line when it ends; elsewhere (a pipe, a log file, CI, ``-q``) nothing beyond the log lines.
+probe's log line when it ends; elsewhere (a pipe, a log file, CI) a line when a probe starts; with ``-q`` nothing beyond
+the log lines.
 
 The phase is what the probe process writes to its folder (``autofit.probe._instrument.PhaseFile``); the time left is the
 mean wall time of the probes of the same kind that ran in this search (stored results reused cost no time and do
@@ -26,6 +27,7 @@ from autofit.core import Candidate, format_size, one_line
 from autofit.core._outdir import PHASE_FILE
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 PHASE_LABELS = {"forward_backward": "forward/backward"}
 
@@ -61,7 +63,24 @@ class ProbeProgress:
 
 
 class PlainProgress(ProbeProgress):
-    """Not a terminal, or quiet: the probes' log lines are all there is."""
+    """Quiet: the probes' log lines are all there is."""
+
+
+class LineProgress(ProbeProgress):
+    """Not a terminal (a pipe, a log file, CI): a line when each probe starts, so minutes between two probe lines
+    are not silence."""
+
+    def start(self, index: int, level: int, kind: str, candidate: Candidate, predicted_bytes: Optional[float],
+              budget_bytes: Optional[int]) -> None:
+        log.info("%s %-5d [%s] %s: started%s", kind, index, "+".join(candidate.rungs) or "baseline",
+                 candidate.describe(), _memory(predicted_bytes, budget_bytes, prefix=", "))
+
+
+def _memory(predicted_bytes: Optional[float], budget_bytes: Optional[int], prefix: str = "") -> str:
+    budget = format_size(budget_bytes) if budget_bytes is not None else None
+    if predicted_bytes is not None:
+        return prefix + f"predicted {format_size(predicted_bytes)}" + (f" of {budget}" if budget else "")
+    return prefix + f"budget {budget}" if budget else ""
 
 
 def make_progress(quiet: bool = False, stream: Optional[TextIO] = None) -> ProbeProgress:
@@ -71,8 +90,10 @@ def make_progress(quiet: bool = False, stream: Optional[TextIO] = None) -> Probe
         terminal = stream.isatty()
     except (AttributeError, ValueError):  # no isatty, or a closed stream
         terminal = False
-    if quiet or not terminal or os.environ.get("TERM") == "dumb":
+    if quiet:
         return PlainProgress()
+    if not terminal or os.environ.get("TERM") == "dumb":
+        return LineProgress()
     return LiveProgress(Console(file=stream))
 
 
@@ -102,11 +123,7 @@ class LiveProgress(ProbeProgress):
     def start(self, index: int, level: int, kind: str, candidate: Candidate, predicted_bytes: Optional[float],
               budget_bytes: Optional[int]) -> None:
         self.finish()
-        budget = format_size(budget_bytes) if budget_bytes is not None else None
-        if predicted_bytes is not None:
-            memory = f"predicted {format_size(predicted_bytes)}" + (f" of {budget}" if budget else "")
-        else:
-            memory = f"budget {budget}" if budget else ""
+        memory = _memory(predicted_bytes, budget_bytes)
         self.what = [part for part in (
             f"{kind} {index} [{'+'.join(candidate.rungs) or 'baseline'}] {candidate.describe()}", memory) if part]
         self.kind, self.phase, self.started = kind, None, self.clock()

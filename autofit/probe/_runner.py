@@ -30,6 +30,7 @@ from autofit.core import (
     ProbeResult,
     ProbeSettings,
     classify_exit,
+    clip,
     disturbed,
     format_size,
 )
@@ -95,7 +96,7 @@ class ProcessRunner:
             else:  # twice: no answer about this candidate, and not "does not fit"
                 result = replace(result, outcome=Outcome.CRASH, fault=INFRASTRUCTURE, cause="disturbed",
                                  error=f"disturbed twice: another process on the device grew by {format_size(grown)} "
-                                       f"while the probe ran out of memory ({result.error[:200]})")
+                                       f"while the probe ran out of memory ({clip(result.error, 200)})")
         return result
 
     def _run_once(self, candidate: Candidate, plan: dict) -> ProbeResult:

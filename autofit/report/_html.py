@@ -103,6 +103,12 @@ def _ledger_table(data: ReportData) -> str:
     return f"<table><tr><th>term</th><th>predicted</th></tr>{rows}</table>"
 
 
+def _speed(record: dict) -> str:
+    """Tokens per second of a probe that fitted; "-" for one that did not (an OOM ran no step to time)."""
+    speed = record.get("tokens_per_second") or 0
+    return format(speed, ",.0f") if record.get("outcome") == "OK" and speed > 0 else "-"
+
+
 def probes_section(data: ReportData) -> List[str]:
     head = ("<tr><th>#</th><th>kind</th><th>rungs</th><th>configuration</th><th>outcome</th><th>peak</th>"
             "<th>predicted</th><th>tokens/s</th></tr>")
@@ -115,7 +121,7 @@ def probes_section(data: ReportData) -> List[str]:
             f"<td>{_e(record['candidate'])}</td><td class='{_e(outcome)}'>{_e(outcome)}</td>"
             f"<td class='num'>{_e(_size(record.get('peak_bytes')))}</td>"
             f"<td class='num'>{_e(_size(record.get('predicted_bytes')))}</td>"
-            f"<td class='num'>{_e(format(record.get('tokens_per_second') or 0, ',.0f'))}</td></tr>")
+            f"<td class='num'>{_e(_speed(record))}</td></tr>")
     skipped = data.best.get("skipped") or []
     parts = ["<h2>Every probe of this run</h2>", f"<table>{head}{''.join(rows)}</table>"]
     if skipped:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from autofit.core import ENGINE_FAILURE, KERNEL_FAILURE, Candidate, ProbeResult
+from autofit.core import ENGINE_FAILURE, KERNEL_FAILURE, Candidate, ProbeResult, clip
 
 LIGER_RUNG = "liger-kernels"  # the name of the Liger rung (autofit.rungs._liger)
 
@@ -25,10 +25,11 @@ class FailedRungs:
         """The note for the report when this result is the first failure of a rung's machinery."""
         if candidate.offload and result.cause == ENGINE_FAILURE and not self.engine:
             self.engine = True
-            return f"optimizer offload could not run here ({result.error[:200]}); its other candidates were not probed"
+            return (f"optimizer offload could not run here ({clip(result.error, 200)}); its other candidates were not "
+                    "probed")
         if candidate.liger and result.cause == KERNEL_FAILURE and not self.kernels:
             self.kernels = True
-            return (f"Liger's kernels could not run here ({result.error[:200]}); the search went on without them "
+            return (f"Liger's kernels could not run here ({clip(result.error, 200)}); the search went on without them "
                     "(use_liger_kernel off)")
         return None
 

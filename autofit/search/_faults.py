@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple
 
-from autofit.core import INFRASTRUCTURE, USER, Candidate, Outcome, ProbeResult
+from autofit.core import INFRASTRUCTURE, USER, Candidate, Outcome, ProbeResult, clip
 from autofit.probe import FactoryError
 
 if TYPE_CHECKING:
@@ -94,8 +94,8 @@ def retry_note(candidate: Candidate, first: ProbeResult, again: ProbeResult) -> 
     else:
         same = again.signature() == first.signature()
         outcome = f"ended {again.outcome.value}" + (": the same error" if same else "")
-    return (f"{candidate.describe()}: the probe failed for a reason that is not the candidate's ({first.error[:160]}); "
-            f"it ran once more and {outcome}")
+    return (f"{candidate.describe()}: the probe failed for a reason that is not the candidate's "
+            f"({clip(first.error, 160)}); it ran once more and {outcome}")
 
 
 def check_no_fit_is_an_answer(records: Iterable[Record], skipped: bool) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from autofit import memory_model
-from autofit.core import LENGTH_FIELD, Candidate, Outcome, ProbeResult, SearchSpec, format_size
+from autofit.core import LENGTH_FIELD, Candidate, Outcome, ProbeResult, SearchSpec, clip, format_size
 from autofit.rungs import LadderState
 
 
@@ -35,7 +35,7 @@ class Record:
             where = result.error_phase or "?"
             if result.origin and result.outcome is not Outcome.OOM:
                 where += f" ({result.origin})"
-            detail += f" in {where}: {result.error[:160]}"
+            detail += f" in {where}: {clip(result.error, 160)}"
         return (f"{self.kind} {index:<5} [{'+'.join(self.candidate.rungs) or 'baseline'}] {self.candidate.describe()}: "
                 f"{result.outcome.value} {detail}{' (stored)' if self.cached else ''}")
 

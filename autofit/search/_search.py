@@ -25,7 +25,7 @@ import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from autofit import memory_model
-from autofit.core import INFRASTRUCTURE, Candidate, InputError, Outcome, ProbeResult, SearchSpec, format_size
+from autofit.core import INFRASTRUCTURE, Candidate, InputError, Outcome, ProbeResult, SearchSpec, clip, format_size
 from autofit.memory_model import divisors, length_grid
 from autofit.probe import PlainProgress, ProbeProgress, Runner
 from autofit.rungs import FREE, QUALITY, SPEED, FailedRungs, LadderState, Rung, climb
@@ -394,6 +394,6 @@ class Search:
             self.report.notes.append(
                 f"{fit.candidate.describe()} fitted in {self.spec.options.probe_steps} steps but not in "
                 f"{self.spec.verify_plan()[0]} steps of verification ({verified.outcome.value}: "
-                f"{verified.error[:120]}); next candidate"
+                f"{clip(verified.error, 120)}); next candidate"
             )
         return False
