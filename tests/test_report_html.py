@@ -334,3 +334,21 @@ def test_an_unreadable_study_record_is_left_out_of_the_report_with_a_warning(sea
     number = len(study.get_trials()) - 1
     assert f"study record {number} of {out / 'study.journal'} is not readable" in caplog.text
     assert f"The study holds {number} probes in all" in (out / "report.html").read_text()
+
+
+def test_grpo_phases_are_drawn_in_the_order_a_step_goes_and_the_chosen_fit_is_marked_once():
+    """Issue 31, item 7: GRPO's phases were drawn in the order their peaks were recorded; the chosen fit was marked
+    twice on the throughput figure (its probe and its verification)."""
+    from autofit.report import _plots as plots
+
+    recorded = {"load": 5.0, "forward_backward": 90.0, "optimizer_step": 60.0, "generation": 70.0, "scoring": 40.0,
+                "train_setup": 6.0, "custom": 1.0}
+    figure = plots.phases_figure(recorded, 2**30, 0.0)
+    drawn = [label.get_text() for label in figure.axes[0].get_yticklabels()]
+    assert drawn == ["load", "train_setup", "generation", "scoring", "forward_backward", "optimizer_step", "custom"]
+
+    fits = [("mb=2x4", 100.0, 10.0), ("mb=4x2", 200.0, 20.0), ("mb=4x2", 205.0, 19.0)]  # probe, then verification
+    figure = plots.throughput_figure(fits, "mb=4x2", 2**30)
+    stars = [c for c in figure.axes[0].collections if c.get_label().startswith("chosen")]
+    assert len(stars) == 1 and len(stars[0].get_offsets()) == 1
+    assert list(stars[0].get_offsets()[0]) == [205.0 / 2**20, 19.0]  # the verification's measurement

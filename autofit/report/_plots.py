@@ -85,10 +85,18 @@ def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float]
     return figure
 
 
+# The order a step goes through the phases a probe records (autofit.probe._instrument); GRPO and RLOO generate and
+# score before their forward and backward. Others follow in the order recorded.
+PHASE_ORDER = ("setup", "load", "train_setup", "generation", "scoring", "forward_backward", "optimizer_step",
+               "between_steps")
+
+
 def phases_figure(phase_peaks: Dict[str, float], budget: Optional[float], margin: float):
     unit, scale = unit_for(budget)
     figure, axes = _figure(height=max(2.0, 0.35 * len(phase_peaks) + 1.2))
-    names = list(phase_peaks)
+    recorded = list(phase_peaks)
+    names = sorted(recorded, key=lambda name: (PHASE_ORDER.index(name) if name in PHASE_ORDER else len(PHASE_ORDER),
+                                               recorded.index(name)))
     axes.barh([plain(name) for name in names], [phase_peaks[name] / scale for name in names], color=COLORS[0])
     axes.invert_yaxis()  # in the order the step goes through them
     _budget_lines(axes, budget, margin, scale, unit, vertical=True)
@@ -124,7 +132,7 @@ def throughput_figure(fits: Sequence[Tuple[str, float, float]], chosen: Optional
     others = [(peak, speed) for label, peak, speed in fits if label != chosen]
     if others:
         axes.scatter([p / scale for p, _ in others], [s for _, s in others], color=COLORS[0], label="fits")
-    mine = [(peak, speed) for label, peak, speed in fits if label == chosen]
+    mine = [(peak, speed) for label, peak, speed in fits if label == chosen][-1:]  # its verification: marked once
     if mine:
         axes.scatter([p / scale for p, _ in mine], [s for _, s in mine], color=COLORS[3], marker="*", s=160,
                      label=plain(f"chosen: {chosen}"), zorder=3)
