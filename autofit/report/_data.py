@@ -46,7 +46,7 @@ class ReportData:
 
     def level_label(self, level: int) -> str:
         rungs = next((p.candidate.rungs for p in self.probes if p.level == level), ())
-        return f"{level}: " + ("+".join(rungs) if rungs else "baseline")
+        return "+".join(rungs) if rungs else "baseline"  # the rungs, not the ladder's internal level number
 
 
 def read_best(out_dir: Path) -> Dict[str, Any]:
