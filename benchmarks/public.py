@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from autofit.core import SearchOptions, format_size
+from autofit.core import Candidate, SearchOptions, format_size
 from autofit.memory_model import Ledger, base_candidate, phase_ledgers
 from autofit.search import estimate_question, with_config
 from benchmarks.page import table_main
@@ -57,23 +57,23 @@ ROWS = (
               "FSDP version 1 over bitsandbytes' 4-bit storage (we model FSDP2); the 2024 full-vocabulary fp32 "
               "loss; reentrant checkpointing"),
     Published("O1", "Llama-3-8B full SFT, DeepSpeed ZeRO-2, 1 x A100 80GB, batch 1, 128 tokens, after backward",
-              "O1.yaml", "Meta-Llama-3-8B", 1, A100_80GB, "zero2", (61 * GIB, 61 * GIB), "train",
+              "O1.yaml", "Meta-Llama-3-8B", 1, A100_80GB, None, (61 * GIB, 61 * GIB), "backward",
               "61 (GiB) after the backward pass; out of memory at the optimizer step",
-              "OpenRLHF's trainer (not TRL) with DeepSpeed 0.15's default 5e8-element reduce bucket (our ledger "
-              "uses the Trainer's hidden^2); the ledger holds ZeRO's gradient partition only at the step, where "
-              "DeepSpeed holds the bf16 gradients from the backward on (about 16 GB here)"),
+              "OpenRLHF's trainer (not TRL); its DeepSpeed settings are the file's (`deepspeed:`)"),
 )
 
 
-def predict(row: Published) -> Dict[str, Ledger]:
-    """The run's ledgers by phase, at its engine."""
+def candidate_of(row: Published) -> Candidate:
+    """The run's configuration as the estimate reads its file, at its engine."""
     values = with_config({"config": str(ROOT / "public" / row.config), "model": str(ROOT / "models" / row.model),
                           "gpus": row.gpus, "gpu_memory": row.card, "device": "cuda"})
-    spec = estimate_question(SearchOptions(**values))
-    candidate = base_candidate(spec)
-    if row.engine is not None:
-        candidate = candidate.replace(sharding=row.engine)
-    return {ledger.phase: ledger for ledger in phase_ledgers(candidate, device="cuda")}
+    candidate = base_candidate(estimate_question(SearchOptions(**values)))
+    return candidate if row.engine is None else candidate.replace(sharding=row.engine)
+
+
+def predict(row: Published) -> Dict[str, Ledger]:
+    """The run's ledgers by phase."""
+    return {ledger.phase: ledger for ledger in phase_ledgers(candidate_of(row), device="cuda")}
 
 
 # DeepSpeed's fp32 master weights exist from the engine's setup; Adam's two states only from the first step. The
@@ -101,7 +101,7 @@ def table(_: Path) -> str:
         ledger = ledgers[row.phase] if row.phase else peak
         shown, allocated, where = ledger.total, ledger.allocated, ledger.phase
         extra = ""
-        if row.phase == "train" and row.engine and row.engine.startswith("zero"):
+        if row.phase == "backward" and "deepspeed" in dict(candidate_of(row).user_args):
             (shown, allocated), where = first_backward(ledger), "first backward"
             extra = (f"; step {format_size(peak.total)}: "
                      + ("out of memory, as published" if peak.total > row.card else "fits, unlike the source"))
@@ -112,10 +112,11 @@ def table(_: Path) -> str:
         lines.append(f"| {row.key} | {row.what} | {row.reading} | {_gb(shown)} ({_gb(allocated)}) [{where}]{extra} "
                      f"| {error:+.1%}{inside} | {row.not_expressed} |")
     lines.append("")
-    lines.append("Predicted: `autofit estimate --config benchmarks/public/<run>.yaml` at the source's engine "
-                 "(our FSDP2 for its FSDP, ZeRO-2 on one GPU for O1), uncalibrated; nvidia-smi = reserved memory "
-                 "plus the CUDA context, the figure the search holds against the budget; PyTorch = "
-                 "`max_memory_allocated`. Error against the published figure (a range's middle).")
+    lines.append("Predicted: `autofit estimate --config benchmarks/public/<run>.yaml` at the source's engine (our "
+                 "FSDP2 for its FSDP; O1's DeepSpeed configuration is its file's), uncalibrated; nvidia-smi = "
+                 "reserved memory plus the CUDA context (and NCCL's buffers with several GPUs), the figure the search "
+                 "holds against the budget; PyTorch = `max_memory_allocated`. Error against the published figure (a "
+                 "range's middle).")
     return "\n".join(lines)
 
 

@@ -224,6 +224,44 @@ def test_each_sharding_holds_less_per_gpu_for_a_full_fine_tune():
     assert peak[None] > one  # data parallel: every rank holds it all, and DDP's buckets copy the gradients
 
 
+def _phases(candidate):
+    return {ledger.phase: ledger for ledger in mm.phase_ledgers(candidate, device="cuda")}
+
+
+def _deepspeed(**zero):
+    return (("deepspeed", {"zero_optimization": {"stage": 2, **zero}, "bf16": {"enabled": True}}),)
+
+
+def test_zero_holds_its_gradient_buffers_from_the_backward_as_its_configuration_sizes_them():
+    shape = mm.ModelShape.from_model("Qwen/Qwen2.5-7B")
+    own = Candidate(algo="sft", model="Qwen/Qwen2.5-7B", device="cuda", micro_batch=1, grad_accum=1, max_length=128,
+                    checkpointing=True, user_args=_deepspeed(reduce_bucket_size=5e8))
+    trainable = sum(t.numel * t.count for t in mm.trainable_tensors(shape, own))
+    phases = _phases(own)  # a ZeRO-2 config of the user's own on one GPU: the Trainer runs it at world size 1
+    assert phases["backward"].gradients == trainable * 2 + 5e8 * 2  # the bf16 partition and DeepSpeed's bucket
+    assert phases["step"].gradients == phases["backward"].gradients + trainable * 4  # the step's fp32 partition
+    assert mm.unmodelled(own) == []
+    auto = _phases(own.replace(user_args=_deepspeed(reduce_bucket_size="auto", overlap_comm=True)))["backward"]
+    assert auto.gradients == trainable * 2 + 2 * shape.hidden ** 2 * 2  # the Trainer's "auto": two with overlap_comm
+    plain = _phases(own.replace(user_args=()))["backward"]
+    assert plain.gradients == 0  # plain TRL frees the gradients at the step, and holds none before the backward
+    offloading = own.replace(user_args=_deepspeed(offload_optimizer={"device": "cpu"}))
+    assert mm.unmodelled(offloading) == ["a DeepSpeed config of your own that offloads (its host buffers are not "
+                                         "modelled)"]
+
+
+def test_zero3_gathers_at_most_its_live_parameters_and_nccl_shows_beside_pytorch():
+    base = Candidate(algo="sft", model="Qwen/Qwen2.5-7B", device="cuda", micro_batch=1, grad_accum=1, max_length=128,
+                     checkpointing=True, ranks=4, sharding="zero3")
+    capped = base.replace(sharding=None, user_args=(("deepspeed", {"zero_optimization": {
+        "stage": 3, "stage3_max_live_parameters": 1, "stage3_prefetch_bucket_size": "auto"}}),))
+    assert _phases(capped)["backward"].weights < _phases(base)["backward"].weights  # no layer prefetched
+    context = mm.predict(base.replace(ranks=1, sharding=None)).cuda_context
+    assert mm.predict(base).cuda_context == context + 1e9  # NCCL's buffers: in nvidia-smi, not in PyTorch's peak
+    assert mm.predict(base).allocated == mm.predict(base).total - mm.predict(base).allocator - context - 1e9
+    assert mm.predict(base.replace(device="cpu"), device="cpu").cuda_context == 0
+
+
 def test_estimate_shows_the_per_gpu_ledger_of_each_strategy():
     out = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", "--model", "Qwen/Qwen2.5-7B", "--algo",
                           "grpo", "--gpus", "4", "--gpu-memory", "24GB"], capture_output=True, text=True, timeout=120)

@@ -72,6 +72,17 @@ def test_the_files_run_is_the_baseline_and_flags_override_the_file(sft_file):
     assert "baseline=" in spec.question_key()  # another file, another study
 
 
+def test_the_files_batch_is_per_gpu_as_in_trl(sft_file):
+    from autofit.search import estimate_question
+
+    for gpus, nodes in ((4, 1), (2, 2)):
+        values = with_config({"config": str(sft_file), "device": "cuda", "gpu_memory": "80GB", "gpus": gpus,
+                              "nodes": nodes})
+        assert values["effective_batch"] == 8 * gpus * nodes  # per_device_train_batch_size 8 on every GPU
+        baseline = base_candidate(estimate_question(SearchOptions(**values)))
+        assert (baseline.micro_batch, baseline.grad_accum, baseline.ranks) == (8, 1, gpus * nodes)
+
+
 @pytest.mark.parametrize("content, named", [
     ("model_name_or_path: tiny-qwen2\nfoo: 1\n", "Unknown arguments from config file: ['--foo']"),
     ("per_device_train_batch_size: abc\n", "invalid int value: 'abc'"),
@@ -173,3 +184,31 @@ def test_the_config_option_is_documented():
     commands = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
     for name in ("search", "estimate"):
         assert "your TRL config file" in commands[name].format_help()
+
+
+# A ZeRO-2 configuration of the user's own, as a TRL user writes it for the Trainer ("auto" for what it fills).
+DEEPSPEED = """\
+model_name_or_path: tiny-qwen2
+max_length: 64
+per_device_train_batch_size: 2
+deepspeed:
+  zero_optimization:
+    stage: 2
+    reduce_bucket_size: 1.0e+6
+  train_micro_batch_size_per_gpu: auto
+  gradient_accumulation_steps: auto
+  train_batch_size: auto
+  zero_force_ds_cpu_optimizer: false
+"""
+
+
+@pytest.mark.slow
+def test_a_files_own_deepspeed_config_runs_in_the_probe_and_the_ledger_sizes_its_buffers(tmp_path):
+    path = tmp_path / "ds.yaml"
+    path.write_text(DEEPSPEED)
+    out = tmp_path / "out"
+    code = cli.main(["search", "--config", str(path), "--device", "cpu", "--gpu-memory", "150MiB", "--max-probes", "1",
+                     "--out", str(out)])
+    probe = json.loads((out / "best.json").read_text())["candidates"][0]
+    assert code == 0 and probe["outcome"] == "OK", probe  # launched as TRL's CLI would: one process of a world of 1
+    assert abs(probe["prior_predicted_bytes"] - probe["peak_bytes"]) < 0.02 * probe["peak_bytes"]

@@ -48,6 +48,7 @@ from autofit.memory_model._checked import (
     sizes_are_exact,
     unchecked_reason,
     unmodelled,
+    unmodelled_args,
 )
 from autofit.memory_model._ledger import (
     PRIOR_UNCERTAINTY,
@@ -88,7 +89,7 @@ from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
 from autofit.memory_model._vllm import VLLM_MODES, vllm_lines, vllm_share
 
 __all__ = [
-    "UNMODELLED_ARGS", "optimizer_known", "unmodelled",
+    "UNMODELLED_ARGS", "optimizer_known", "unmodelled", "unmodelled_args",
     "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CALIBRATED_UNCERTAINTY_FLOOR", "CHECKED", "Calibration", "Census",
     "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES", "GEN_PREFILL_MLP_COPIES", "Ledger", "LevelEstimate",
     "ModelShape", "NoCausalLM", "PRIOR_UNCERTAINTY", "ParamCounts", "RungEstimate", "SINGLE_POINT_UNCERTAINTY",

@@ -8,7 +8,7 @@ probes calibrate it: no confident wrong number.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional
 
 from autofit.memory_model._census import ANALYTIC
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 # Training arguments the ledger does not describe: a prediction for a run with one of them gets the unchecked band,
 # and the search and the estimate say so (the probes measure them).
 UNMODELLED_ARGS = {"fp16": "fp16 mixed precision", "torch_compile": "torch.compile",
-                   "deepspeed": "a DeepSpeed config of your own", "fsdp": "an FSDP config of your own",
+                   "fsdp": "an FSDP config of your own",
                    "padding_free": "padding-free batches (the probes pad every row to full length: a bound)"}
 
 CHECKED_UNCERTAINTY = 0.25  # the prior's band for a checked family (the activation coefficients' spread, 2.4)
@@ -60,11 +60,21 @@ def unmodelled(candidate: Candidate) -> List[str]:
     """What the candidate sets that the ledger does not describe, in words."""
     from autofit.memory_model._parameters import optimizer_known
 
-    args = dict(candidate.user_args)
-    found = [what for key, what in UNMODELLED_ARGS.items() if args.get(key) not in (None, False, "", [], {})]
+    found = unmodelled_args(dict(candidate.user_args))
+    if dict(candidate.user_args).get("deepspeed") and (candidate.sharding or candidate.offload):
+        found.append("a DeepSpeed config of your own under autofit's sharding or offload rung")
     if not optimizer_known(candidate.optim):
         found.append(f"the optimizer {candidate.optim} (two fp32 states assumed)")
     return found
+
+
+def unmodelled_args(args: Mapping[str, Any]) -> List[str]:
+    """The training arguments in ``args`` that the ledger does not describe, in words."""
+    from autofit.memory_model._engine_settings import unmodelled_deepspeed
+
+    found = [what for key, what in UNMODELLED_ARGS.items() if args.get(key) not in (None, False, "", [], {})]
+    deepspeed = unmodelled_deepspeed(args.get("deepspeed"))
+    return found + ([deepspeed] if deepspeed else [])
 
 
 def prior_uncertainty(shape: ModelShape, algo: str) -> float:

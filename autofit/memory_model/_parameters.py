@@ -210,6 +210,7 @@ class StateBytes:
     embedding_temporaries: float
     reference: float
     trainable_bytes: int
+    step_gradients: float = 0.0  # gradient copies that exist only in the step (ZeRO's fp32 partition)
 
 
 def state_bytes(candidate: Candidate, shape: ModelShape, device: str) -> StateBytes:

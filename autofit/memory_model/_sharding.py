@@ -7,10 +7,12 @@ TRL's ``bf16=True``:
 - data parallel (DDP): the whole state on every rank, plus DDP's gradient buckets, a flat copy of every gradient
   (accelerate and the Trainer leave ``gradient_as_bucket_view`` off) [D: torch ``Reducer``];
 - DeepSpeed casts the module to the training dtype (bf16) and keeps fp32 master weights and Adam states (12 B per
-  trainable parameter) partitioned over N from ZeRO-1 on; ZeRO-1 keeps whole bf16 gradients, ZeRO-2 a 1/N bf16
-  partition plus its fp32 copy for the step, and ZeRO-3 also partitions the bf16 weights, gathering a layer (and the
-  prefetch bucket, 0.9·h² elements, the Trainer's "auto") for its forward and backward [D: DeepSpeed 0.19
-  ``stage_1_and_2.py``, ``stage3.py``; transformers' ``deepspeed.py`` "auto" values];
+  trainable parameter) partitioned over N from ZeRO-1 on. From the first backward on (whatever N, one GPU included)
+  it holds its gradient buffers: ZeRO-1 whole bf16 gradients, ZeRO-2 and 3 a 1/N bf16 partition, each with its
+  reduce bucket(s); the step adds the partition's fp32 copy. ZeRO-3 also partitions the bf16 weights, gathering a
+  layer and the prefetch bucket for its forward and backward, at most ``stage3_max_live_parameters``. The buckets'
+  sizes are the engine's own settings (``_engine_settings``: the user's DeepSpeed configuration or autofit's)
+  [D: DeepSpeed 0.19 ``stage_1_and_2.py`` ``copy_grads_in_partition``/``setup_buckets``, ``stage3.py``];
 - FSDP2 full shard keeps every parameter, its gradient and AdamW's states sharded in the loaded dtype (float32: 16 B
   per trainable parameter over N), and unshards a layer in bf16 for its compute, the next one prefetched
   [D: torch ``fully_shard`` with accelerate's mixed-precision policy]. Under gradient accumulation the Trainer runs
@@ -18,6 +20,8 @@ TRL's ``bf16=True``:
   then accumulate unsharded, whole in the compute dtype, until the last micro-batch reduce-scatters them
   [V: CPU meter, 2 gloo ranks under ``autofit.probe._simulated_fsdp``, tiny-qwen2: 123.1 MiB per rank measured at
   accumulation 4 where the sharded gradients alone predicted 109.4].
+
+NCCL's own buffers, outside PyTorch's allocator, are the ledger's (``_engine_settings.nccl_bytes``).
 
 The offload variants keep the shards on the host: ``fsdp2-offload`` every parameter, gradient and AdamW state
 (the step runs on the CPU), ``zero3-offload`` the bf16 weights' partitions, the fp32 master weights, gradients and
@@ -35,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 
 from autofit.core import Candidate
+from autofit.memory_model._engine_settings import zero_engine, zero_settings
 from autofit.memory_model._parameters import StateBytes, compute_bytes, param_counts, trainable_tensors, weight_bytes
 from autofit.memory_model._shape import ModelShape
 
@@ -42,8 +47,9 @@ OFFLOADED = ("fsdp2-offload", "zero3-offload")
 ZERO_HOST_FP32_BYTES = 4 + 4 + 8  # fp32 master weight, its gradient, Adam's two states
 DDP_BUCKET_COPIES = 1  # a flat copy of every gradient
 ZERO_MASTER_AND_ADAM_BYTES = 4 + 8  # fp32 master weight, exp_avg, exp_avg_sq
-ZERO_FP32_GRAD_BYTES = 4  # the partition's gradient in fp32 for the step (ZeRO-2 and 3)
-ZERO3_PREFETCH_H2 = 0.9  # stage3_prefetch_bucket_size "auto": 0.9 x hidden^2 elements
+# The partition's gradient flattened to fp32 for the step (a copy even of an fp32 module's) [V: CPU meter, a ZeRO-2
+# config of the user's on tiny-qwen2 at 16 tokens, the step the peak: 129.79 MiB measured, 133.6 predicted]
+ZERO_FP32_GRAD_BYTES = 4
 UNSHARDED_LAYERS = 2  # the layer being computed and the one prefetched (ZeRO-3 and FSDP2)
 ADAMW_STATE_COPIES = 2
 
@@ -56,9 +62,9 @@ def _layer_params(shape: ModelShape, candidate: Candidate) -> float:
 def sharded_state(state: StateBytes, candidate: Candidate, shape: ModelShape, device: str) -> StateBytes:
     """One rank's share of ``state`` (a single GPU's) under the candidate's engine across ``candidate.ranks``."""
     ranks = candidate.ranks
-    if (ranks < 2 and candidate.sharding is None) or candidate.offload:  # a named engine on one GPU is its own
+    strategy = candidate.sharding or zero_engine(candidate) or "ddp"
+    if (ranks < 2 and strategy == "ddp") or candidate.offload:  # a named engine on one GPU is its own
         return state
-    strategy = candidate.sharding or "ddp"
     if strategy in OFFLOADED:
         return _offloaded(state, candidate, shape, device, strategy)
     if strategy == "ddp":
@@ -78,21 +84,25 @@ def sharded_state(state: StateBytes, candidate: Candidate, shape: ModelShape, de
             optimizer=ADAMW_STATE_COPIES * trainable * w_bytes / ranks,
             step_temporaries=state.step_temporaries / ranks, embedding_temporaries=0.0, reference=reference / ranks)
     # DeepSpeed ZeRO: the module in the training dtype, master weights and Adam states partitioned
+    settings = zero_settings(candidate, shape)
     engine = c_bytes if device == "cuda" else weight_bytes(candidate, shape)  # on the CPU: the load dtype
-    bucket = shape.hidden * shape.hidden * engine  # reduce_bucket_size "auto"
+    buckets = settings.reduce_bucket * settings.reduce_buckets * engine
     w_bytes = weight_bytes(candidate, shape)
     weights = frozen_weights * engine / w_bytes + trainable * engine  # DeepSpeed casts the whole module
     optimizer = ZERO_MASTER_AND_ADAM_BYTES * trainable / ranks
-    if strategy == "zero1":
-        gradients = trainable * engine + bucket
-    else:
-        gradients = trainable * (engine + ZERO_FP32_GRAD_BYTES) / ranks + bucket
-    if strategy == "zero3":
-        weights = weights / ranks + (UNSHARDED_LAYERS * layer + ZERO3_PREFETCH_H2 * shape.hidden ** 2) * engine
+    gradients = trainable * engine / (1 if settings.stage == 1 else ranks) + buckets
+    if settings.stage == 3:
+        weights = weights / ranks + _gathered(layer, settings.prefetch_bucket, settings.max_live) * engine
         reference = reference / ranks
     return dataclasses.replace(state, weights=weights, autocast_copy=0.0, gradients=gradients, optimizer=optimizer,
                                step_temporaries=state.step_temporaries / ranks, embedding_temporaries=0.0,
-                               reference=reference)
+                               reference=reference, step_gradients=trainable * ZERO_FP32_GRAD_BYTES / ranks)
+
+
+def _gathered(layer: float, prefetch_bucket: float, max_live: float) -> float:
+    """Elements ZeRO-3 holds gathered: the layer computed, the next one and the prefetch bucket, at most
+    ``stage3_max_live_parameters`` (never less than the layer computed)."""
+    return min(UNSHARDED_LAYERS * layer + prefetch_bucket, max(max_live, layer))
 
 
 def _offloaded(state: StateBytes, candidate: Candidate, shape: ModelShape, device: str, strategy: str) -> StateBytes:
@@ -104,9 +114,11 @@ def _offloaded(state: StateBytes, candidate: Candidate, shape: ModelShape, devic
                                    gradients=layer * c_bytes, optimizer=0.0, step_temporaries=0.0,
                                    embedding_temporaries=0.0, reference=state.reference / candidate.ranks)
     engine = c_bytes if device == "cuda" else weight_bytes(candidate, shape)
-    gathered = (UNSHARDED_LAYERS * layer + ZERO3_PREFETCH_H2 * shape.hidden ** 2) * engine
+    settings = zero_settings(candidate, shape)
+    gathered = _gathered(layer, settings.prefetch_bucket, settings.max_live) * engine
     return dataclasses.replace(state, weights=gathered, autocast_copy=0.0,
-                               gradients=shape.hidden * shape.hidden * engine, optimizer=0.0, step_temporaries=0.0,
+                               gradients=settings.reduce_bucket * settings.reduce_buckets * engine, optimizer=0.0,
+                               step_temporaries=0.0,
                                embedding_temporaries=0.0, reference=state.reference / candidate.ranks)
 
 

@@ -109,6 +109,10 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         if candidate.engine:
             stage = "load"  # the engine's failures belong to the rung (below), not to the machine
             enter_engine(candidate)
+        elif dict(candidate.user_args).get("deepspeed"):  # the user's own DeepSpeed run, launched as TRL's CLI would
+            from autofit.rungs import process_env
+
+            os.environ.update(process_env(candidate.device))
         meter = make_meter(candidate, budget_bytes)
         phases.follow(meter)
         context = meter if candidate.device == "cpu" else contextlib.nullcontext()

@@ -171,13 +171,20 @@ def launch_env(accelerate_yaml: Path, device: str, engine: str = ZERO2_OFFLOAD) 
         env = prepare_multi_gpu_env(args)
     changed = {key: value for key, value in env.items() if key.startswith(("ACCELERATE_", "FSDP_"))
                and os.environ.get(key) != value}
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        changed.update({key: os.environ[key] for key in RANK_VARIABLES if key in os.environ})
-    else:
-        changed.update(rank_env(0, 1, port))
-    if device == "cpu":  # the simulated device: DeepSpeed's CPU accelerator, whatever GPUs the machine has
-        changed.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+    changed.update(process_env(device, port))
     return changed
+
+
+def process_env(device: str, port: int = 0) -> Dict[str, str]:
+    """torch.distributed's variables of this process (the runner's, else those of a single process), and on the
+    simulated device DeepSpeed's CPU accelerator: what a DeepSpeed run needs beside its configuration."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        env = {key: os.environ[key] for key in RANK_VARIABLES if key in os.environ}
+    else:
+        env = rank_env(0, 1, port or free_port())
+    if device == "cpu":  # the simulated device: DeepSpeed's CPU accelerator, whatever GPUs the machine has
+        env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+    return env
 
 
 def free_port() -> int:

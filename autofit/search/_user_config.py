@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from autofit.core import RL_ALGOS, InputError, LoraSettings, one_line
+from autofit.core import RL_ALGOS, InputError, LoraSettings, one_line, visible_gpu_count
 from autofit.core._spec import SEARCHED_ARGS, Baseline
 
 READ_TIMEOUT_S = 300
@@ -35,7 +35,7 @@ NOT_PROBED = frozenset({
 MAPPED = frozenset({"num_generations", "beta", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "optim",
                     "activation_offloading", "trust_remote_code"})
 # ModelConfig's settings the probes and the memory model leave out (the training arguments' are the memory model's
-# ``UNMODELLED_ARGS``): said in a note.
+# ``unmodelled_args``): said in a note.
 UNMODELLED_MODEL = {"use_dora": "DoRA adapters (probed as plain LoRA)",
                     "lora_target_parameters": "LoRA on parameters (lora_target_parameters, probed without)"}
 
@@ -119,10 +119,9 @@ class UserConfig:
 
     def unmodelled(self) -> List[str]:
         """What the file sets that the memory model does not describe (its predictions say so, with a wider band)."""
-        from autofit.memory_model import UNMODELLED_ARGS, optimizer_known
+        from autofit.memory_model import optimizer_known, unmodelled_args
 
-        found = [what for key, what in UNMODELLED_ARGS.items()
-                 if self.wrote(key) and self.training.get(key) not in (None, False, "", [], {})]
+        found = unmodelled_args({key: self.training.get(key) for key in self.written if key in self.training})
         found += [what for key, what in UNMODELLED_MODEL.items() if self.model.get(key) not in (None, False, [], "")]
         if self.wrote("optim") and not optimizer_known(self.training.get("optim")):
             found.append(f"the optimizer {self.training.get('optim')} (two fp32 states assumed)")
@@ -135,10 +134,22 @@ def with_config(values: Dict[str, Any]) -> Dict[str, Any]:
     if not values.get("config"):
         return values
     user = read_user_config(str(values["config"]), str(values.get("algo") or "sft"))
-    merged = {**user.option_values(), **values}
+    from_file = user.option_values()
+    if "effective_batch" in from_file:  # the file's batch is per device, as in TRL: the effective batch is global
+        from_file["effective_batch"] *= _world_size(values)
+    merged = {**from_file, **values}
     if values.get("training_args") is not None:
         merged["training_args"] = {**user.passed_through(), **values["training_args"]}
     return merged
+
+
+def _world_size(values: Dict[str, Any]) -> int:
+    """The GPUs that train together at the door's ``--gpus`` and ``--nodes`` (1 where they are not numbers yet: the
+    door refuses those)."""
+    gpus, nodes = values.get("gpus", 1), values.get("nodes", 1)
+    if gpus == "all":
+        gpus = visible_gpu_count() or 1
+    return gpus * nodes if isinstance(gpus, int) and isinstance(nodes, int) and gpus > 0 and nodes > 0 else 1
 
 
 _READ: Dict[Tuple[str, str, str], UserConfig] = {}

@@ -1,0 +1,146 @@
+"""The engines' own settings behind the ledger's sharding terms: DeepSpeed ZeRO's buckets and live parameters, and
+what NCCL holds outside PyTorch's allocator.
+
+A ZeRO configuration comes from the user's config file (the training argument ``deepspeed``: a dict, or a JSON
+file's path) or else from the sharding rung autofit writes (``autofit.rungs.deepspeed_config``). It is read the way
+the Trainer hands it to DeepSpeed: an "auto" value is the Trainer's (``reduce_bucket_size`` hidden², the ZeRO-3
+prefetch bucket 0.9·hidden²), a key left out is DeepSpeed's own default (5e8-element reduce bucket, 5e7 prefetch
+bucket, 1e9 live parameters; ``overlap_comm`` on for ZeRO-3 only, and then two reduce buckets)
+[D: DeepSpeed 0.19 ``runtime/zero/config.py``, ``stage_1_and_2.py`` ``setup_buckets``; transformers'
+``integrations/deepspeed.py`` ``trainer_config_finalize``].
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from autofit.core import Candidate
+from autofit.memory_model._shape import ModelShape
+
+# DeepSpeed's defaults for the keys a configuration leaves out [D: DeepSpeed 0.19 runtime/zero/config.py]
+REDUCE_BUCKET_DEFAULT = 5e8
+PREFETCH_BUCKET_DEFAULT = 5e7
+MAX_LIVE_DEFAULT = 1e9
+# The Trainer's "auto" [D: transformers integrations/deepspeed.py]
+AUTO_PREFETCH_H2 = 0.9
+# NCCL's buffers on each GPU, outside PyTorch's allocator (nvidia-smi shows them, max_memory_allocated does not):
+# about 1 GB per communicator on 8 x H100 over NVLink after its first collectives (NVIDIA/nccl#1685: "NV 1.06 GB"
+# excluding PyTorch), linear in its channels (NVIDIA/nccl#986). One communicator: the data-parallel group [M].
+NCCL_BYTES_PER_GPU = 1.0e9
+ZERO_ENGINES = {"zero1": 1, "zero2": 2, "zero3": 3}
+
+
+@dataclass(frozen=True)
+class ZeroSettings:
+    """A ZeRO stage's buffers in elements: the gradient reduce buckets (two with ``overlap_comm``), ZeRO-3's prefetch
+    bucket and its cap on gathered parameters; ``source`` says where they were read."""
+
+    stage: int
+    reduce_bucket: float
+    reduce_buckets: int
+    prefetch_bucket: float
+    max_live: float
+    offloads: bool
+    source: str
+
+
+def user_deepspeed(candidate: Candidate) -> Optional[Dict[str, Any]]:
+    """The DeepSpeed configuration the user's file gives (the ``deepspeed`` training argument), read; None when it
+    gives none or it cannot be read (then it is not modelled: ``unmodelled_deepspeed``)."""
+    return read_deepspeed(dict(candidate.user_args).get("deepspeed"))
+
+
+def read_deepspeed(given: Any) -> Optional[Dict[str, Any]]:
+    """A ``deepspeed`` training argument's configuration: the dict itself, or the JSON file it names."""
+    if isinstance(given, dict):
+        return given
+    if isinstance(given, str) and given:
+        try:
+            loaded = json.loads(Path(given).read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        return loaded if isinstance(loaded, dict) else None
+    return None
+
+
+def _number(value: Any, auto: float, default: float) -> float:
+    if value == "auto":
+        return auto
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return default
+
+
+def _zero_section(config: Dict[str, Any]) -> Dict[str, Any]:
+    section = config.get("zero_optimization")
+    return section if isinstance(section, dict) else {}
+
+
+def user_zero_stage(candidate: Candidate) -> Optional[int]:
+    """The ZeRO stage of the user's own DeepSpeed configuration (1-3), or None."""
+    config = user_deepspeed(candidate)
+    stage = _zero_section(config).get("stage") if config else None
+    return stage if stage in (1, 2, 3) else None
+
+
+def zero_engine(candidate: Candidate) -> Optional[str]:
+    """The ZeRO engine the candidate trains under: its sharding rung, else the user's own configuration's stage."""
+    if candidate.sharding in ZERO_ENGINES or candidate.sharding == "zero3-offload":
+        return candidate.sharding
+    if candidate.sharding is None and not candidate.offload:
+        stage = user_zero_stage(candidate)
+        return f"zero{stage}" if stage else None
+    return None
+
+
+def zero_settings(candidate: Candidate, shape: ModelShape) -> ZeroSettings:
+    """The buffers of the candidate's ZeRO engine, from the configuration it runs with."""
+    from autofit.rungs import deepspeed_config
+
+    engine = zero_engine(candidate) or "zero2"
+    user = user_deepspeed(candidate)
+    if user is not None and candidate.sharding is None:
+        zero, source = _zero_section(user), "your DeepSpeed configuration"
+    else:
+        zero, source = _zero_section(deepspeed_config("cuda", engine)), "autofit's DeepSpeed configuration"
+    written = zero.get("stage")
+    stage = int(written) if written in (1, 2, 3) else ZERO_ENGINES.get(engine, 3)
+    h2 = float(shape.hidden) ** 2
+    overlap = zero.get("overlap_comm")
+    overlap = stage == 3 if overlap in (None, "auto") else bool(overlap)
+    contiguous = zero.get("contiguous_gradients", True) is not False
+    offloads = any(isinstance(zero.get(k), dict) and zero[k].get("device") not in (None, "none")
+                   for k in ("offload_optimizer", "offload_param"))
+    return ZeroSettings(
+        stage=stage,
+        reduce_bucket=_number(zero.get("reduce_bucket_size"), h2, REDUCE_BUCKET_DEFAULT),
+        reduce_buckets=(2 if overlap else 1) if contiguous else 1,
+        prefetch_bucket=_number(zero.get("stage3_prefetch_bucket_size"), AUTO_PREFETCH_H2 * h2,
+                                PREFETCH_BUCKET_DEFAULT),
+        max_live=_number(zero.get("stage3_max_live_parameters"), MAX_LIVE_DEFAULT, MAX_LIVE_DEFAULT),
+        offloads=offloads, source=source)
+
+
+def unmodelled_deepspeed(given: Any) -> Optional[str]:
+    """Why a ``deepspeed`` training argument is not modelled, or None when it is (or is not given)."""
+    if given in (None, "", {}):
+        return None
+    config = read_deepspeed(given)
+    if config is None:
+        return f"a DeepSpeed config of your own that could not be read ({given})"
+    zero = _zero_section(config)
+    if zero.get("stage") not in (1, 2, 3):
+        return "a DeepSpeed config of your own without a ZeRO stage 1-3"
+    if any(isinstance(zero.get(k), dict) and zero[k].get("device") not in (None, "none")
+           for k in ("offload_optimizer", "offload_param")):
+        return "a DeepSpeed config of your own that offloads (its host buffers are not modelled)"
+    return None
+
+
+def nccl_bytes(candidate: Candidate, device: str) -> float:
+    """NCCL's device buffers on each GPU when several train together (none on the CPU, none for one GPU)."""
+    return NCCL_BYTES_PER_GPU if device == "cuda" and candidate.ranks > 1 else 0.0
