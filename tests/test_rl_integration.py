@@ -64,17 +64,17 @@ def test_grpo_search_end_to_end(tmp_path):
 def test_probe_sees_a_generation_phase_that_alone_exceeds_the_budget(tmp_path, big_vocab_model):
     candidate = Candidate("grpo", big_vocab_model, "cpu", micro_batch=2, grad_accum=16, max_length=8,
                           num_generations=32, prompt_length=8, checkpointing=True)
-    free = ProcessRunner(GRPO, None, tmp_path / "free").run(candidate, 2)
+    free = ProcessRunner(GRPO, None, tmp_path / "free").run(candidate, 1)
     assert free.outcome is Outcome.OK, free.error
     generation, training = free.phase_peaks["generation"], free.phase_peaks["forward_backward"]
     assert generation > training * 1.3, free.phase_peaks
     budget = (generation + training) // 2  # training alone would fit
-    capped = ProcessRunner(GRPO, budget, tmp_path / "capped").run(candidate, 2)
+    capped = ProcessRunner(GRPO, budget, tmp_path / "capped").run(candidate, 1)
     assert capped.outcome is Outcome.OOM
     assert capped.error_phase == "generation"
     # with vLLM to generate (estimated: not installed here), that phase is measured but is not the trainer's
     assert importlib.util.find_spec("vllm") is None
-    trainer_only = ProcessRunner(GRPO, budget, tmp_path / "vllm").run(candidate.replace(vllm="colocate"), 2)
+    trainer_only = ProcessRunner(GRPO, budget, tmp_path / "vllm").run(candidate.replace(vllm="colocate"), 1)
     assert trainer_only.outcome is Outcome.OK, trainer_only.error
     assert trainer_only.phase_peaks["generation"] > budget >= trainer_only.peak_bytes
     assert trainer_only.peak_bytes == max(peak for phase, peak in trainer_only.phase_peaks.items()

@@ -263,11 +263,29 @@ def _chosen(data: ReportData) -> Optional[Candidate]:
     return matches[-1] if matches else None
 
 
+def _level_calibration(data: ReportData, level: int, calibration):
+    """The model calibrated on the level's own probes that fitted (one calibration for every level leaves each
+    level's curve off its own points by the fit's residual: a few MiB between checkpointing and not), else the
+    search's calibration."""
+    from autofit.memory_model import calibrate
+
+    own = [(p.candidate, p.peak_bytes) for p in data.probes
+           if p.level == level and p.kind == "probe" and p.outcome == "OK" and p.peak_bytes]
+    if not own:
+        return calibration
+    try:
+        return calibrate(own, calibration.shape, device=calibration.device)
+    except (KeyError, ValueError, ZeroDivisionError, TypeError, AttributeError, OverflowError):
+        return calibration
+
+
 def _curves(data: ReportData, calibration) -> Dict[int, List[Tuple[int, float]]]:
-    """The calibrated model along the searched axis, for each level probed (its last probe as the template)."""
+    """The model along the searched axis for each level probed (its last probe as the template), calibrated on that
+    level's probes."""
     curves = {}
     effective = (data.best.get("search") or {}).get("effective_batch") or 1
     for level in sorted({p.level for p in data.probes if p.kind == "probe"}):
+        own_calibration = _level_calibration(data, level, calibration)
         template = [p.candidate for p in data.probes if p.kind == "probe" and p.level == level][-1]
         if data.axis == "micro_batch":
             points = [template.replace(micro_batch=mb, grad_accum=effective // mb)
@@ -276,12 +294,12 @@ def _curves(data: ReportData, calibration) -> Dict[int, List[Tuple[int, float]]]
         else:
             lengths = [p.candidate.max_length for p in data.probes if p.level == level]
             low, high = min(lengths), max(lengths)
-            xs = sorted({round(low * (high / low) ** (i / (LENGTH_POINTS - 1))) for i in range(LENGTH_POINTS)}) \
-                if high > low else [low]
+            xs = sorted({round(low * (high / low) ** (i / (LENGTH_POINTS - 1))) for i in range(LENGTH_POINTS)}
+                        | set(lengths)) if high > low else [low]
             points = [template.replace(max_length=x) for x in xs]
         curve = []
         for x, candidate in zip(xs, points, strict=True):
-            ledger = _predict(calibration, candidate)
+            ledger = _predict(own_calibration, candidate)
             if ledger is not None and math.isfinite(ledger.total):
                 curve.append((x, float(ledger.total)))
         curves[level] = curve

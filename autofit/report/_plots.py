@@ -12,6 +12,9 @@ COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da
           "#64b5cd"]
 
 
+OOM_DODGE = 2**0.06  # the factor between two levels' OOM crosses on the x axis (a log axis: the same gap everywhere)
+
+
 def plain(text: str) -> str:
     """A label as written: matplotlib reads text between two '$' as TeX math (and fails on what does not parse).
     Labels come from best.json and the study; the SVG writer escapes '<' and '&' itself."""
@@ -51,8 +54,9 @@ def _budget_lines(axes, budget: Optional[float], margin: float, scale: float, un
 
 
 def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float], margin: float):
-    """Measured peak against micro-batch (or length), one colour per ladder level, with the calibrated model's
-    curve. ``series``: {"label", "points": [(x, peak, outcome)], "curve": [(x, predicted)]}."""
+    """Measured peak against micro-batch (or length), one colour per ladder level, with the model's curve
+    calibrated on the level's own probes. ``series``: {"label", "points": [(x, peak, outcome)],
+    "curve": [(x, predicted)]}."""
     unit, scale = unit_for(budget)
     figure, axes = _figure()
     for index, level in enumerate(series):
@@ -60,11 +64,13 @@ def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float]
         if level["curve"]:
             curve_xs, curve_ys = zip(*sorted(level["curve"]), strict=True)
             axes.plot(curve_xs, [y / scale for y in curve_ys], color=color, linewidth=1, alpha=0.6)
-        for marker, outcome in (("o", "OK"), ("x", "OOM")):
+        # an OOM's peak is where it stopped, near the budget for every level: each level's crosses a little aside
+        dodge = OOM_DODGE ** (index - (len(series) - 1) / 2)
+        for marker, outcome, shift in (("o", "OK", 1.0), ("x", "OOM", dodge)):
             points = [(x, peak) for x, peak, kind in level["points"] if kind == outcome]
             if points:
-                axes.scatter([x for x, _ in points], [peak / scale for _, peak in points], marker=marker, color=color,
-                             label=plain(f"{level['label']} ({outcome})"), zorder=3)
+                axes.scatter([x * shift for x, _ in points], [peak / scale for _, peak in points], marker=marker,
+                             color=color, label=plain(f"{level['label']} ({outcome})"), zorder=3)
     _budget_lines(axes, budget, margin, scale, unit)
     measured = [peak for level in series for _, peak, _ in level["points"]]
     if budget and measured:  # the curves run far past the budget at large batches: keep the budget's region in view
@@ -80,7 +86,7 @@ def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float]
         axes.xaxis.set_major_formatter(ScalarFormatter())
     axes.set_xlabel(axis_name)
     axes.set_ylabel(f"peak ({unit})")
-    axes.set_title("Measured peak per ladder level (lines: the calibrated memory model)")
+    axes.set_title("Measured peak per ladder level (lines: the memory model calibrated on the level's probes)")
     axes.legend(fontsize=7, loc="best")
     return figure
 
