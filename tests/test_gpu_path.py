@@ -145,7 +145,8 @@ def test_gpu_check_page_from_a_cpu_scenario(tmp_path):
     from benchmarks import gpu_check
 
     scenario = gpu_check.Scenario("tiny-sft", ["--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "300MiB",
-                                               "--max-length", "32"], "tiny SFT on the simulated meter", replay_steps=3)
+                                               "--max-length", "32", "--verify-steps", "3"],
+                                  "tiny SFT on the simulated meter", replay_steps=3)
     page = tmp_path / "page.md"
     assert gpu_check.main(["--out", str(tmp_path / "runs"), "--page", str(page)], scenarios=[scenario]) == 0
     best = json.loads((tmp_path / "runs" / "tiny-sft" / "best.json").read_text())

@@ -212,3 +212,13 @@ def test_a_files_own_deepspeed_config_runs_in_the_probe_and_the_ledger_sizes_its
     probe = json.loads((out / "best.json").read_text())["candidates"][0]
     assert code == 0 and probe["outcome"] == "OK", probe  # launched as TRL's CLI would: one process of a world of 1
     assert abs(probe["prior_predicted_bytes"] - probe["peak_bytes"]) < 0.02 * probe["peak_bytes"]
+
+
+def test_autofits_engines_are_left_out_beside_the_files_own(tmp_path, capsys):
+    path = tmp_path / "ds.yaml"
+    path.write_text(DEEPSPEED)
+    assert cli.main(["estimate", "--config", str(path), "--gpu-memory", "24GB", "--gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert ("rungs zero1, zero2, fsdp2, zero3, optimizer-offload, fsdp2-offload, zero3-offload left out: your config "
+            "runs its own DeepSpeed configuration (deepspeed:), which autofit's engine would replace") in out
+    assert "+zero" not in out and "+optimizer-offload" not in out

@@ -82,6 +82,16 @@ def climb(base: LadderState, rungs: Sequence[Rung]) -> List[LadderState]:
     return levels
 
 
+def _own_engine(candidate: Candidate) -> Optional[str]:
+    """The engine configuration the user's own file gives (DeepSpeed or FSDP), in words, or None."""
+    args = dict(candidate.user_args)
+    if args.get("deepspeed"):
+        return "DeepSpeed configuration (deepspeed:)"
+    if args.get("fsdp") or args.get("fsdp_config"):
+        return "FSDP configuration (fsdp:)"
+    return None
+
+
 def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState] = None
                  ) -> Tuple[List[Rung], List[str]]:
     """The rungs this machine can probe, and a note for each one left out (a rung may say why it cannot run). With
@@ -91,11 +101,14 @@ def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState
         applied = {name for level in climb(start, rungs) for name in level.rungs}
     usable: List[Rung] = []
     left_out: Dict[str, List[str]] = {}  # reason -> the rungs it leaves out
+    own_engine = _own_engine(start.candidate) if start is not None else None
     for rung in rungs:
         if applied is not None and rung.name not in applied:
             usable.append(rung)  # it never applies here: nothing to check, nothing to say
             continue
         reason = rung.unavailable(device) if hasattr(rung, "unavailable") else None
+        if reason is None and own_engine and getattr(rung, "runs_an_engine", False):
+            reason = f"your config runs its own {own_engine}, which autofit's engine would replace"
         if reason:
             left_out.setdefault(reason, []).append(rung.name)
         else:

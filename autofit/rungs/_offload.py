@@ -20,6 +20,8 @@ class OptimizerOffload:
     cost = SPEED
     help = "DeepSpeed ZeRO-2, optimizer states and fp32 master weights in host memory (accelerate config written)"
 
+    runs_an_engine = True  # its own DeepSpeed or FSDP configuration: not beside one of the user's
+
     def __init__(self, engine: str = ZERO2_OFFLOAD, on_simulated_device: bool = False):
         self.engine = engine
         # On the CPU, host memory is the simulated device's own RAM: offload frees nothing real there, so only a

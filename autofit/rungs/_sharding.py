@@ -36,6 +36,8 @@ CPU_REASON = ("accelerate runs DeepSpeed and FSDP's offload across several proce
 class Sharding:
     cost = SPEED
 
+    runs_an_engine = True  # its own DeepSpeed or FSDP configuration: not beside one of the user's
+
     def __init__(self, name: str):
         if name not in SHARDING_RUNGS:
             raise ValueError(f"unknown sharding '{name}': accepted are {', '.join(SHARDING_RUNGS)}")
