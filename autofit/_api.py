@@ -129,6 +129,15 @@ def no_fit_message(report: SearchReport) -> str:
     else:
         errors = sorted({r.result.error for r in report.records if r.result.error})
         seen = "no probe ran to completion" + (f" (first error: {clip(errors[0], 200)})" if errors else "")
+    if report.probe_limit_reached:  # the ladder was not walked to its end: no claim about the rungs not reached
+        reached = max([r.level for r in report.records] + [s.level for s in report.skipped], default=0)
+        untried = [name for name in last.rungs if name not in report.levels[reached].rungs]
+        return (
+            f"nothing fitted in {format_size(spec.budget_bytes)} within --max-probes {spec.options.max_probes}: the "
+            f"search stopped at {'+'.join(report.levels[reached].rungs) or 'the baseline'} ({seen})"
+            + (f"; not tried: {', '.join(untried)}" if untried else "")
+            + ". Run it again with a larger --max-probes: it resumes from what was measured."
+        )
     return (
         f"nothing fits in {format_size(spec.budget_bytes)} even with {', '.join(last.rungs) or 'no rung'}: {seen}. "
         "Try a larger --gpu-memory, a lower --min-length, a smaller --effective-batch, or more rungs in --ladder."

@@ -71,6 +71,20 @@ def test_nothing_fits_is_not_an_answer_when_probes_only_crashed(tmp_path):
     check_no_fit_is_an_answer([crashed, oom], skipped=True)  # an out-of-memory is an answer
 
 
+def test_a_search_stopped_by_max_probes_does_not_claim_the_rungs_it_never_tried(tmp_path):
+    # one probe, out of memory, and --max-probes 1: "nothing fits even with ... quant-4bit" would be a claim about
+    # rungs never probed; the message says where the search stopped, what it did not try, and that it resumes
+    from autofit._api import no_fit_message
+
+    spec = formula_spec(tmp_path, 10 * MiB, max_probes=1)
+    report = search(spec, FormulaRunner(spec.budget_bytes))
+    assert not report.fits and report.probe_limit_reached
+    message = no_fit_message(report)
+    assert message.startswith("nothing fitted in 10.00 MiB within --max-probes 1: the search stopped at ")
+    assert "not tried: " in message and "quant-4bit" in message.split("not tried: ")[1]
+    assert "nothing fits" not in message and message.endswith("it resumes from what was measured.")
+
+
 def test_stored_probes_of_another_configuration_of_the_model_are_measured_again(tmp_path):
     folder = tmp_path / "my-model"
     folder.mkdir()
