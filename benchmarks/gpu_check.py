@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from autofit.export import versions
+from autofit.core import installed_versions
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ def page(root: Path, scenarios: Sequence[Scenario], command: str) -> str:
     today = datetime.date.today().isoformat()
     lines = [f"# autofit on {gpu_name()}, {today}", "",
              f"Written by `{command}` (benchmarks/gpu_check.py). Versions: "
-             + ", ".join(f"{k} {v}" for k, v in versions(PACKAGES).items() if v) + ".", ""]
+             + ", ".join(f"{k} {v}" for k, v in installed_versions(PACKAGES).items() if v) + ".", ""]
     for scenario in scenarios:
         lines += scenario_section(scenario, root)
     return "\n".join(lines)

@@ -248,6 +248,8 @@ def test_zero_holds_its_gradient_buffers_from_the_backward_as_its_configuration_
     offloading = own.replace(user_args=_deepspeed(offload_optimizer={"device": "cpu"}))
     assert mm.unmodelled(offloading) == ["a DeepSpeed config of your own that offloads (its host buffers are not "
                                          "modelled)"]
+    assert mm.unmodelled(own.replace(offload="zero2-offload")) == [
+        "a DeepSpeed config of your own under autofit's sharding or offload rung"]
 
 
 def test_zero3_gathers_at_most_its_live_parameters_and_nccl_shows_beside_pytorch():

@@ -7,7 +7,7 @@ Nothing here imports another part of autofit: every other package builds on it.
 """
 
 from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, LoraSettings, ProbeSettings
-from autofit.core._compat import checkpointing_field, exempt_phases, installed, vllm_installed
+from autofit.core._compat import checkpointing_field, exempt_phases, installed, installed_versions, vllm_installed
 from autofit.core._device import GpuInfo, NoCudaDeviceError, first_gpu, resolve_device, resolve_gpus, visible_gpu_count
 from autofit.core._errors import InputError
 from autofit.core._files import atomic_write_text, cache_dir, clip, one_line
@@ -39,7 +39,8 @@ __all__ = [
     "FactoryMisuse", "GpuInfo", "InputError", "LoraSettings", "NoCudaDeviceError", "Outcome", "ProbeResult",
     "ProbeSettings", "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir", "clip",
     "checkpointing_field", "classify_exception", "classify_exit", "disturbed", "error_origin", "exclusive",
-    "exempt_phases", "first_gpu", "format_size", "free_bytes", "installed", "needs_own_code", "one_line",
+    "exempt_phases", "first_gpu", "format_size", "free_bytes", "installed", "installed_versions", "needs_own_code",
+    "one_line",
     "other_processes", "others_bytes", "parse_size", "ppo_available", "record_probe_process", "resolve_device",
     "resolve_gpus", "resolve_model", "user_file", "visible_gpu_count", "vllm_installed",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from functools import cache
 from importlib import metadata
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -25,6 +25,17 @@ def installed(package: str) -> Optional[Version]:
         return Version(metadata.version(package))
     except (metadata.PackageNotFoundError, InvalidVersion):
         return None
+
+
+def installed_versions(packages: Iterable[str]) -> Dict[str, Optional[str]]:
+    """Each package's installed version as its metadata says it, None where it is not installed."""
+    found: Dict[str, Optional[str]] = {}
+    for package in packages:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    return found
 
 
 def checkpointing_field() -> str:

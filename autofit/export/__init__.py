@@ -2,6 +2,6 @@
 what was measured), the engine files beside them, and the terminal's table."""
 
 from autofit.export._trades import trades
-from autofit.export._write import json_data, table_text, versions, write, yaml_text
+from autofit.export._write import json_data, table_text, write, yaml_text
 
-__all__ = ["json_data", "table_text", "trades", "versions", "write", "yaml_text"]
+__all__ = ["json_data", "table_text", "trades", "write", "yaml_text"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -17,6 +16,7 @@ from autofit.core import (
     atomic_write_text,
     first_gpu,
     format_size,
+    installed_versions,
     one_line,
     resolve_model,
     vllm_installed,
@@ -33,14 +33,6 @@ log = logging.getLogger(__name__)
 PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "optuna")
 
 
-def versions(packages=PACKAGES) -> Dict[str, Optional[str]]:
-    found: Dict[str, Optional[str]] = {}
-    for name in packages:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
 
 
 def loadable_name(candidate: Candidate) -> str:
@@ -291,7 +283,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
         ],
         "margin": round(report.margin, 4),
         "stopped": report.stopped,
-        "versions": versions(),
+        "versions": installed_versions(PACKAGES),
         "memory_model": report.calibration.to_dict() if report.calibration is not None else None,
         "prediction_error": prediction_error(report),
     }

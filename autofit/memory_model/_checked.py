@@ -60,8 +60,9 @@ def unmodelled(candidate: Candidate) -> List[str]:
     """What the candidate sets that the ledger does not describe, in words."""
     from autofit.memory_model._parameters import optimizer_known
 
-    found = unmodelled_args(dict(candidate.user_args))
-    if dict(candidate.user_args).get("deepspeed") and (candidate.sharding or candidate.offload):
+    args = dict(candidate.user_args)
+    found = unmodelled_args(args)
+    if args.get("deepspeed") and (candidate.sharding or candidate.offload):
         found.append("a DeepSpeed config of your own under autofit's sharding or offload rung")
     if not optimizer_known(candidate.optim):
         found.append(f"the optimizer {candidate.optim} (two fp32 states assumed)")

@@ -37,15 +37,13 @@ ZERO_ENGINES = {"zero1": 1, "zero2": 2, "zero3": 3}
 @dataclass(frozen=True)
 class ZeroSettings:
     """A ZeRO stage's buffers in elements: the gradient reduce buckets (two with ``overlap_comm``), ZeRO-3's prefetch
-    bucket and its cap on gathered parameters; ``source`` says where they were read."""
+    bucket and its cap on gathered parameters."""
 
     stage: int
     reduce_bucket: float
     reduce_buckets: int
     prefetch_bucket: float
     max_live: float
-    offloads: bool
-    source: str
 
 
 def user_deepspeed(candidate: Candidate) -> Optional[Dict[str, Any]]:
@@ -80,6 +78,11 @@ def _zero_section(config: Dict[str, Any]) -> Dict[str, Any]:
     return section if isinstance(section, dict) else {}
 
 
+def _offloads(zero: Dict[str, Any]) -> bool:
+    return any(isinstance(zero.get(k), dict) and zero[k].get("device") not in (None, "none")
+               for k in ("offload_optimizer", "offload_param"))
+
+
 def user_zero_stage(candidate: Candidate) -> Optional[int]:
     """The ZeRO stage of the user's own DeepSpeed configuration (1-3), or None."""
     config = user_deepspeed(candidate)
@@ -103,26 +106,20 @@ def zero_settings(candidate: Candidate, shape: ModelShape) -> ZeroSettings:
 
     engine = zero_engine(candidate) or "zero2"
     user = user_deepspeed(candidate)
-    if user is not None and candidate.sharding is None:
-        zero, source = _zero_section(user), "your DeepSpeed configuration"
-    else:
-        zero, source = _zero_section(deepspeed_config("cuda", engine)), "autofit's DeepSpeed configuration"
+    zero = _zero_section(user if user is not None and candidate.sharding is None else deepspeed_config("cuda", engine))
     written = zero.get("stage")
     stage = int(written) if written in (1, 2, 3) else ZERO_ENGINES.get(engine, 3)
     h2 = float(shape.hidden) ** 2
     overlap = zero.get("overlap_comm")
     overlap = stage == 3 if overlap in (None, "auto") else bool(overlap)
     contiguous = zero.get("contiguous_gradients", True) is not False
-    offloads = any(isinstance(zero.get(k), dict) and zero[k].get("device") not in (None, "none")
-                   for k in ("offload_optimizer", "offload_param"))
     return ZeroSettings(
         stage=stage,
         reduce_bucket=_number(zero.get("reduce_bucket_size"), h2, REDUCE_BUCKET_DEFAULT),
         reduce_buckets=(2 if overlap else 1) if contiguous else 1,
         prefetch_bucket=_number(zero.get("stage3_prefetch_bucket_size"), AUTO_PREFETCH_H2 * h2,
                                 PREFETCH_BUCKET_DEFAULT),
-        max_live=_number(zero.get("stage3_max_live_parameters"), MAX_LIVE_DEFAULT, MAX_LIVE_DEFAULT),
-        offloads=offloads, source=source)
+        max_live=_number(zero.get("stage3_max_live_parameters"), MAX_LIVE_DEFAULT, MAX_LIVE_DEFAULT))
 
 
 def unmodelled_deepspeed(given: Any) -> Optional[str]:
@@ -135,8 +132,7 @@ def unmodelled_deepspeed(given: Any) -> Optional[str]:
     zero = _zero_section(config)
     if zero.get("stage") not in (1, 2, 3):
         return "a DeepSpeed config of your own without a ZeRO stage 1-3"
-    if any(isinstance(zero.get(k), dict) and zero[k].get("device") not in (None, "none")
-           for k in ("offload_optimizer", "offload_param")):
+    if _offloads(zero):
         return "a DeepSpeed config of your own that offloads (its host buffers are not modelled)"
     return None
 

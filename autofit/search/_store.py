@@ -34,6 +34,7 @@ from autofit.core import (
     UnknownModelError,
     atomic_write_text,
     first_gpu,
+    installed_versions,
     resolve_model,
 )
 
@@ -107,15 +108,7 @@ def fingerprint(model_config: Dict[str, object], device: str, gpu: Optional[str]
     """What a stored probe was measured on besides its candidate: the model's configuration (its content, not its
     name or path), the installed versions of the libraries that allocate, the device. A stored result with another
     fingerprint is not reused."""
-    from importlib import metadata
-
-    versions: Dict[str, Optional[str]] = {}
-    for package in MEASURING_PACKAGES:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = None
-    data = {"config": model_config, "versions": versions, "device": device, "gpu": gpu}
+    data = {"config": model_config, "versions": installed_versions(MEASURING_PACKAGES), "device": device, "gpu": gpu}
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
