@@ -9,7 +9,8 @@ here too, since the rungs that choose them, the probe that launches them and the
 from autofit.rungs._activation_offload import ActivationOffload
 from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
 from autofit.rungs._checkpointing import GradientCheckpointing
-from autofit.rungs._default import DEFAULT_LADDER, RUNGS, resolve_ladder
+from autofit.rungs._contract import ProbeStep, RungBase
+from autofit.rungs._default import DEFAULT_LADDER, RUNGS, register, resolve_ladder, rung_named
 from autofit.rungs._engines import (
     ACCELERATE_YAML,
     DDP,
@@ -54,6 +55,6 @@ __all__ = [
     "FSDP_ENGINES", "NEVER_DROPPED", "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS", "SPEED", "ZERO_STAGES",
     "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments", "FailedRungs",
     "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload", "QuantizedBase",
-    "Rung", "Sharding", "ShorterSequences", "climb", "deepspeed_config", "free_port", "launch_env", "launch_line",
-    "process_env", "rank_env", "remove_stale_engine_files", "resolve_ladder", "usable_rungs", "write_engine_files",
+    "ProbeStep", "Rung", "RungBase", "Sharding", "ShorterSequences", "climb", "deepspeed_config", "free_port", "launch_env", "launch_line",
+    "process_env", "rank_env", "register", "remove_stale_engine_files", "resolve_ladder", "rung_named", "usable_rungs", "write_engine_files",
 ]

@@ -55,3 +55,17 @@ def resolve_ladder(names: Optional[Iterable[str]]) -> List[Rung]:
             raise ValueError(f"unknown ladder rung '{name}': accepted are {', '.join(RUNGS)}")
         rungs.append(RUNGS[name])
     return rungs
+
+
+_REGISTERED: dict = {}  # rungs handed in by name-less doors (fit(rungs=[...])), by name
+
+
+def register(rung: Rung) -> None:
+    """Make a rung that is not built in known by its name to the stages (its words, its ledger effect)."""
+    _REGISTERED[rung.name] = rung
+
+
+def rung_named(name: str) -> Optional[Rung]:
+    """The rung of that name: registered, built in or found through an entry point; None for a name autofit does not
+    know (a rung of an earlier version, stored in a study)."""
+    return _REGISTERED.get(name) or RUNGS.get(name)

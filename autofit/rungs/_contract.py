@@ -1,0 +1,81 @@
+"""The rung contract: everything a rung is, in one object, and where the stages find it.
+
+Like an Optuna sampler behind ``BaseSampler``, a rung is one class. Beside ``name``, ``cost``, ``help`` and
+``apply(state) -> state | None`` (the ``Rung`` protocol of ``autofit.rungs._ladder``) it may carry, each part
+optional with a default in ``RungBase``:
+
+- its words: ``trade(candidate, context)`` (the sentence of best.json's ``trades`` and the notes), ``comment(key,
+  candidate)`` (best.yaml's comment on a key it changes);
+- its probe step: ``probe_step``, a ``"module:attribute"`` path to a ``ProbeStep`` that the probe's child process
+  imports (what the child does before the trainer is built, around training, and what it reads back);
+- its ledger effect: ``ledger(terms, candidate)`` over the memory model's terms, or ``band``, the error band of a
+  rung the memory model does not describe;
+- what it needs to run: ``unavailable(device)``, the reason it is left out on this machine, said once.
+
+The stages read these from the rung (``rung_named``), never from a table keyed by rung names. A rung of another
+package is found through the ``autofit.rungs`` entry point group and has the powers of a built-in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Dict, Mapping, Optional
+
+from autofit.core import Candidate
+
+
+class RungBase:
+    """Defaults for the optional parts of a rung: subclass it, or follow ``Rung`` and define only what you need."""
+
+    name: str = ""
+    cost: str = ""
+    help: str = ""
+    # -- words ------------------------------------------------------------------------------------------------
+    trade_text: str = ""  # what the user trades for this rung, one sentence ("" says nothing)
+    key_comments: Mapping[str, str] = {}  # config key -> best.yaml's comment for the keys this rung writes
+    # -- probe step -------------------------------------------------------------------------------------------
+    probe_step: Optional[str] = None  # "module:attribute" of a ProbeStep, imported in the probe's child only
+    # -- ledger -----------------------------------------------------------------------------------------------
+    band: Optional[float] = None  # not modelled: the memory model's error band for a candidate with this rung
+
+    def apply(self, state: Any) -> Any:  # pragma: no cover - every rung has its own
+        raise NotImplementedError
+
+    def trade(self, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
+        """What the user trades for this rung in ``candidate`` (``context``: the asked length, the model's shape)."""
+        return self.trade_text or None
+
+    def comment(self, key: str, candidate: Candidate) -> Optional[str]:
+        """best.yaml's comment on ``key`` when this rung wrote it; None: not this rung's key."""
+        return self.key_comments.get(key)
+
+    def ledger(self, terms: Dict[str, int], candidate: Candidate) -> Dict[str, int]:
+        """The memory model's terms with this rung's effect (built-ins are read from the candidate's fields)."""
+        return terms
+
+    def unavailable(self, device: str) -> Optional[str]:
+        """Why the rung cannot be probed on ``device`` (it is then left out, with a note); None when it can."""
+        return None
+
+
+class ProbeStep:
+    """What a rung does inside the probe's child process; every hook is optional. The probe runs the steps of the
+    candidate's rungs (those whose ``active`` says so) in the ladder's order."""
+
+    def active(self, candidate: Candidate) -> bool:
+        return False
+
+    def before_build(self, candidate: Candidate) -> None:
+        """Before the meter starts and the trainer is built: the environment, an engine's files."""
+
+    def around(self, candidate: Candidate, meter: Any) -> ContextManager[Any]:
+        """Entered around building and training, under the meter."""
+        return contextlib.nullcontext()
+
+    def after_build(self, trainer: Any, candidate: Candidate, observed: Dict[str, Any]) -> None:
+        """Once the trainer is built: check it took the rung's settings."""
+
+    def read_back(self, trainer: Any, candidate: Candidate, meter: Any, handle: Any,
+                  observed: Dict[str, Any]) -> Dict[str, Any]:
+        """After training: figures for the probe's stats (``handle``: what ``around`` yielded)."""
+        return {}
