@@ -23,7 +23,10 @@ FACTORY ?=
 OUT ?= autofit-out/search
 FROM ?=
 DATASET ?=
-TRAIN_OUT ?= $(OUT)/train
+# What `make train` trains on: OUT when given; otherwise the search's answer, or the demo's where only the demo ran
+# (the README's order: `make demo`, then `make train DATASET=DIR`).
+TRAIN_FROM = $(if $(filter file,$(origin OUT)),$(if $(wildcard $(OUT)/best.yaml),$(OUT),$(if $(wildcard $(DEMO_OUT)/best.yaml),$(DEMO_OUT),$(OUT))),$(OUT))
+TRAIN_OUT ?= $(TRAIN_FROM)/train
 ARGS ?=
 
 .PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public
@@ -37,7 +40,8 @@ help:
 	@echo "  make estimate MODEL=meta-llama/Llama-3.1-8B ALGO=sft GPU_MEMORY=80GB [FROM=dir]"
 	@echo "                   the memory model's prediction per ladder level, no probe"
 	@echo "  make train ALGO=sft DATASET=trl-lib/Capybara [OUT=dir] [TRAIN_OUT=dir]"
-	@echo "                   train with TRL on OUT/best.yaml (trl ALGO --config ...)"
+	@echo "                   train with TRL on OUT/best.yaml (trl ALGO --config ...); without OUT, the search's"
+	@echo "                   answer (autofit-out/search), or the demo's (autofit-out/demo) where only the demo ran"
 	@echo "  make demo        a real search on the bundled tiny model, on the CPU"
 	@echo "  make test        ruff, mypy and the test suite (make lint: ruff and mypy; make test-fast: without real"
 	@echo "                   training; make bench: the benchmarks)"
@@ -60,7 +64,9 @@ estimate: venv
 
 train: venv
 	$(if $(DATASET),,$(error DATASET=... is required, e.g. DATASET=trl-lib/Capybara))
-	$(BIN)/trl $(ALGO) --config $(OUT)/best.yaml --dataset_name $(DATASET) --output_dir $(TRAIN_OUT) $(if $(wildcard $(OUT)/accelerate.yaml),--accelerate_config $(OUT)/accelerate.yaml) $(ARGS)
+	@test -f $(TRAIN_FROM)/best.yaml || { echo "make train: no $(TRAIN_FROM)/best.yaml: run make search (or make demo) first, or name a search's folder with OUT=dir" >&2; exit 2; }
+	@echo "make train: $(TRAIN_FROM)/best.yaml"
+	$(BIN)/trl $(ALGO) --config $(TRAIN_FROM)/best.yaml --dataset_name $(DATASET) --output_dir $(TRAIN_OUT) $(if $(wildcard $(TRAIN_FROM)/accelerate.yaml),--accelerate_config $(TRAIN_FROM)/accelerate.yaml) $(ARGS)
 
 venv: $(VENV)/.installed
 

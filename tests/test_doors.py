@@ -140,6 +140,26 @@ def test_the_makefile_has_user_targets():
     assert "trl sft --config" in train.stdout and "--dataset_name trl-lib/Capybara" in train.stdout
 
 
+def test_make_train_takes_the_demos_answer_when_only_the_demo_ran(tmp_path):
+    """Issue 36, item 1: after `make demo`, `make train DATASET=DIR` (no OUT) trains on the demo's best.yaml; a
+    search's answer comes first; OUT=dir is always what is named; with none, one line says what to run."""
+    make = ["make", "-s", "-f", str(REPO / "Makefile"), "VENV=/nonexistent", "-o", "/nonexistent/.installed"]
+
+    def dry(*args):
+        return subprocess.run(make + ["-n", "train", "DATASET=chat", *args], cwd=tmp_path, capture_output=True,
+                              text=True).stdout
+
+    missing = subprocess.run(make + ["train", "DATASET=chat"], cwd=tmp_path, capture_output=True, text=True)
+    assert missing.returncode == 2 and "run make search (or make demo) first" in missing.stderr
+    (tmp_path / "autofit-out" / "demo").mkdir(parents=True)
+    (tmp_path / "autofit-out" / "demo" / "best.yaml").write_text("{}\n")
+    assert "--config autofit-out/demo/best.yaml --dataset_name chat --output_dir autofit-out/demo/train" in dry()
+    assert "--config mine/best.yaml" in dry("OUT=mine")
+    (tmp_path / "autofit-out" / "search").mkdir()
+    (tmp_path / "autofit-out" / "search" / "best.yaml").write_text("{}\n")
+    assert "--config autofit-out/search/best.yaml" in dry()
+
+
 @pytest.mark.slow
 def test_fit_leaves_optunas_verbosity_as_it_found_it(tmp_path, monkeypatch):
     """Issue 30, item 13: fit(quiet=True) left Optuna at WARNING (INFO before): the report, drawn after the search
@@ -187,18 +207,20 @@ def test_the_readmes_demo_then_train_trains_on_text(tmp_path):
     from transformers import AutoTokenizer
 
     venv = Path(sys.executable).parent.parent  # this interpreter's environment; -o: never reinstalled here
-    make = ["make", f"VENV={venv}", "-o", f"{venv}/.installed"]
-    demo, data, trained = tmp_path / "demo", tmp_path / "chat", tmp_path / "trained"
-    done = subprocess.run(make + ["demo", f"DEMO_OUT={demo}"], cwd=REPO, capture_output=True, text=True)
+    # Issue 36, item 1: the README's words exactly, `make demo` then `make train DATASET=DIR` with no OUT, in a
+    # folder of its own (a fresh clone has no autofit-out/search to take instead).
+    make = ["make", "-f", str(REPO / "Makefile"), f"VENV={venv}", "-o", f"{venv}/.installed"]
+    data, trained = tmp_path / "chat", tmp_path / "autofit-out" / "demo" / "train"
+    done = subprocess.run(make + ["demo"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     data.mkdir()
     rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in CHAT]
     (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows * 2))
 
-    done = subprocess.run(make + ["train", f"OUT={demo}", f"DATASET={data}", f"TRAIN_OUT={trained}",
-                                  "ARGS=--max_steps 1 --report_to none --save_strategy no"],
-                          cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(make + ["train", f"DATASET={data}", "ARGS=--max_steps 1 --report_to none --save_strategy no"],
+                          cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "make train: autofit-out/demo/best.yaml" in done.stdout
     logged = [json.loads(line.strip().replace("'", '"')) for line in (done.stdout + done.stderr).replace("\r", "\n")
               .splitlines() if line.strip().startswith("{'train_runtime'")]
     assert logged and float(logged[0]["num_tokens"]) > 0 and float(logged[0]["epoch"]) > 0
