@@ -1,7 +1,8 @@
 """Read a TRL config file exactly as ``trl <algo> --config FILE`` reads it, in a process of its own (TRL imports
-torch, which the search's process never does): ``python -m autofit.probe._trl_config ALGO FILE`` prints one JSON
-object, the parsed fields of every dataclass of the algorithm's script, or ``{"error": ...}`` with TRL's own message
-and exit code 2.
+torch, which the search's process never does): ``python -m autofit.probe._trl_config ALGO FILE`` reads the file's
+text on its standard input (the search read the file once, with limits: a pipe cannot be read twice) and prints one
+JSON object, the parsed fields of every dataclass of the algorithm's script, or ``{"error": ...}`` with TRL's own
+message and exit code 2. TRL's parser reads the text from a private copy; its messages name ``FILE``.
 
 The script's own parser is used (``trl.scripts.<algo>.make_parser()``: ScriptArguments or its GRPO/RLOO variant,
 the trainer's config class, ModelConfig, DatasetMixtureConfig), fresh for the file (TRL's parser keeps a file's
@@ -17,11 +18,15 @@ import importlib
 import json
 import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any, Dict, List
 
 import yaml
 
-SCRIPTS = {"sft": "sft", "grpo": "grpo", "rloo": "rloo", "reward": "reward"}
+from autofit.core import ALGORITHMS
+
+SCRIPTS = {a.name: a.trl_command for a in ALGORITHMS.values() if a.trl_command}  # the `trl` commands
 
 
 def _plain(value: Any) -> Any:
@@ -83,14 +88,18 @@ def main(argv: List[str]) -> int:
     import warnings
 
     warnings.simplefilter("ignore")
-    try:
-        print(json.dumps(read(algo, path)))
-        return 0
-    except SystemExit as exc:  # argparse refused a value: its message went to stderr, one line starting "error:"
-        return int(exc.code or 2)
-    except (ValueError, TypeError, KeyError, OSError, yaml.YAMLError) as exc:
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
-        return 2
+    text = sys.stdin.read()
+    with tempfile.TemporaryDirectory(prefix="autofit-config-") as folder:
+        copy = Path(folder) / "config.yaml"
+        copy.write_text(text, encoding="utf-8")
+        try:
+            print(json.dumps(read(algo, str(copy))))
+            return 0
+        except SystemExit as exc:  # argparse refused a value: its message went to stderr, one line starting "error:"
+            return int(exc.code or 2)
+        except (ValueError, TypeError, KeyError, OSError, yaml.YAMLError) as exc:
+            print(json.dumps({"error": f"{type(exc).__name__}: {exc}".replace(str(copy), path)}))
+            return 2
 
 
 if __name__ == "__main__":

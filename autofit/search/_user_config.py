@@ -2,8 +2,10 @@
 for the search: the options it sets (a flag given at the door overrides the file, as on TRL's command line), the
 training arguments passed through to every probe, and the baseline, the user's own run that the ladder starts from.
 
-TRL's parser imports torch, so it runs in a process of its own (``autofit.probe._trl_config``); a file is read once
-per process (its content is the cache key). Its errors are TRL's own messages, one line.
+The file is read once, by autofit, in the search's process, with limits (``autofit.search._config_file``: a regular
+file or a pipe's content, its size, its YAML aliases, no key twice), and that text is what TRL's parser and the export
+read: ``--config <(cat sft.yaml)`` works. TRL's parser imports torch, so it runs in a process of its own
+(``autofit.probe._trl_config``), given the text on its standard input. Its errors are TRL's own messages, one line.
 """
 
 from __future__ import annotations
@@ -14,14 +16,23 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from autofit.core import RL_ALGOS, InputError, LoraSettings, one_line, visible_gpu_count
+from autofit.core import (
+    ALGORITHMS,
+    DEFAULT_ALGO,
+    RL_ALGOS,
+    InputError,
+    LoraSettings,
+    algorithm,
+    one_line,
+    visible_gpu_count,
+)
 from autofit.core._spec import SEARCHED_ARGS, Baseline
+from autofit.search._config_file import read_config_text
 
 READ_TIMEOUT_S = 300
-READABLE_ALGOS = ("sft", "grpo", "rloo", "reward")  # the trainers `trl` has a command for (no ppo since TRL 1.13)
+READABLE_ALGOS = tuple(a.name for a in ALGORITHMS.values() if a.trl_command)  # the trainers `trl` has a command for
 # Training arguments of the user's file that a probe must not run with: it writes no checkpoint, pushes and reports
 # nowhere, evaluates nothing (it has no evaluation data) and starts from scratch; the export keeps them all.
 NOT_PROBED = frozenset({
@@ -69,7 +80,7 @@ class UserConfig:
             self.training.get("gradient_accumulation_steps")
         if isinstance(batch, int) and isinstance(accumulation, int):
             values["effective_batch"] = batch * accumulation
-        if self.algo in ("grpo", "rloo"):
+        if algorithm(self.algo).groups:
             if self.wrote("num_generations"):
                 values["num_generations"] = self.training["num_generations"]
             if self.wrote("beta"):
@@ -133,7 +144,7 @@ def with_config(values: Dict[str, Any]) -> Dict[str, Any]:
     on TRL's command line (training arguments key by key)."""
     if not values.get("config"):
         return values
-    user = read_user_config(str(values["config"]), str(values.get("algo") or "sft"))
+    user = read_user_config(str(values["config"]), str(values.get("algo") or DEFAULT_ALGO), fresh=True)
     from_file = user.option_values()
     if "effective_batch" in from_file:  # the file's batch is per device, as in TRL: the effective batch is global
         from_file["effective_batch"] *= _world_size(values)
@@ -153,29 +164,30 @@ def _world_size(values: Dict[str, Any]) -> int:
 
 
 _READ: Dict[Tuple[str, str, str], UserConfig] = {}
+_TEXTS: Dict[str, str] = {}  # each path's text as the door read it: later stages (the export) never read it again
 
 
-def read_user_config(path: str, algo: str) -> UserConfig:
-    """The file as ``trl <algo> --config`` reads it; ``InputError`` with TRL's message (one line) when it refuses."""
+def read_user_config(path: str, algo: str, fresh: bool = False) -> UserConfig:
+    """The file as ``trl <algo> --config`` reads it; ``InputError`` with TRL's message (one line) when it refuses.
+    The door reads the file (``fresh``); every later stage gets the text the door read (a pipe is read once)."""
     if algo not in READABLE_ALGOS:
         raise InputError(f"--config reads a file of the trl command's trainers ({', '.join(READABLE_ALGOS)}), "
                          f"not of '{algo}'")
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--config {path}: cannot be read ({type(exc).__name__}: {one_line(exc)})") from None
-    key = (str(file.resolve()), algo, hashlib.sha1(text.encode()).hexdigest())
+    if fresh or path not in _TEXTS:
+        _TEXTS[path] = read_config_text(path)
+    text = _TEXTS[path]
+    key = (path, algo, hashlib.sha1(text.encode()).hexdigest())
     if key not in _READ:
-        _READ[key] = _parse(str(file), algo, text)
+        _READ[key] = _parse(path, algo, text)
     return _READ[key]
 
 
 def _parse(path: str, algo: str, text: str) -> UserConfig:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_VERBOSITY": "error"}
     try:
-        done = subprocess.run([sys.executable, "-m", "autofit.probe._trl_config", algo, path], env=env,
-                              capture_output=True, text=True, timeout=READ_TIMEOUT_S)
+        done = subprocess.run([sys.executable, "-m", "autofit.probe._trl_config", algo, path], env=env, input=text,
+                              capture_output=True, text=True, encoding="utf-8", errors="replace",
+                              timeout=READ_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InputError(f"--config {path}: TRL's parser did not run ({type(exc).__name__}: {one_line(exc)})") \
             from None
