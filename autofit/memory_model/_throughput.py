@@ -1,0 +1,164 @@
+"""How fast, before probing: the time of one optimizer step of a candidate on a card, from the shapes the ledger
+knows, and the tokens per second it gives.
+
+A roofline per pass: a forward or backward pass takes the longer of its matmul FLOPs at the card's achievable FLOP
+rate and the bytes it must read at the achievable bandwidth, plus the fixed cost of launching its kernels. On top:
+checkpointing's recomputed forward, 4/8-bit dequantization, the optimizer's pass over its states, activation and
+optimizer offload over the host link, gradient reduction and ZeRO/FSDP gathers over the GPU link, and for RL the
+generation (decode reads every weight and the KV cache once per token: bandwidth-bound) and the frozen models'
+forwards. Pure Python, like the rest of the memory model.
+
+The coefficients (what a step achieves of the card's peaks) are stated with their source and never fitted to a
+published row; the search calibrates one scale on its own timed steps, as the memory model does on peaks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Optional, Tuple
+
+from autofit.core import Candidate
+from autofit.memory_model._activations import sequence_length, sequences_per_micro_batch
+from autofit.memory_model._cards import Card
+from autofit.memory_model._parameters import _beta, param_counts, trainable_tensors, weight_bytes
+from autofit.memory_model._shape import ModelShape
+
+# What a training step achieves of the card's peak tensor FLOP rate at large micro-batches [M: PaLM (Chowdhery et
+# al. 2022) reports 46% model FLOPs utilization, Megatron-LM (Narayanan et al. 2021) up to 52% on A100s, both with
+# fused kernels; eager PyTorch through the Trainer gets less: 0.40 assumed]. Small matmuls achieve less: the
+# efficiency halves at HALF_EFFICIENCY_TOKENS rows per matmul [A].
+MATMUL_EFFICIENCY = 0.40
+HALF_EFFICIENCY_TOKENS = 256
+BANDWIDTH_EFFICIENCY = 0.80  # [M: STREAM-like copies reach 80-90% of HBM's peak]
+HOST_LINK_EFFICIENCY = 0.80  # [M: pinned host copies reach about 25 of PCIe 4's 32 GB/s]
+GPU_LINK_EFFICIENCY = 0.70  # [M: nccl-tests' bus bandwidth, 70-80% of NVLink's peak]
+# Eager PyTorch launches about 30 kernels per decoder layer and pass at about 10 us each [M: PyTorch's per-operator
+# overhead on the host, 5-20 us]; the backward pass launches about twice as many.
+LAUNCH_SECONDS_PER_LAYER = 30 * 10e-6
+# DeepSpeed's CPU Adam updates about 1e9 parameters a second on a server's cores [A: ZeRO-Offload (Ren et al. 2021)
+# reports its CPU Adam 5-7x faster than PyTorch's on the host; no single rate is published for every machine].
+HOST_ADAM_PARAMS_PER_SECOND = 1e9
+PRIOR_SPEED_UNCERTAINTY = 0.40  # the band before the search has timed a step [A]
+
+
+@dataclass(frozen=True)
+class SpeedEstimate:
+    seconds_per_step: float
+    tokens_per_step: int
+    uncertainty: float = PRIOR_SPEED_UNCERTAINTY
+    terms: Dict[str, float] = field(default_factory=dict)  # seconds per optimizer step, by what takes them
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.seconds_per_step if self.seconds_per_step > 0 else 0.0
+
+    def scaled(self, scale: float) -> SpeedEstimate:
+        """The estimate with every term's time multiplied by ``scale`` (a calibration on timed steps)."""
+        return SpeedEstimate(self.seconds_per_step * scale, self.tokens_per_step, self.uncertainty,
+                             {k: v * scale for k, v in self.terms.items()})
+
+
+def _matmul_efficiency(rows: float) -> float:
+    return MATMUL_EFFICIENCY * rows / (rows + HALF_EFFICIENCY_TOKENS)
+
+
+def _pass_seconds(flops: float, bytes_read: float, rows: Optional[float], card: Card) -> float:
+    """A roofline: the longer of the matmuls at the achievable FLOP rate and the reads at the achievable bandwidth.
+    ``rows``: the matmuls' rows, where few rows leave the tensor cores idle; None for decode, whose few rows are
+    bound by reading the weights (the bandwidth term) instead."""
+    efficiency = MATMUL_EFFICIENCY if rows is None else _matmul_efficiency(rows)
+    return max(flops / (card.flops * efficiency), bytes_read / (card.bandwidth * BANDWIDTH_EFFICIENCY))
+
+
+def _optimizer_bytes_per_param(candidate: Candidate, param_bytes: int) -> float:
+    """Bytes the optimizer step reads and writes per trainable parameter."""
+    optim = candidate.optim or "adamw_torch"
+    weight = param_bytes if candidate.lora is None else 4  # adapters train in float32
+    moment = 1 if "8bit" in optim else weight
+    states = 0 if optim.startswith("sgd") else 1 if "lion" in optim else 2
+    return 2 * weight + weight + states * 2 * moment  # the weight read and written, the gradient read, each state
+
+
+def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedEstimate:
+    """Seconds per optimizer step of ``candidate`` on one ``card`` (per rank, the ranks stepping together) and the
+    tokens it trains on, by term."""
+    counts = param_counts(shape, candidate.algo)
+    active: float = counts.linear - counts.experts
+    if counts.experts and shape.experts:
+        active += counts.experts * shape.experts_per_token / shape.experts
+    head = counts.lm_head or (counts.embedding if shape.tied_embeddings and candidate.algo != "reward" else 0)
+    frozen_base = candidate.lora is not None or candidate.quantization is not None
+    seq = sequence_length(candidate)
+    rows = sequences_per_micro_batch(candidate) * seq  # tokens of one micro-batch
+    attention = 2 * shape.layers * shape.heads * shape.head_dim * seq  # causal scores and values, per token
+    forward_flops = rows * (2 * active + 2 * head + attention)
+    backward_flops = rows * ((1 if frozen_base else 2) * (2 * active + 2 * head) + 2 * attention)
+    stored = 0.5 if candidate.quantization == "4bit" else 1 if candidate.quantization == "8bit" else 0
+    bytes_per_weight: float = weight_bytes(candidate, shape) if not stored else 2
+    weights = (active + head) * bytes_per_weight
+    dequantize = float(active * (stored + 2 * 2)) if stored else 0.0  # read packed, write and read the bf16 copy
+    passes = 3 if candidate.checkpointing else 2
+    launch = LAUNCH_SECONDS_PER_LAYER * shape.layers * (1 + 2 + (1 if candidate.checkpointing else 0))
+    terms: Dict[str, float] = {}
+    micro = candidate.grad_accum
+    terms["forward"] = micro * _pass_seconds(forward_flops, weights, rows, card)
+    terms["backward"] = micro * _pass_seconds(backward_flops, 2 * weights, rows, card)
+    if candidate.checkpointing:
+        terms["recompute"] = terms["forward"]
+    if dequantize:
+        terms["dequantize"] = micro * passes * dequantize / (card.bandwidth * BANDWIDTH_EFFICIENCY)
+    terms["launch"] = micro * launch
+    trainable = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))
+    param_bytes = weight_bytes(candidate, shape)
+    host = card.host_link * HOST_LINK_EFFICIENCY
+    if candidate.offload:
+        terms["optimizer (host)"] = trainable / HOST_ADAM_PARAMS_PER_SECOND + trainable * (2 + 2) / host
+    else:
+        terms["optimizer"] = trainable * _optimizer_bytes_per_param(candidate, param_bytes) / (
+            card.bandwidth * BANDWIDTH_EFFICIENCY)
+    if candidate.activation_offload:
+        saved = rows * shape.layers * shape.hidden * 2 * 4  # about four hidden-size tensors a layer, bf16 [A]
+        terms["activation offload"] = micro * 2 * saved / host
+    if candidate.ranks > 1:
+        link = card.gpu_link * GPU_LINK_EFFICIENCY
+        share = (candidate.ranks - 1) / candidate.ranks
+        terms["gradient reduction"] = 2 * share * trainable * 2 / link
+        if candidate.sharding in ("zero3", "fsdp2", "zero3-offload", "fsdp2-offload"):
+            terms["parameter gathers"] = micro * passes * share * weights / link
+    if candidate.is_rl:
+        terms.update(_rl_terms(candidate, shape, card, active + head, weights, seq))
+    tokens = sequences_per_micro_batch(candidate) * seq * micro * candidate.ranks
+    return SpeedEstimate(sum(terms.values()), tokens, PRIOR_SPEED_UNCERTAINTY, terms)
+
+
+def _rl_terms(candidate: Candidate, shape: ModelShape, card: Card, params: float, weights: float, seq: int
+              ) -> Dict[str, float]:
+    """Generation (prefill, then one bandwidth-bound decode step per completion token for the whole generation
+    batch) and the frozen reference model's forward where beta > 0."""
+    batch = candidate.micro_batch * candidate.grad_accum  # the generation batch of one rank
+    prompt = seq - candidate.max_length
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2  # bf16 keys and values
+    context = prompt + candidate.max_length / 2  # on average over the decode
+    decode_bytes = weights + batch * context * kv_per_token
+    decode = _pass_seconds(2 * params * batch, decode_bytes, None, card)
+    prefill = _pass_seconds(2 * params * batch * prompt, weights, batch * prompt, card)
+    terms = {"generation": prefill + candidate.max_length * decode,
+             "generation launches": (1 + candidate.max_length) * LAUNCH_SECONDS_PER_LAYER * shape.layers}
+    if _beta(candidate) > 0:
+        terms["reference forward"] = _pass_seconds(2 * params * batch * seq, weights, batch * seq, card)
+    return terms
+
+
+def measured_rates_card(flops: float, bandwidth: float, name: str = "cpu") -> Card:
+    """A card for this machine's own measured rates (the CPU meter): host and GPU links are its memory."""
+    return Card(name, flops / MATMUL_EFFICIENCY, bandwidth / BANDWIDTH_EFFICIENCY, bandwidth, bandwidth,
+                "measured on this machine")
+
+
+def calibrated_scale(pairs: Iterable[Tuple[float, float]]) -> Optional[float]:
+    """One scale on predicted step times from (predicted, measured) seconds: their geometric mean ratio."""
+    ratios = [measured / predicted for predicted, measured in pairs if predicted > 0 and measured > 0]
+    if not ratios:
+        return None
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))

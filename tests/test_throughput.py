@@ -1,0 +1,57 @@
+"""The throughput model (autofit.memory_model._throughput): the orderings and ratios every configuration must show,
+from first principles, on named cards. Its figures against measurements are benchmarks, not tests."""
+
+import pytest
+
+from autofit.core import Candidate, LoraSettings, resolve_model
+from autofit.memory_model._cards import CARDS, card_named
+from autofit.memory_model._shape import ModelShape
+from autofit.memory_model._throughput import calibrated_scale, predict_speed
+
+SHAPE = ModelShape.from_config(resolve_model("Qwen/Qwen2.5-7B").config)
+BASE = Candidate(algo="sft", model="Qwen/Qwen2.5-7B", device="cuda", micro_batch=8, grad_accum=1, max_length=2048,
+                 dtype="bfloat16")
+
+
+def speed(candidate, card="H100"):
+    return predict_speed(candidate, SHAPE, CARDS[card])
+
+
+def test_checkpointing_recomputes_one_forward():
+    plain, ckpt = speed(BASE), speed(BASE.replace(checkpointing=True))
+    assert ckpt.terms["recompute"] == pytest.approx(plain.terms["forward"])
+    # a forward is a third of a full fine-tune's compute: about a third more time
+    assert 1.25 < ckpt.seconds_per_step / plain.seconds_per_step < 1.40
+
+
+def test_lora_skips_the_weight_gradients():
+    full, lora = speed(BASE), speed(BASE.replace(lora=LoraSettings()))
+    assert 1.3 < full.seconds_per_step / lora.seconds_per_step < 1.6
+    assert lora.terms["optimizer"] < full.terms["optimizer"] / 50
+
+
+def test_smaller_micro_batches_cost_their_launches_and_efficiency():
+    one, four = speed(BASE), speed(BASE.replace(micro_batch=2, grad_accum=4))
+    assert one.tokens_per_step == four.tokens_per_step
+    assert four.seconds_per_step > one.seconds_per_step
+    assert four.terms["launch"] == pytest.approx(4 * one.terms["launch"])
+
+
+def test_offload_adds_the_host_step_and_cards_order_by_their_peaks():
+    assert speed(BASE.replace(offload="zero2-offload")).seconds_per_step > 2 * speed(BASE).seconds_per_step
+    assert speed(BASE, "H100").tokens_per_second > speed(BASE, "A100-80GB").tokens_per_second \
+        > speed(BASE, "L4").tokens_per_second
+
+
+def test_decode_is_bandwidth_bound():
+    grpo = BASE.replace(algo="grpo", max_length=512, prompt_length=128, micro_batch=8, lora=LoraSettings())
+    h100, h200 = speed(grpo, "H100"), speed(grpo, "H200")  # same FLOP rate, 43% more bandwidth
+    assert h100.terms["generation"] / h200.terms["generation"] == pytest.approx(4.8 / 3.35, rel=0.1)
+    assert h100.terms["generation"] > h100.terms["forward"] + h100.terms["backward"]
+
+
+def test_card_names_and_calibration():
+    assert card_named("a100-80gb") is CARDS["A100-80GB"] and card_named("24GiB") is None
+    assert calibrated_scale([(1.0, 2.0), (2.0, 4.0)]) == pytest.approx(2.0)
+    assert calibrated_scale([]) is None
+    assert speed(BASE).scaled(2.0).seconds_per_step == pytest.approx(2 * speed(BASE).seconds_per_step)
