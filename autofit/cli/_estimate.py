@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from autofit.core import RL_ALGOS, InputError, SearchSpec, format_size, one_line
+from autofit.core import DEFAULT_ALGO, RL_ALGOS, InputError, SearchSpec, format_size, one_line
 from autofit.core._options import ESTIMATE, SearchOptions, add_options, given_values
 from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
@@ -104,7 +104,7 @@ def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optiona
     return calibration, [note]
 
 
-def parameters_line(shape: ModelShape, algo: str = "sft") -> str:
+def parameters_line(shape: ModelShape, algo: str = DEFAULT_ALGO) -> str:
     """The parameter count of the model ``algo`` trains (a reward model: the score head instead of the LM head)."""
     census = shape.parameters().for_algo(algo)
     where = "counted from the model" if census.source == "meta" else "computed from the configuration"

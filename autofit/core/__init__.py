@@ -6,6 +6,7 @@ NVML, never CUDA), files written whole, sizes and the one input error.
 Nothing here imports another part of autofit: every other package builds on it.
 """
 
+from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, Algorithm, algorithm, algorithm_names, ppo_available
 from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, LoraSettings, ProbeSettings
 from autofit.core._compat import checkpointing_field, exempt_phases, installed, installed_versions, vllm_installed
 from autofit.core._device import GpuInfo, NoCudaDeviceError, first_gpu, resolve_device, resolve_gpus, visible_gpu_count
@@ -31,9 +32,10 @@ from autofit.core._outcome import (
 from autofit.core._outdir import PHASE_FILE, PID_FILE, exclusive, record_probe_process
 from autofit.core._registry import UnknownModelError, needs_own_code, resolve_model
 from autofit.core._sizes import format_size, parse_size
-from autofit.core._spec import FACTORIES, SearchSpec, ppo_available
+from autofit.core._spec import FACTORIES, SearchSpec
 
 __all__ = [
+    "ALGORITHMS", "DEFAULT_ALGO", "Algorithm", "algorithm", "algorithm_names",
     "BAD_FORK", "DEVICES", "DISTURBED_RETRY_WAIT_S", "ENGINE_FAILURE", "FACTORIES", "GROUP_ALGOS", "INFRASTRUCTURE",
     "KERNEL_FAILURE", "LENGTH_FIELD", "PHASE_FILE", "PID_FILE", "RL_ALGOS", "USER", "BuildTimeout", "Candidate",
     "FactoryMisuse", "GpuInfo", "InputError", "LoraSettings", "NoCudaDeviceError", "Outcome", "ProbeResult",

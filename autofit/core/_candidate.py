@@ -15,10 +15,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple, Union
 
+from autofit.core._algorithms import ALGORITHMS, Algorithm, algorithm, algorithm_names
+
 # Config field that holds the searched sequence length, per algorithm (RL: the completion length).
-LENGTH_FIELD = {"sft": "max_length", "reward": "max_length", "grpo": "max_completion_length",
-                "rloo": "max_completion_length", "ppo": "response_length"}
-RL_ALGOS = ("grpo", "rloo", "ppo")
+LENGTH_FIELD = {a.name: a.length_field for a in ALGORITHMS.values()}
+RL_ALGOS = algorithm_names(rl=True)
 # Micro-batches per optimizer step that a probe of SFT or a reward model runs: from the second on, the gradients
 # are resident and nothing else grows, so more would cost time and show nothing (a test measures it). RL keeps all:
 # TRL generates for the whole generation batch (micro-batch x steps_per_generation) at once.
@@ -111,8 +112,13 @@ class Candidate:
         return self.effective_batch * (self.max_length + (self.prompt_length or 0))
 
     @property
+    def unit(self) -> Algorithm:
+        """The algorithm's registry entry (``autofit.core._algorithms``)."""
+        return algorithm(self.algo)
+
+    @property
     def is_rl(self) -> bool:
-        return self.algo in RL_ALGOS
+        return self.unit.rl
 
     @property
     def probe_accumulation(self) -> int:
@@ -135,7 +141,7 @@ class Candidate:
         args: Dict[str, Any] = dict(self.user_args)
         args.update(per_device_train_batch_size=self.micro_batch, gradient_accumulation_steps=self.grad_accum)
         args[checkpointing_field()] = self.checkpointing
-        args[LENGTH_FIELD.get(self.algo, "max_length")] = self.max_length
+        args[self.unit.length_field] = self.max_length
         if self.optim is not None:
             args["optim"] = self.optim
         if self.dtype is not None:
@@ -176,7 +182,7 @@ class Candidate:
             )
             if self.ranks > 1:  # a rank left waiting for a dead one gives up (the runner kills it before that)
                 args["ddp_timeout"] = PROBE_DDP_TIMEOUT_S
-            if self.algo == "ppo":  # PPO counts episodes, not steps; its sample generations are evaluation only
+            if self.unit.counts_episodes:  # PPO counts episodes, not steps; its sample generations are evaluation only
                 args.update(total_episodes=self.effective_batch * self.probe.steps, num_sample_generations=0)
             elif self.is_rl:  # the worst case: every completion runs to max_completion_length
                 args["generation_kwargs"] = {**(args.get("generation_kwargs") or {}), "min_new_tokens": self.max_length}
@@ -194,7 +200,7 @@ class Candidate:
             lora_dropout=self.lora.dropout,
             target_modules=list(self.lora.target_modules) if isinstance(self.lora.target_modules, tuple)
             else self.lora.target_modules,
-            task_type="SEQ_CLS" if self.algo == "reward" else "CAUSAL_LM",
+            task_type="SEQ_CLS" if self.unit.sequence_classifier else "CAUSAL_LM",
         )
 
     def quantization_config(self) -> Any:

@@ -18,7 +18,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
-from autofit.core._candidate import RL_ALGOS
+from autofit.core._algorithms import DEFAULT_ALGO, algorithm, algorithm_names, or_list
 from autofit.core._errors import InputError
 from autofit.core._sizes import card_names, parse_size
 
@@ -28,10 +28,10 @@ DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # TRL's ModelConfig.dtype choices
 MAXIMIZE = ("batch", "length")
 VLLM_MODES = ("colocate", "server")
-GROUP_ALGOS = ("grpo", "rloo")  # algorithms that sample num_generations completions per prompt
+GROUP_ALGOS = algorithm_names(groups=True)  # algorithms that sample num_generations completions per prompt
 AUTO_VERIFY = "auto"
 MIN_BUDGET_BYTES = 2**20
-RL_GROUP = "grpo, rloo and ppo"
+RL_GROUP = or_list(algorithm_names(rl=True), "and")
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,9 @@ class SearchOptions:
 
     model: str = option(help="hub id (bundled configs work offline) or local folder (default: --config's "
                              "model_name_or_path)", kind=TEXT, doors=DOORS)
-    algo: str = option("sft", help="the TRL trainer: sft, grpo, rloo, reward or ppo (default sft)", kind=TEXT,
-                       doors=DOORS, estimate_help="sft, grpo, rloo or reward (default sft)")
+    algo: str = option(DEFAULT_ALGO, help=f"the TRL trainer: {or_list(algorithm_names())} (default {DEFAULT_ALGO})",
+                       kind=TEXT, doors=DOORS,
+                       estimate_help=f"{or_list(algorithm_names(estimated=True))} (default {DEFAULT_ALGO})")
     config: Optional[str] = option(
         help="your TRL config file (as trl sft --config FILE reads it): its run is where the search starts, and "
              "best.yaml is that file with the changes fitting needed; flags given here override it", kind=TEXT,
@@ -221,31 +222,35 @@ class SearchOptions:
 
     def check(self) -> None:
         """What must hold between the options at every door (one line naming the option that breaks it)."""
-        rl = self.algo in RL_ALGOS
+        unit = algorithm(self.algo)
+        rl = unit.rl
         if rl and (self.max_length is not None or self.min_length is not None):
             raise InputError(f"--max-length/--min-length do not apply to {self.algo}: use --max-completion-length "
                              "and --min-completion-length")
-        if self.algo == "ppo" and self.beta is not None:
-            raise InputError("--beta applies to grpo and rloo; PPO's KL coefficient is PPOConfig.kl_coef")
+        with_beta = " and ".join(algorithm_names(has_beta=True))
+        if rl and unit.kl_field and self.beta is not None:
+            raise InputError(f"--beta applies to {with_beta}; {self.algo.upper()}'s KL coefficient is "
+                             f"{unit.config_class.rsplit(':', 1)[-1]}.{unit.kl_field}")
         if not rl:
             given = [name for name in ("max_completion_length", "min_completion_length", "beta")
                      if getattr(self, name) is not None]
             if given:
-                raise InputError(f"{flag(given[0])} applies to grpo and rloo, not to '{self.algo}'")
+                raise InputError(f"{flag(given[0])} applies to {with_beta}, not to '{self.algo}'")
         for name in ("num_generations", "use_vllm"):
             if getattr(self, name) is not None and self.algo not in GROUP_ALGOS:
                 raise InputError(f"{flag(name)} applies to {' and '.join(GROUP_ALGOS)}, not to '{self.algo}'")
         if self.num_generations is not None and self.effective_batch % self.num_generations:
             raise InputError(f"--effective-batch {self.effective_batch} cannot be divided into groups of "
                              f"--num-generations {self.num_generations}: use a multiple of {self.num_generations}")
-        if self.dtype is not None and self.algo == "ppo":
-            raise InputError("--dtype does not apply to ppo: PPOConfig has no model_init_kwargs; load the models in "
-                             "the dtype you want in your PPO script")
+        if self.dtype is not None and unit.config_class and not unit.model_init_kwargs:
+            raise InputError(f"--dtype does not apply to {self.algo}: {unit.config_class.rsplit(':', 1)[-1]} has no "
+                             f"model_init_kwargs; load the models in the dtype you want in your {self.algo.upper()} "
+                             "script")
 
     @property
     def length(self) -> int:
         """The length the search starts from: the sequence for sft and reward, the completion for RL."""
-        if self.algo in RL_ALGOS:
+        if algorithm(self.algo).rl:
             return self.max_completion_length or 512
         return self.max_length or 1024
 
@@ -253,12 +258,12 @@ class SearchOptions:
     def length_floor(self) -> int:
         """How short the shorter-length rung may go: never below the length unless asked (``--maximize length``:
         128, or the length when it is shorter)."""
-        floor = self.min_completion_length if self.algo in RL_ALGOS else self.min_length
+        floor = self.min_completion_length if algorithm(self.algo).rl else self.min_length
         if floor is None:
             floor = self.length if self.maximize == "batch" else min(self.length, 128)
         if floor > self.length:
-            given = "--min-completion-length" if self.algo in RL_ALGOS else "--min-length"
-            upper = "--max-completion-length" if self.algo in RL_ALGOS else "--max-length"
+            given = "--min-completion-length" if algorithm(self.algo).rl else "--min-length"
+            upper = "--max-completion-length" if algorithm(self.algo).rl else "--max-length"
             raise InputError(f"{given} {floor} is above {upper} {self.length}: it must be at most that")
         return floor
 

@@ -10,7 +10,8 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-from autofit.core._candidate import RL_ALGOS, LoraSettings
+from autofit.core._algorithms import ALGORITHMS, algorithm
+from autofit.core._candidate import LoraSettings
 from autofit.core._compat import checkpointing_field
 from autofit.core._errors import InputError
 from autofit.core._options import AUTO_VERIFY, DEVICES, SearchOptions, ladder_names
@@ -32,42 +33,10 @@ MAX_TOKENS_PER_STEP = 2**31
 
 
 # The built-in trainer factories (``autofit.probe.algos``) by algorithm, imported by name in the probe.
-FACTORIES = {
-    "sft": "autofit.probe.algos.sft:build_trainer",
-    "grpo": "autofit.probe.algos.rl:build_grpo_trainer",
-    "rloo": "autofit.probe.algos.rl:build_rloo_trainer",
-    "reward": "autofit.probe.algos.reward:build_trainer",
-    "ppo": "autofit.probe.algos.ppo:build_trainer",  # TRL 0.29-1.12 only: see spec.ppo_available
-}
+FACTORIES = {a.name: a.factory for a in ALGORITHMS.values()}
 # What autofit sets on every candidate: a user's value for one of these is replaced (and said so).
 SEARCHED_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "activation_checkpointing",
                  "gradient_checkpointing", "max_length", "max_completion_length", "response_length", "num_generations")
-
-
-def installed_trl() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("trl")
-    except metadata.PackageNotFoundError:
-        return "none"
-
-
-def ppo_available() -> bool:
-    """PPOTrainer lives in trl.experimental.ppo from TRL 0.29 to 1.12; TRL 1.13 removed it."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version("0.29") <= Version(installed_trl()) < Version("1.13")
-    except InvalidVersion:
-        return False
-
-
-def ppo_message() -> str:
-    return (
-        f"algo 'ppo' needs TRL 0.29-1.12 (installed trl {installed_trl()}; TRL 1.13 removed PPOTrainer): "
-        "overlay it with pip install --no-deps --target ./trl112 trl==1.12.0 and run with PYTHONPATH=./trl112"
-    )
 
 
 @dataclass(frozen=True)
@@ -119,8 +88,9 @@ class SearchSpec:
         memory, the trainer's budget (``gpu_bytes`` unless given), the ranks on this machine."""
         if device not in ("cuda", "cpu"):
             raise InputError(f"device '{device}' is not valid: accepted are {', '.join(DEVICES)}")
-        if factory is None and options.algo == "ppo" and not ppo_available():
-            raise InputError(ppo_message())
+        missing = algorithm(options.algo).available() if factory is None else None
+        if missing:
+            raise InputError(missing)
         if factory is None and options.algo not in FACTORIES:
             raise InputError(f"unknown algo '{options.algo}': accepted are {', '.join(FACTORIES)}")
         for given in (gpu_bytes, budget_bytes):
@@ -191,7 +161,7 @@ class SearchSpec:
             parts.append(f"nodes={o.nodes}")
         if o.use_vllm is not None:
             parts.append(f"vllm={o.use_vllm}:{o.vllm_gpu_memory_utilization:g}")
-        if o.algo in RL_ALGOS:
+        if algorithm(o.algo).rl:
             parts += [str(o.num_generations), str(o.max_prompt_length)]
         if self.baseline is not None:
             parts.append(f"baseline={self.baseline.key()}")

@@ -13,6 +13,7 @@ from autofit import memory_model
 from autofit.core import (
     RL_ALGOS,
     Candidate,
+    algorithm,
     atomic_write_text,
     first_gpu,
     format_size,
@@ -141,15 +142,15 @@ def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) ->
 
 def usage(algo: str, offload: Optional[str] = None, written: Tuple[str, ...] = ()) -> str:
     """How the answer runs; ``written``: the keys of the user's own file, which may name the data and rewards."""
-    if algo == "ppo":
-        return ("# TRL has no ppo command: build PPOConfig(**best.json['config']); PPO's loop does not enable "
-                "checkpointing from its config, so call model.gradient_checkpointing_enable() when it is set")
+    unit = algorithm(algo)
+    if unit.trl_command is None:
+        return unit.usage or f"# build {unit.config_class.rsplit(':', 1)[-1] or 'your config'}(**best.json['config'])"
     engine = f" --accelerate_config {ACCELERATE_YAML}" if offload else ""
     data = "" if {"dataset_name", "datasets"} & set(written) else " --dataset_name YOUR_DATASET"
     rewards = ""  # TRL's grpo and rloo commands need a reward: a function of the registry or a module's, or a model
-    if algo in ("grpo", "rloo") and not {"reward_funcs", "reward_model_name_or_path"} & set(written):
+    if unit.groups and not {"reward_funcs", "reward_model_name_or_path"} & set(written):
         rewards = " --reward_funcs YOUR_REWARD"
-    return f"# use: trl {algo} --config best.yaml{engine}{data}{rewards}"
+    return f"# use: trl {unit.trl_command} --config best.yaml{engine}{data}{rewards}"
 
 
 def _scalar(value: Any) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from autofit.core import Candidate, LoraSettings
+from autofit.core import DEFAULT_ALGO, Candidate, LoraSettings
 from autofit.memory_model._census import lora_inputs_per_layer
 from autofit.memory_model._parameters import LORA_DROPOUT_BYTES_PER_ELEMENT, census_for
 from autofit.memory_model._shape import ModelShape
@@ -100,7 +100,7 @@ def sequence_length(candidate: Candidate) -> int:
 
 def sequences_per_micro_batch(candidate: Candidate) -> int:
     """The reward trainer concatenates the chosen and the rejected sides: 2 sequences per example."""
-    return 2 * candidate.micro_batch if candidate.algo == "reward" else candidate.micro_batch
+    return candidate.unit.sequences_per_example * candidate.micro_batch
 
 
 def train_tokens(candidate: Candidate) -> int:
@@ -121,7 +121,7 @@ def liger_saving_per_token_layer(shape: ModelShape, act_bytes: int, norms_train:
 
 
 def activation_bytes_per_token_layer(shape: ModelShape, act_bytes: int, lora: Optional[LoraSettings] = None,
-                                     algo: str = "sft", liger: bool = False, norms_train: bool = True) -> float:
+                                     algo: str = DEFAULT_ALGO, liger: bool = False, norms_train: bool = True) -> float:
     """Bytes saved for backward per token per decoder layer without checkpointing (memory-facts 2.4); with
     ``liger``, what Liger's kernels save instead (``norms_train``: the norms' weights are trained)."""
     scale = act_bytes / 2  # the coefficients are bytes at 2-byte activations

@@ -29,7 +29,7 @@ from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-from autofit.core import cache_dir
+from autofit.core import algorithm, cache_dir
 from autofit.memory_model._census_build import CENSUS_VERSION
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class Census:
         return replace(self, params=params, linears=linears, tied=False)
 
     def for_algo(self, algo: str) -> Census:
-        return self.for_reward() if algo == "reward" else self
+        return self.for_reward() if algorithm(algo).sequence_classifier else self
 
     # -- storage ----------------------------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Mapping, Optional
 
+from autofit.core import algorithm, algorithm_names
 from autofit.memory_model._census import ANALYTIC
 
 if TYPE_CHECKING:
@@ -25,8 +26,8 @@ UNMODELLED_ARGS = {"fp16": "fp16 mixed precision", "torch_compile": "torch.compi
 CHECKED_UNCERTAINTY = 0.25  # the prior's band for a checked family (the activation coefficients' spread, 2.4)
 UNCHECKED_UNCERTAINTY = 0.5
 
-_ALL = ("sft", "grpo", "rloo", "reward")
-_LM = ("sft", "grpo", "rloo")
+_ALL = tuple(name for name in algorithm_names() if algorithm(name).checked_name == name)
+_LM = tuple(name for name in _ALL if not algorithm(name).sequence_classifier)
 CHECKED = {
     "llama": _ALL, "mistral": _ALL, "qwen2": _ALL, "qwen3": _ALL, "gemma": _ALL, "gemma2": _ALL, "gemma3_text": _ALL,
     "olmo2": _ALL, "glm4": _ALL, "mixtral": _ALL, "qwen2_moe": _ALL, "qwen3_moe": _ALL, "phi3": _ALL,
@@ -47,7 +48,7 @@ def sizes_are_exact(shape: ModelShape) -> bool:
 def unchecked_reason(shape: ModelShape, algo: str) -> Optional[str]:
     """Why the prediction for this model and algorithm is not a checked one, or None."""
     family = "gemma3_text" if shape.model_type == "gemma3" else shape.model_type
-    algo = "grpo" if algo == "ppo" else algo
+    algo = algorithm(algo).checked_name
     census = shape.parameters()
     if census.source == ANALYTIC and not sizes_are_exact(shape):
         return f"the parameters of {family} were not counted from the model (computed from its configuration)"

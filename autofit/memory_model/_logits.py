@@ -48,7 +48,7 @@ def fused_head_buffer_bytes(tokens: int, compute_bytes: int) -> int:
 def logit_tokens(candidate: Candidate, device: str) -> int:
     """Positions the fused LM head scores: shifted labels; RL on CUDA scores only the completion (compact path),
     on the CPU every position (trl-facts). The reward model has no LM head."""
-    if candidate.algo == "reward":
+    if candidate.unit.sequence_classifier:
         return 0
     if candidate.is_rl and device == "cuda":
         return candidate.micro_batch * candidate.max_length

@@ -47,7 +47,7 @@ def offloaded_state_bytes(candidate: Candidate, shape: ModelShape, device: str) 
     c_bytes = engine_bytes(candidate, shape, device)
     staging = (largest_trainable(shape, candidate) + shape.hidden * shape.hidden) * c_bytes
     embedding_temporaries = 0.0
-    if shape.tied_embeddings and candidate.algo != "reward":
+    if shape.tied_embeddings and not candidate.unit.sequence_classifier:
         embedding_temporaries = TIED_EMBEDDING_GRAD_COPIES * counts.embedding * c_bytes
     reference = counts.total * c_bytes if candidate.is_rl and _beta(candidate) > 0 else 0.0
     return StateBytes(weights=counts.total * c_bytes, autocast_copy=0.0, gradients=staging, optimizer=0.0,

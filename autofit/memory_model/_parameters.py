@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Mapping, NamedTuple, Optional
 
-from autofit.core import Candidate
+from autofit.core import ALGORITHMS, DEFAULT_ALGO, Candidate, algorithm
 from autofit.memory_model._census import Census, lora_tensors
 from autofit.memory_model._shape import ModelShape, dtype_bytes
 
@@ -72,8 +72,9 @@ ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "paged_adamw_32b
                 "adamw_anyprecision", "adamw_torch_xla", "adamw_torch_npu_fused", "stable_adamw", "ademamix")
 UNKNOWN_OPTIM_BYTES_PER_PARAM = 8.0  # an optimizer this table does not know: two fp32 states, conservative [A]
 # 2.6 / trl-facts table: GRPOConfig.beta defaults to 0.0 (no reference model), RLOOConfig.beta to 0.05 (a reference
-# model is loaded). This module cannot import trl to read them: keep in step with the installed TRL.
-TRL_DEFAULT_BETA = {"grpo": 0.0, "rloo": 0.05}
+# model is loaded): the registry's ``default_beta``. This module cannot import trl to read them: keep in step with the
+# installed TRL.
+TRL_DEFAULT_BETA = {a.name: a.default_beta for a in ALGORITHMS.values() if a.default_beta is not None}
 
 
 @dataclass(frozen=True)
@@ -90,22 +91,22 @@ class ParamCounts:
     experts: int = 0
 
 
-def census_for(shape: ModelShape, algo: str = "sft") -> Census:
+def census_for(shape: ModelShape, algo: str = DEFAULT_ALGO) -> Census:
     """The parameters of the model ``algo`` trains: the causal LM, or a reward model's sequence classifier."""
     return shape.parameters().for_algo(algo)
 
 
-def param_counts(shape: ModelShape, algo: str = "sft") -> ParamCounts:
-    """Parameter counts as transformers builds the model (``algo="reward"``: a score head of h x 1 instead of the
-    LM head), from the census (``ModelShape.parameters``)."""
+def param_counts(shape: ModelShape, algo: str = DEFAULT_ALGO) -> ParamCounts:
+    """Parameter counts as transformers builds the model (a sequence classifier's algorithm: a score head of h x 1
+    instead of the LM head), from the census (``ModelShape.parameters``)."""
     census = census_for(shape, algo)
-    reward = algo == "reward"
+    reward = algorithm(algo).sequence_classifier
     return ParamCounts(total=census.total, linear=census.quantized, embedding=census.embedding,
                        lm_head=0 if reward else census.head, score_head=census.head if reward else 0,
                        experts=census.experts)
 
 
-def lora_params(shape: ModelShape, r: int, targets: Any = "all-linear", algo: str = "sft") -> int:
+def lora_params(shape: ModelShape, r: int, targets: Any = "all-linear", algo: str = DEFAULT_ALGO) -> int:
     """Trainable LoRA adapter parameters: r·(d_in + d_out) per adapted linear layer (peft's rule, see ``census``);
     "all-linear" never adapts the output layer. memory-facts 2.2."""
     return sum(r * (g.d_in + g.d_out) * g.count for g in census_for(shape, algo).lora_modules(targets))
@@ -246,7 +247,7 @@ def state_bytes(candidate: Candidate, shape: ModelShape, device: str) -> StateBy
     # the embedding's backward returns its own (a new [V, h]) and the accumulation adds them (another) [V: measured
     # on the CPU meter, Qwen2.5-0.5B: +2 x V·h x 4 B over weights + gradients + AdamW].
     embedding_temporaries = 0.0
-    if lora is None and shape.tied_embeddings and candidate.algo != "reward":
+    if lora is None and shape.tied_embeddings and not candidate.unit.sequence_classifier:
         embedding_temporaries = TIED_EMBEDDING_GRAD_COPIES * counts.embedding * t_bytes
 
     # -- reference model (2.6): beta > 0 and no PEFT; reloaded from the path in the same dtype --------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from autofit.core import SearchSpec, format_size
+from autofit.core import DEFAULT_ALGO, SearchSpec, format_size
 from autofit.memory_model._parameters import param_counts
 from autofit.memory_model._shape import ModelShape
 
@@ -55,7 +55,7 @@ class VllmShare:
 
 
 def vllm_share(shape: ModelShape, budget_bytes: int, utilization: float, max_num_seqs: int, sequence_tokens: int,
-               max_model_len: Optional[int] = None, algo: str = "grpo") -> VllmShare:
+               max_model_len: Optional[int] = None, algo: str = DEFAULT_ALGO) -> VllmShare:
     """vLLM's colocated share of one GPU of ``budget_bytes`` (tensor parallel 1)."""
     share = utilization * budget_bytes
     weights = param_counts(shape, algo).total * VLLM_WEIGHT_BYTES

@@ -9,8 +9,6 @@ level with both fits, the level without checkpointing is probed too and kept whe
 
 from autofit.rungs._ladder import SPEED, LadderState
 
-SUPPORTED_ALGOS = ("sft", "reward")  # the TRL trainers with an ``activation_offloading`` field
-
 
 class ActivationOffload:
     name = "activation-offload"
@@ -27,6 +25,6 @@ class ActivationOffload:
         candidate = state.candidate
         if candidate.device == "cpu" and not self.on_simulated_device:
             return None
-        if candidate.activation_offload or candidate.algo not in SUPPORTED_ALGOS:
+        if candidate.activation_offload or not candidate.unit.activation_offloading:  # a config field of theirs
             return None
         return state.with_rung(self, candidate_changes={"activation_offload": True})

@@ -18,8 +18,6 @@ from typing import Optional
 from autofit.rungs._failures import LIGER_RUNG
 from autofit.rungs._ladder import FREE, LadderState
 
-SUPPORTED_ALGOS = ("sft", "reward", "grpo", "rloo")  # trl 1.12's PPO loop builds its own models: not patched
-
 
 def liger_missing() -> Optional[str]:
     """Why the kernels cannot run here; None when the package is importable."""
@@ -46,7 +44,7 @@ class LigerKernels:
 
     def apply(self, state: LadderState):
         candidate = state.candidate
-        if candidate.liger or candidate.algo not in SUPPORTED_ALGOS:
+        if candidate.liger or not candidate.unit.liger:  # PPO's loop builds its own models
             return None
         if dict(candidate.user_args).get("use_liger_kernel") is not None:
             return None  # the user decided, either way

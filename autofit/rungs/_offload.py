@@ -12,8 +12,6 @@ from typing import Optional
 from autofit.rungs._engines import ZERO2_OFFLOAD, deepspeed_missing
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState
 
-SUPPORTED_ALGOS = ("sft", "reward", "grpo", "rloo")
-
 
 class OptimizerOffload:
     name = OFFLOAD_RUNG
@@ -40,7 +38,7 @@ class OptimizerOffload:
             return None
         if candidate.offload or candidate.lora is not None or candidate.quantization is not None:
             return None
-        if candidate.algo not in SUPPORTED_ALGOS or candidate.optim not in (None, "adamw_torch", "adamw_torch_fused"):
+        if not candidate.unit.engine_offload or candidate.optim not in (None, "adamw_torch", "adamw_torch_fused"):
             return None  # PPO scripts build their own accelerator; DeepSpeed's CPU Adam replaces only AdamW
         # with several GPUs ZeRO-2 offload is the engine across them (``Candidate.engine``); the sharding of the
         # level before stays recorded for the quality rungs, which take offload off again

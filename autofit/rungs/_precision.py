@@ -25,6 +25,6 @@ class Bf16Weights:
         candidate = state.candidate
         if candidate.dtype is not None or candidate.quantization is not None or user_decided_dtype(candidate):
             return None  # decided already (--dtype, the user's model_init_kwargs), or a quantized base
-        if candidate.algo == "ppo":
+        if not candidate.unit.model_init_kwargs:
             return None  # PPOConfig has no model_init_kwargs: a PPO script loads its four models itself
         return state.with_rung(self, candidate_changes={"dtype": BF16})

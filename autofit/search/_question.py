@@ -20,6 +20,7 @@ from autofit.core import (
     NoCudaDeviceError,
     SearchSpec,
     UnknownModelError,
+    algorithm_names,
     first_gpu,
     format_size,
     free_bytes,
@@ -39,7 +40,7 @@ from autofit.search._user_config import read_user_config
 
 log = logging.getLogger(__name__)
 
-ESTIMATED_ALGOS = ("sft", "grpo", "rloo", "reward")  # the ledger has no PPO
+ESTIMATED_ALGOS = algorithm_names(estimated=True)  # the algorithms the ledger describes
 # An idle card's free memory is a little under its total (driver reservations): not "busy".
 CUDA_IDLE_SLACK_BYTES = 2**30
 MAX_PARAMETERS = 10**13  # ten trillion: no configuration one device could probe
