@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -48,6 +49,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A write the disk refused, whatever the file: what to do about it (the same command then resumes).
+_WRITE_ERRNOS = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some of your disk quota",
+                 errno.EFBIG: "raise the file size limit (ulimit -f)", errno.EROFS: "make that filesystem writable",
+                 errno.EIO: "check that disk"}
+# Refusals that are a write failure when they name a file autofit writes under --out.
+_OUT_ERRNOS = {errno.EACCES: "make it writable", errno.EPERM: "make it writable"}
+
+
+def write_failure(exc: OSError, out_dir: Path) -> Optional[str]:
+    """The one line for a write of the study or the outputs that failed (a full disk, ``ulimit -f``, a quota, a
+    filesystem turned read-only), naming the file; None for an OSError of another kind."""
+    advice = _WRITE_ERRNOS.get(exc.errno or 0)
+    if advice is None and exc.filename is not None and exc.errno in _OUT_ERRNOS:
+        try:
+            inside = Path(str(exc.filename)).resolve().is_relative_to(out_dir.resolve())
+        except (OSError, ValueError):
+            inside = False
+        advice = _OUT_ERRNOS[exc.errno] if inside else None
+    if advice is None:
+        return None
+    return (f"{exc.strerror or os.strerror(exc.errno or 0)} writing {exc.filename or out_dir}: {advice} and run the "
+            "same command again")
+
+
 def report_command(args) -> int:
     from autofit.core import InputError, one_line
     from autofit.report import write
@@ -57,6 +82,12 @@ def report_command(args) -> int:
     except InputError as exc:
         print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as exc:
+        line = write_failure(exc, Path(args.out_dir))
+        if line is None:
+            raise
+        print(f"autofit: error: {line}", file=sys.stderr)
+        return EXIT_PROBES_CANNOT_RUN
     print(f"wrote {path}")
     return EXIT_OK
 
@@ -95,10 +126,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"autofit: interrupted; run the same command again to resume from {out_dir}", file=sys.stderr)
         return 130
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        line = write_failure(exc, Path(str(out_dir)))
+        if line is None:
             raise
-        print(f"autofit: error: {exc.strerror} writing {exc.filename or out_dir}: free some space and run the same "
-              f"command again; it resumes from {out_dir}", file=sys.stderr)
+        print(f"autofit: error: {line}; it resumes from {out_dir}", file=sys.stderr)
         return EXIT_PROBES_CANNOT_RUN
     print(table_text(report))
     for note in report.notes:

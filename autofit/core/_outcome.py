@@ -137,7 +137,7 @@ _CUDA_MARKERS = (
     "nvml",
     "found no nvidia driver",
 )
-_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 # Errors that mean "this combination of settings is not accepted", raised before or while building.
 _INVALID_TYPES = (ValueError, TypeError, NotImplementedError, ImportError)
 # Frames of these packages are library code: an error raised there is not the user's own.
@@ -194,7 +194,8 @@ def raised_by_user_code(exc: BaseException) -> bool:
 def _infrastructure_cause(exc: BaseException, text: str) -> Optional[str]:
     if any(marker in text for marker in _BAD_FORK_MARKERS):
         return BAD_FORK
-    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS or "no space left on device" in text:
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS or "no space left on device" in text \
+            or "file too large" in text or "disk quota exceeded" in text:
         return "disk"
     if any(marker in text for marker in _CUDA_MARKERS):
         return "cuda"

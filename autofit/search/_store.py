@@ -16,7 +16,7 @@ import signal
 import threading
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union, cast
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 import optuna
 from optuna.distributions import BaseDistribution, IntDistribution
@@ -123,6 +123,19 @@ def measured_on(spec: SearchSpec) -> str:
     return fingerprint(config, spec.device, gpu.name if gpu else None)
 
 
+class _NamedJournal(JournalFileBackend):
+    """Optuna's journal file, whose write failures name it (a full disk, ``ulimit -f``, a quota: ``f.write`` raises
+    an OSError without a file name, and the search's one line must say which file)."""
+
+    def append_logs(self, logs: List[Dict[str, Any]]) -> None:
+        try:
+            super().append_logs(logs)
+        except OSError as exc:
+            if exc.filename is not None:
+                raise
+            raise OSError(exc.errno, exc.strerror, self._file_path) from exc
+
+
 class ProbeStore:
     def __init__(self, out_dir: Path, study_name: str, budget_bytes: Optional[int], levels: int, max_batch: int,
                  max_length: int, fingerprint: str = "", question: str = ""):
@@ -171,7 +184,7 @@ class ProbeStore:
             log.warning("%s", self.notes[-1])
         for attempt in range(2):
             try:
-                storage = JournalStorage(JournalFileBackend(str(path)))
+                storage = JournalStorage(_NamedJournal(str(path)))
                 return optuna.create_study(study_name=study_name, storage=storage, direction="maximize",
                                            load_if_exists=True)
             except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
