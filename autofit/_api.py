@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from autofit import export
-from autofit.core import Candidate, SearchSpec, clip, exclusive, format_size, one_line
+from autofit.core import Candidate, InputError, SearchSpec, clip, exclusive, format_size, one_line
 from autofit.core._options import FIELDS, FIT, SearchOptions, door_fields
 from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
-from autofit.rungs import Rung, resolve_ladder
+from autofit.rungs import Rung, register, resolve_ladder
 from autofit.search import InfrastructureError, Record, Search, SearchReport, question, quiet_optuna, with_config
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,11 @@ def fit(trainer_factory: Union[str, Callable[[Candidate], Any]], *,
                     factory=payload.identity or None)
     rungs = ([resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder]
              if custom and ladder is not None else None)
+    for rung in rungs or ():
+        try:
+            register(rung)  # the stages (export, the memory model) find its words and its ledger by its name
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
     # Optuna's verbosity is global: WARNING while fit runs (the search and the report read the study), the caller's
     # own after it returns or raises
     with probe_lines(bool(options.get("quiet", False))), quiet_optuna():

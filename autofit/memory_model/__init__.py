@@ -19,7 +19,9 @@ and 5.1). One module per family of terms:
 - ``_calibration``: a scale on the static part (what does not depend on the tokens) and one on the dynamic part
   (activations, LM-head buffers, generation), fitted by least squares on measured peaks;
 - ``_levels``: the ladder walked over predicted peaks (``autofit estimate``) and the search's grids;
-- ``_sharding``, ``_offload``, ``_vllm``: several GPUs, optimizer offload, and vLLM's share of a GPU.
+- ``_sharding``, ``_offload``, ``_vllm``: several GPUs, optimizer offload, and vLLM's share of a GPU;
+- ``_rungs``: the effect of the rungs that are not built in (another package's, the caller's): their own ``ledger``
+  on the terms, or the band they need.
 
 Pure Python: this package imports neither torch nor transformers (the search process never imports torch). Every
 coefficient is a named constant with its source; "[V]", "[D]", "[M]" are memory-facts' tags (verified, derived,
@@ -85,6 +87,7 @@ from autofit.memory_model._parameters import (
     param_counts,
     trainable_tensors,
 )
+from autofit.memory_model._rungs import custom_rungs, rung_band, rung_notes
 from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
 from autofit.memory_model._vllm import VLLM_MODES, vllm_lines, vllm_share
 
@@ -94,9 +97,11 @@ __all__ = [
     "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES", "GEN_PREFILL_MLP_COPIES", "Ledger", "LevelEstimate",
     "ModelShape", "NoCausalLM", "PRIOR_UNCERTAINTY", "ParamCounts", "RungEstimate", "SINGLE_POINT_UNCERTAINTY",
     "TERMS", "TERM_GROUPS", "TERM_HELP", "Tensors", "VLLM_MODES", "activation_bytes_per_token_layer",
-    "analytic_census", "base_candidate", "calibrate", "census_for", "divisors", "dtype_bytes", "ensure_census",
+    "analytic_census", "base_candidate", "calibrate", "census_for", "custom_rungs", "divisors", "dtype_bytes",
+    "ensure_census",
     "expected_rung", "fused_head_buffer_bytes", "host_bytes", "kv_cache_bytes", "length_grid", "lora_params",
     "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict", "predict_calibrated", "prior_uncertainty",
-    "sequence_length", "shape_or_none", "sizes_are_exact", "train_tokens", "trainable_tensors", "unchecked_reason",
+    "rung_band", "rung_notes", "sequence_length", "shape_or_none", "sizes_are_exact", "train_tokens",
+    "trainable_tensors", "unchecked_reason",
     "vllm_lines", "vllm_share",
 ]

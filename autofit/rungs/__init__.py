@@ -10,7 +10,15 @@ from autofit.rungs._activation_offload import ActivationOffload
 from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
 from autofit.rungs._checkpointing import GradientCheckpointing
 from autofit.rungs._contract import ProbeStep, RungBase
-from autofit.rungs._default import DEFAULT_LADDER, RUNGS, register, resolve_ladder, rung_named
+from autofit.rungs._default import (
+    DEFAULT_LADDER,
+    RUNGS,
+    accepted_names,
+    is_builtin,
+    register,
+    resolve_ladder,
+    rung_named,
+)
 from autofit.rungs._engines import (
     ACCELERATE_YAML,
     DDP,
@@ -45,16 +53,20 @@ from autofit.rungs._lora import Lora
 from autofit.rungs._microbatch import MicroBatch
 from autofit.rungs._offload import OptimizerOffload
 from autofit.rungs._optimizer import EightBitOptimizer
+from autofit.rungs._plugins import GROUP as ENTRY_POINT_GROUP
+from autofit.rungs._plugins import PluginError
 from autofit.rungs._precision import Bf16Weights
 from autofit.rungs._quantization import QuantizedBase
 from autofit.rungs._sequence_length import ShorterSequences
 from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
 
 __all__ = [
-    "ACCELERATE_YAML", "ALLOC_ENV", "COSTS", "DDP", "DEEPSPEED_JSON", "DEFAULT_LADDER", "FREE", "FREE_UNDER_ADAPTERS",
-    "FSDP_ENGINES", "NEVER_DROPPED", "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS", "SPEED", "ZERO_STAGES",
-    "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments", "FailedRungs",
-    "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload", "QuantizedBase",
-    "ProbeStep", "Rung", "RungBase", "Sharding", "ShorterSequences", "climb", "deepspeed_config", "free_port", "launch_env", "launch_line",
-    "process_env", "rank_env", "register", "remove_stale_engine_files", "resolve_ladder", "rung_named", "usable_rungs", "write_engine_files",
+    "ACCELERATE_YAML", "ALLOC_ENV", "COSTS", "DDP", "DEEPSPEED_JSON", "DEFAULT_LADDER", "ENTRY_POINT_GROUP", "FREE",
+    "FREE_UNDER_ADAPTERS", "FSDP_ENGINES", "NEVER_DROPPED", "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS",
+    "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments",
+    "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload",
+    "PluginError", "ProbeStep", "QuantizedBase", "Rung", "RungBase", "Sharding", "ShorterSequences", "accepted_names",
+    "climb", "deepspeed_config", "free_port", "is_builtin", "launch_env", "launch_line", "process_env",
+    "rank_env", "register", "remove_stale_engine_files", "resolve_ladder", "rung_named", "usable_rungs",
+    "write_engine_files",
 ]

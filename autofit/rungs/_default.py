@@ -1,11 +1,13 @@
 """The ladder's rungs, one module per memory optimization, and the default order (free to costly).
 
 Reorder or subset with ``autofit search --ladder NAME,NAME`` or ``autofit.fit(..., ladder=[...])``; a custom rung
-is any object with ``name``, ``cost``, ``help`` and ``apply(state) -> state | None`` (see ``autofit.rungs._ladder``).
+is any object with ``name``, ``cost``, ``help`` and ``apply(state) -> state | None`` (see ``autofit.rungs._ladder``
+and ``_contract``); another installed package's rung is named the same way (``_plugins``: entry points).
 """
 
 from typing import Iterable, List, Optional, Tuple
 
+from autofit.rungs import _plugins as plugins
 from autofit.rungs._activation_offload import ActivationOffload
 from autofit.rungs._allocator import ExpandableSegments
 from autofit.rungs._checkpointing import GradientCheckpointing
@@ -45,27 +47,52 @@ RUNGS[ActivationOffload.name] = ActivationOffload(on_simulated_device=True)
 RUNGS[LigerKernels.name] = LigerKernels(on_simulated_device=True)
 
 
+def accepted_names() -> List[str]:
+    """Every name ``--ladder`` accepts: the built-in rungs, then those of other installed packages (entry points)."""
+    return list(RUNGS) + [name for name in plugins.offered(is_builtin) if name not in RUNGS]
+
+
 def resolve_ladder(names: Optional[Iterable[str]]) -> List[Rung]:
-    """Rungs by name, in the given order; the default ladder when ``names`` is None."""
+    """Rungs by name, in the given order; the default ladder when ``names`` is None. A name no rung has, or a rung of
+    another package that cannot be used (``plugins.PluginError``: one line naming the package), is a ValueError."""
     if names is None:
         return list(DEFAULT_LADDER)
     rungs = []
     for name in names:
-        if name not in RUNGS:
-            raise ValueError(f"unknown ladder rung '{name}': accepted are {', '.join(RUNGS)}")
-        rungs.append(RUNGS[name])
+        if name in RUNGS or name in _REGISTERED:
+            rungs.append(RUNGS.get(name) or _REGISTERED[name])
+            continue
+        offered = plugins.offered(is_builtin)
+        if name not in offered:
+            raise ValueError(f"unknown ladder rung '{name}': accepted are {', '.join(accepted_names())}")
+        rungs.append(plugins.load(name, offered[name]))
     return rungs
 
 
-_REGISTERED: dict = {}  # rungs handed in by name-less doors (fit(rungs=[...])), by name
+_REGISTERED: dict = {}  # rungs handed in by name-less doors (fit(ladder=[...]) with objects), by name
 
 
 def register(rung: Rung) -> None:
-    """Make a rung that is not built in known by its name to the stages (its words, its ledger effect)."""
-    _REGISTERED[rung.name] = rung
+    """Make a rung that is not built in known by its name to the stages (its words, its ledger effect). A rung of
+    another class under a built-in rung's name is refused (ValueError): the stages would take it for the built-in."""
+    builtin = RUNGS.get(rung.name)
+    if builtin is not None and type(builtin) is not type(rung):
+        raise ValueError(f"your rung {type(rung).__name__} is named '{rung.name}', a built-in rung's name: give it "
+                         "another")
+    if builtin is None:
+        _REGISTERED[rung.name] = rung
+
+
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is a built-in rung's, which the stages know through ``Candidate``'s fields."""
+    return name in RUNGS
 
 
 def rung_named(name: str) -> Optional[Rung]:
     """The rung of that name: registered, built in or found through an entry point; None for a name autofit does not
-    know (a rung of an earlier version, stored in a study)."""
-    return _REGISTERED.get(name) or RUNGS.get(name)
+    know (a rung of an earlier version, stored in a study, or of a package that cannot be used: logged once)."""
+    found = _REGISTERED.get(name) or RUNGS.get(name)
+    if found is not None:
+        return found
+    offered = plugins.offered(is_builtin)
+    return plugins.load_quietly(name, offered[name]) if name in offered else None

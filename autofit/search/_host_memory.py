@@ -66,12 +66,12 @@ def host_shortfalls(start: LadderState, rungs: Sequence[Rung], shape: Optional[M
 def probeable_rungs(start: LadderState, rungs: Sequence[Rung], model: str, device: str
                     ) -> Tuple[List[Rung], List[str]]:
     """The rungs a search on this machine climbs, and a note for each one left out (a missing engine, too little
-    host memory for what is offloaded)."""
-    from autofit.memory_model import shape_or_none
+    host memory for what is offloaded), and one for each the memory model does not describe (another package's)."""
+    from autofit.memory_model import rung_notes, shape_or_none
 
     usable, notes = usable_rungs(rungs, device, start)
     for name, note in host_shortfalls(start, usable, shape_or_none(model), device):
         log.info("%s", note)
         notes.append(note)
         usable = [rung for rung in usable if rung.name != name]
-    return usable, notes
+    return usable, notes + rung_notes(usable)

@@ -1,0 +1,29 @@
+"""Rungs that cannot be used, each in its own way, for tests of the ``autofit.rungs`` entry point group."""
+
+from autofit.rungs import QUALITY, RungBase
+
+
+def not_a_rung():
+    return "a function that returns a string"
+
+
+class Misnamed(RungBase):
+    name = "another-name"
+    cost = QUALITY
+    help = "calls itself by a name its entry point does not give"
+
+    def apply(self, state):
+        return None
+
+
+class BadCost(Misnamed):
+    name = "bad-cost"
+    cost = "cheap"
+
+
+class Shadow(Misnamed):
+    name = "checkpointing"
+
+
+class Twice(Misnamed):
+    name = "twice"

@@ -1,0 +1,182 @@
+"""Rungs of other packages (the ``autofit.rungs`` entry point group) and of the caller (``fit(ladder=[obj])``): found
+by name, never in the default ladder, a broken package one line naming it, and their ledger effect or band in the
+memory model. ``tests/rung_plugin`` is an installed package when its folder is on ``sys.path`` (its ``*.dist-info``
+declares the entry point); ``tests/rung_plugin_broken`` holds packages whose rungs cannot be used, each its own way.
+The end-to-end search with the plugin's rung is in ``tests/test_rung_plugin_search.py``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from autofit import cli
+from autofit import memory_model as mm
+from autofit.core import Candidate, InputError
+from autofit.rungs import (
+    DEFAULT_LADDER,
+    QUALITY,
+    LadderState,
+    PluginError,
+    RungBase,
+    accepted_names,
+    register,
+    resolve_ladder,
+    rung_named,
+)
+
+TESTS = Path(__file__).parent
+PLUGIN = TESTS / "rung_plugin"
+BROKEN = TESTS / "rung_plugin_broken"
+MiB = 2**20
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """tests/rung_plugin installed: its folder on sys.path (importlib.metadata reads it from there)."""
+    monkeypatch.syspath_prepend(str(PLUGIN))
+    yield
+
+
+@pytest.fixture
+def broken(monkeypatch):
+    monkeypatch.syspath_prepend(str(BROKEN))
+    yield
+
+
+def candidate(**changes) -> Candidate:
+    fields = dict(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=4, grad_accum=1, max_length=128)
+    fields.update(changes)
+    return Candidate(**fields)
+
+
+# -- found by name, used when named -----------------------------------------------------------------------------------
+def test_a_packages_rung_is_named_in_the_ladder_and_listed_but_not_in_the_default_ladder(installed):
+    assert "adafactor" in accepted_names() and "adafactor" not in [r.name for r in DEFAULT_LADDER]
+    assert [r.name for r in resolve_ladder(None)] == [r.name for r in DEFAULT_LADDER]
+    micro, adafactor = resolve_ladder(["micro-batch", "adafactor"])
+    assert type(adafactor).__module__ == "autofit_adafactor" and rung_named("adafactor") is adafactor
+    state = adafactor.apply(LadderState(candidate()))
+    assert state.candidate.optim == "adafactor" and state.rungs == ("adafactor",) and state.cost == QUALITY
+
+
+def test_without_the_package_the_name_is_unknown():
+    with pytest.raises(ValueError, match="unknown ladder rung 'adafactor': accepted are expandable-segments"):
+        resolve_ladder(["adafactor"])
+    assert rung_named("adafactor") is None
+
+
+@pytest.mark.parametrize("name, says", [
+    ("missing", "rung 'missing' of package autofit-broken 0.1 (entry point autofit.rungs: missing = autofit_broken"
+                ".gone:Rung) cannot be imported: ModuleNotFoundError: No module named 'autofit_broken.gone'"),
+    ("not-a-rung", "is not a rung: function has no name, cost, help, apply()"),
+    ("misnamed", "calls itself 'another-name': the entry point's name must be the rung's"),
+    ("bad-cost", "has the cost class 'cheap': accepted are free, speed, quality"),
+    ("twice", "rung 'twice' is offered by package autofit-twin 0.2 and package autofit-broken 0.1"),
+])
+def test_a_broken_package_named_in_the_ladder_is_one_line_naming_it(broken, name, says):
+    with pytest.raises(PluginError) as caught:
+        resolve_ladder(["micro-batch", name])
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+    assert rung_named(name) is None  # met elsewhere (a stored candidate's rung): unknown, said once in the log
+
+
+def test_a_broken_package_not_named_costs_nothing_and_a_built_in_name_stays_the_built_ins(broken, caplog,
+                                                                                          monkeypatch):
+    monkeypatch.setattr("autofit.rungs._plugins._SAID", set())  # said once a process: again here
+    with caplog.at_level(logging.WARNING, logger="autofit.rungs"):
+        assert [r.name for r in resolve_ladder(["micro-batch", "checkpointing"])] == ["micro-batch", "checkpointing"]
+        assert type(resolve_ladder(["checkpointing"])[0]).__module__ == "autofit.rungs._checkpointing"
+        names = accepted_names()
+    assert names.count("checkpointing") == 1 and "missing" in names  # listed, never imported
+    assert "the rung 'checkpointing' of package autofit-broken 0.1 (entry point autofit.rungs) is ignored: autofit " \
+           "has a built-in rung of that name" in caplog.text
+
+
+def test_the_command_line_refuses_a_broken_rung_in_one_line(broken, capsys):
+    code = cli.main(["estimate", "--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--ladder", "micro-batch,missing"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "rung 'missing' of package autofit-broken 0.1" in err and "No module named 'autofit_broken.gone'" in err
+
+
+# -- the caller's rungs: registered by fit -----------------------------------------------------------------------------
+class Plain:
+    """A rung that follows the protocol only: it says nothing of its memory."""
+
+    name, cost, help = "plain-custom", QUALITY, "a custom rung"
+
+    def apply(self, state):
+        return state.with_rung(self)
+
+
+def test_register_makes_a_rung_known_and_refuses_a_built_in_name():
+    register(Plain())
+    assert isinstance(rung_named("plain-custom"), Plain)
+
+    class Impostor(Plain):
+        name = "checkpointing"
+
+    with pytest.raises(ValueError, match="is named 'checkpointing', a built-in rung's name"):
+        register(Impostor())
+    register(resolve_ladder(["checkpointing"])[0])  # the built-in itself: nothing to register
+    assert type(rung_named("checkpointing")).__name__ == "GradientCheckpointing"
+
+
+def test_fit_refuses_a_rung_under_a_built_in_name(tmp_path):
+    import autofit
+
+    class Impostor(Plain):
+        name = "lora"
+
+    with pytest.raises(InputError, match="a built-in rung's name"):
+        autofit.fit(lambda c: None, model="tiny-qwen2", device="cpu", gpu_memory="1GiB", out_dir=tmp_path,
+                    ladder=["micro-batch", Impostor()])
+
+
+# -- the memory model: the rung's own term, or its band ---------------------------------------------------------------
+def test_the_packages_ledger_gives_its_own_optimizer_term(installed):
+    adafactor = resolve_ladder(["adafactor"])[0]
+    plain = candidate()
+    table = mm.predict(plain.replace(optim="adafactor"))  # optim alone: the memory model's table (4 B/param)
+    with_rung = mm.predict(adafactor.apply(LadderState(plain)).candidate)
+    # the factored states of tiny-qwen2 (2 layers, hidden 256, vocab 8192): 0.11 MiB, not the table's 21.6 MiB
+    assert with_rung.optimizer == pytest.approx(0.109 * MiB, rel=0.02)
+    assert table.total - with_rung.total == pytest.approx(table.optimizer - with_rung.optimizer)
+    assert with_rung.uncertainty == table.uncertainty  # described: no wider band
+    assert mm.rung_notes([adafactor]) == []
+
+
+class Banded(Plain):
+    name, band = "banded-custom", 0.4
+
+
+class Failing(RungBase):
+    name, cost, help = "failing-custom", QUALITY, "its ledger raises"
+
+    def apply(self, state):
+        return state.with_rung(self)
+
+    def ledger(self, terms, candidate):
+        raise KeyError("weights")
+
+
+def test_a_rung_without_a_ledger_widens_the_band_and_a_note_names_it(caplog):
+    for rung in (Plain(), Banded(), Failing()):
+        register(rung)
+    base = mm.predict(candidate())
+    plain = mm.predict(Plain().apply(LadderState(candidate())).candidate)
+    banded = mm.predict(Banded().apply(LadderState(candidate())).candidate)
+    assert plain.total == base.total and plain.uncertainty == 0.5 and banded.uncertainty == 0.4
+    assert mm.rung_notes([Plain(), Banded(), *resolve_ladder(["lora"])]) == [
+        "memory model: the rung plain-custom is not modelled (no ledger of its own): predictions with it carry a "
+        "±50% band until probes calibrate them",
+        "memory model: the rung banded-custom is not modelled (no ledger of its own): predictions with it carry a "
+        "±40% band until probes calibrate them",
+    ]
+    with caplog.at_level(logging.WARNING, logger="autofit.memory_model"):
+        failing = mm.predict(Failing().apply(LadderState(candidate())).candidate)
+    assert failing.total == base.total and failing.uncertainty == 0.5
+    assert "the ledger of the rung failing-custom failed (KeyError: 'weights'): it is treated as not modelled" \
+        in caplog.text
