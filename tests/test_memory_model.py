@@ -296,6 +296,20 @@ def test_prior_agrees_with_recorded_cpu_probes_qwen(changes, measured_mib):
         assert predict(c).phase_totals["generation"] / (5680.21 * MiB) == pytest.approx(1.0, abs=0.05)
 
 
+# PPO (trl 1.12 overlaid, transformers 5.23, torch 2.13), tiny-qwen2 on the CPU meter, second update (bytes). The live
+# comparison is tests/test_ppo_integration.py (``make test-ppo``).
+@pytest.mark.parametrize("changes, measured", [
+    (dict(micro_batch=2, max_length=8, prompt_length=8), 186_683_570),  # the static terms: 4 models, 2 trained
+    (dict(micro_batch=4, max_length=32, prompt_length=16), 196_601_924),
+    (dict(micro_batch=4, grad_accum=2, max_length=64, prompt_length=32), 298_934_176),  # resident grads, prob_dist
+    (dict(micro_batch=4, max_length=32, prompt_length=16, lora=LoraSettings()), 129_465_672),  # no reference model
+    (dict(micro_batch=4, max_length=32, prompt_length=16, checkpointing=True), 196_208_708),  # policy and value
+])
+def test_ppo_prior_agrees_with_recorded_cpu_probes(changes, measured):
+    c = cand(algo="ppo", model="tiny-qwen2", device="cpu", **changes)
+    assert predict(c).total / measured == pytest.approx(1.0, abs=0.05)
+
+
 # -- monotonicity -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("base", [
     cand(), cand(device="cpu", model="tiny-qwen2"), cand(model="meta-llama/Llama-3.1-8B", checkpointing=True),
@@ -503,9 +517,20 @@ def test_estimate_runs_without_torch(tmp_path):
     assert "does not exist" in done.stdout and "gen" in done.stdout
 
 
+def test_ppo_is_estimated_whatever_trl_is_installed():
+    """PPO's ledger (policy and value model trained, frozen reference and reward models, the rollout's logits) answers
+    on any TRL: the question of TRL's PPO users, Qwen2.5-7B on an A100 80GB."""
+    done = _estimate("--model", "Qwen/Qwen2.5-7B", "--algo", "ppo", "--gpu-memory", "A100-80GB")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith("autofit estimate: ppo Qwen/Qwen2.5-7B") and "expected: rung" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 ", "3 ", "4 ", "5 "))]
+    assert rows and rows[0][1] == "baseline" and rows[0][-2] in ("train", "backward", "step", "generation", "scoring")
+
+
 def test_estimate_bad_input_is_one_line():
     for argv in (["--model", "nope/nope", "--gpu-memory", "24GiB"], ["--model", "tiny-qwen2", "--gpu-memory", "lots"],
-                 ["--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--algo", "ppo"],
+                 ["--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--algo", "dpo"],
                  ["--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--num-generations", "4"]):
         done = _estimate(*argv)
         assert done.returncode == 2, (argv, done.stdout)

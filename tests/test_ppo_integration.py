@@ -49,3 +49,30 @@ def test_ppo_search_end_to_end_loads_into_ppo_config(tmp_path):
     config = PPOConfig(output_dir=str(tmp_path / "run"), **best["config"])
     assert config.response_length == 8 and config.per_device_train_batch_size * config.gradient_accumulation_steps == 2
     assert "total_episodes" not in best["config"]  # probe-only
+
+
+# The probe's phases and the ledger's: the meter names a PPO update's generation and scoring as the ledger does; its
+# forward_backward holds the ledger's train and backward moments and the end of the backward (the ledger's step, every
+# gradient computed), its optimizer_step the step.
+METER_PHASES = {"generation": ("generation",), "scoring": ("scoring",),
+                "forward_backward": ("train", "backward", "step"), "optimizer_step": ("step",)}
+
+
+@pytest.mark.parametrize("changes", [
+    dict(micro_batch=4, max_length=32, prompt_length=16),
+    dict(micro_batch=4, grad_accum=2, max_length=64, prompt_length=32),
+    dict(micro_batch=4, max_length=32, prompt_length=16, lora=LoraSettings()),
+])
+def test_ppo_probe_peaks_agree_with_the_prediction(changes, tmp_path):
+    """As for the other algorithms (tests/test_families.py, test_memory_model's recorded probes): the uncalibrated
+    prior within 5 % of the CPU meter, at the peak and phase by phase."""
+    from autofit.memory_model import predict
+
+    candidate = Candidate("ppo", "tiny-qwen2", "cpu", **{"grad_accum": 1, **changes})
+    result = ProcessRunner(PPO, None, tmp_path).run(candidate, 2)
+    assert result.outcome is Outcome.OK, result.error
+    ledger = predict(candidate)
+    assert ledger.total / result.peak_bytes == pytest.approx(1.0, abs=0.05)
+    for meter_phase, ledger_phases in METER_PHASES.items():
+        predicted = max(ledger.phase_totals[name] for name in ledger_phases)
+        assert predicted / result.phase_peaks[meter_phase] == pytest.approx(1.0, abs=0.05), meter_phase

@@ -19,7 +19,7 @@ from typing import Dict, Optional, Tuple
 # The phases of a step in the memory model's ledger (``autofit.memory_model._ledger``).
 TRAIN_PHASES = ("train", "backward", "step")
 GENERATING_PHASES = TRAIN_PHASES + ("generation",)
-ROLLOUT_PHASES = ("rollout", "scoring") + TRAIN_PHASES  # PPO: the rollout's generation and its no-grad passes
+ROLLOUT_PHASES = ("generation", "scoring") + TRAIN_PHASES  # PPO: the rollout's generation and its no-grad passes
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,12 @@ class Algorithm:
     activation_offloading: bool = False  # an ``activation_offloading`` field
     liger: bool = False  # ``use_liger_kernel`` patches the model it trains
     model_init_kwargs: bool = False  # ``model_init_kwargs`` (the dtype the weights are loaded in)
+    load_dtype: str = "float32"  # the weights' dtype unless told (TRL's); "auto": the checkpoint's (from_pretrained)
     engine_offload: bool = False  # runs under accelerate's DeepSpeed config (ZeRO-2 optimizer offload)
     counts_episodes: bool = False  # ``total_episodes`` instead of ``max_steps``; its sample generations evaluate
     trl_versions: Optional[Tuple[str, str]] = None  # the TRL versions that have it, [from, to); None: every one
     models: Tuple[str, ...] = ("policy",)  # the models it holds (the reference: when its KL coefficient is > 0)
+    critic: str = ""  # the unit of its value and reward models (sequence classifiers beside the policy), if any
     phases: Tuple[str, ...] = TRAIN_PHASES  # the ledger's phases of one step
     estimated: bool = True  # the memory model has its ledger (``autofit estimate``)
     checked_as: str = ""  # the algorithm whose measurements check this one's activation terms ("": its own)
@@ -115,19 +117,25 @@ REWARD = Algorithm(
 PPO = Algorithm(
     "ppo", "proximal policy optimization", factory="autofit.probe.algos.ppo:build_trainer",
     config_class="trl.experimental.ppo:PPOConfig", length_field="response_length", rl=True, generates=True,
-    kl_field="kl_coef", counts_episodes=True, trl_versions=("0.29", "1.13"),
-    models=("policy", "value", "reference", "reward"), phases=ROLLOUT_PHASES, estimated=False, checked_as="grpo",
+    kl_field="kl_coef", counts_episodes=True, trl_versions=("0.29", "1.13"), load_dtype="auto",
+    models=("policy", "value", "reference", "reward"), critic="ppo-critic", phases=ROLLOUT_PHASES, checked_as="grpo",
     usage=("# TRL has no ppo command: build PPOConfig(**best.json['config']); PPO's loop does not enable "
            "checkpointing from its config, so call model.gradient_checkpointing_enable() when it is set"))
 
 ALGORITHMS: Dict[str, Algorithm] = {a.name: a for a in (SFT, GRPO, RLOO, REWARD, PPO)}
+# Units that are part of an algorithm, not one the user picks: PPO's value and reward models (sequence classifiers on
+# the policy's backbone, loaded by from_pretrained in the checkpoint's dtype, scoring prompt + response).
+PARTS: Dict[str, Algorithm] = {
+    PPO.critic: Algorithm(PPO.critic, "PPO's value and reward models", rl=True, sequence_classifier=True,
+                          load_dtype="auto", checked_as=PPO.checked_as),
+}
 DEFAULT_ALGO = SFT.name
 GENERIC = Algorithm("", "a trainer of your own")
 
 
 def algorithm(name: str) -> Algorithm:
     """The registry's entry for ``name``; a name it does not know: ``GENERIC`` under that name."""
-    found = ALGORITHMS.get(name)
+    found = ALGORITHMS.get(name) or PARTS.get(name)
     return found if found is not None else replace(GENERIC, name=name)
 
 

@@ -83,12 +83,13 @@ class SearchSpec:
     @classmethod
     def plan(cls, options: SearchOptions, *, device: str, gpu_bytes: Optional[int],
              budget_bytes: Optional[int] = None, ranks: int = 1, factory: Optional[str] = None,
-             notes: Tuple[str, ...] = (), baseline: Optional[Baseline] = None) -> SearchSpec:
+             notes: Tuple[str, ...] = (), baseline: Optional[Baseline] = None, probed: bool = True) -> SearchSpec:
         """The question from checked options and what the door resolved: the device ("cuda" or "cpu"), each GPU's
-        memory, the trainer's budget (``gpu_bytes`` unless given), the ranks on this machine."""
+        memory, the trainer's budget (``gpu_bytes`` unless given), the ranks on this machine. ``probed=False`` (the
+        estimate): nothing runs the trainer here, so the installed TRL need not have it."""
         if device not in ("cuda", "cpu"):
             raise InputError(f"device '{device}' is not valid: accepted are {', '.join(DEVICES)}")
-        missing = algorithm(options.algo).available() if factory is None else None
+        missing = algorithm(options.algo).available() if factory is None and probed else None
         if missing:
             raise InputError(missing)
         if factory is None and options.algo not in FACTORIES:

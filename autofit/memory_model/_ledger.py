@@ -8,6 +8,9 @@ The peak is the largest of these phases:
 - ``backward``: a decoder layer's backward (its gradient temporaries, or the recomputed layer with checkpointing);
 - ``step``: the end of the backward and the optimizer step (weights, gradients, optimizer states, temporaries);
 - ``generation`` (grpo, rloo): the completions of the whole generation batch (KV cache, per-step logits).
+
+PPO's update has phases of its own (``_rollout``): generation, scoring, then train, backward and step over the
+policy and its value model.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from autofit.memory_model._offload import (
     optimizer_host_bytes,
 )
 from autofit.memory_model._parameters import compute_bytes, state_bytes, weight_bytes
+from autofit.memory_model._rollout import rollout_phases
 from autofit.memory_model._rungs import custom_rungs, widest_band, with_rungs
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._sharding import sharded_state, sharding_host_bytes
@@ -57,8 +61,8 @@ TERM_HELP = {
     "optimizer": "optimizer states (+ the step's temporaries in the step phase)",
     "activations": "activations saved for backward (checkpointing keeps layer inputs)",
     "logits": "TRL's fused LM-head buffer, fp32 hidden/LM-head gradient accumulators",
-    "generation": "grpo/rloo generation: KV cache, per-step logits, prefill",
-    "reference": "frozen reference model (beta > 0 without LoRA)",
+    "generation": "RL generation: KV cache, per-step logits, prefill (PPO: the rollout's float32 logits, kept)",
+    "reference": "frozen reference model (beta > 0 without LoRA; PPO: and its reward model)",
     "allocator": "caching allocator overhead (reserved - allocated)",
     "cuda_context": "CUDA context (and NCCL's buffers with several GPUs)",
 }
@@ -144,6 +148,8 @@ class _Phase:
 
 
 def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase]:
+    if candidate.unit.critic:  # PPO: a value model beside the policy, and the rollout (``_rollout``)
+        return [_Phase(name, terms) for name, terms in rollout_phases(candidate, shape, device)]
     act_bytes = compute_bytes(candidate, shape, device)
     state = sharded_state((offloaded_state_bytes if candidate.offload else state_bytes)(candidate, shape, device),
                           candidate, shape, device)

@@ -183,8 +183,8 @@ def weight_bytes(candidate: Candidate, shape: ModelShape) -> int:
     ``--dtype``), else ``model_init_kwargs["dtype"]`` from the user's arguments, else TRL's default (float32);
     "auto" or None: the configuration's dtype."""
     init = dict(candidate.user_args).get("model_init_kwargs") or {}
-    dtype = init.get("dtype", init.get("torch_dtype", TRL_DEFAULT_LOAD_DTYPE)) if isinstance(init, Mapping) \
-        else TRL_DEFAULT_LOAD_DTYPE
+    default = candidate.unit.load_dtype  # TRL_DEFAULT_LOAD_DTYPE, or "auto" where the models are from_pretrained's
+    dtype = init.get("dtype", init.get("torch_dtype", default)) if isinstance(init, Mapping) else default
     if candidate.dtype is not None:
         dtype = candidate.dtype
     if dtype is None or str(dtype) == "auto":

@@ -96,7 +96,7 @@ def estimate_question(options: SearchOptions) -> SearchSpec:
         budget = int(gpu_bytes * (1 - options.vllm_gpu_memory_utilization))
     spec = SearchSpec.plan(dataclasses.replace(options, nodes=1), device=device, gpu_bytes=gpu_bytes,
                            budget_bytes=budget, ranks=world, notes=_config_notes(options),
-                           baseline=_baseline(dataclasses.replace(options, nodes=1), world))
+                           baseline=_baseline(dataclasses.replace(options, nodes=1), world), probed=False)
     check_model_sizes(spec, config)
     return spec
 
