@@ -78,3 +78,39 @@ def test_the_journal_names_itself_when_a_write_fails(tmp_path):
                                   "backend.append_logs([{'op_code': 0, 'pad': 'x' * 5000}])\n")
     assert done.returncode != 0 and f"File too large: '{journal}'" in done.stderr, done.stderr
     assert Path(journal).stat().st_size <= 3000
+
+
+def test_a_cache_that_cannot_take_the_trainable_checkpoint_leaves_the_answer_written(tmp_path, monkeypatch):
+    """Issue 35, item 3: a full cache disk while the trainable checkpoint best.yaml names was written: a traceback
+    through the export, exit 1, and no best.* though every probe had run. The answer is written first; the
+    checkpoint's failure is one line; the same command (which probes nothing again) finishes it."""
+    from fakes import FormulaRunner, MiB, spec_of
+
+    from autofit import export
+    from autofit.core import resolve_model
+    from autofit.export import _write
+    from autofit.probe.kit import trainable_folder
+    from autofit.rungs import resolve_ladder
+    from autofit.search import InfrastructureError, Search
+
+    spec = spec_of(model="tiny-qwen2", budget_bytes=350 * MiB, out_dir=tmp_path, max_length=512, device="cpu",
+                   predict=False, verify_steps=10)
+    report = Search(spec, FormulaRunner(spec.budget_bytes), resolve_ladder(None)).run()
+    assert report.fits
+    folder = trainable_folder(resolve_model("tiny-qwen2").config, "tiny-qwen2")
+
+    def full(config, name):
+        raise RuntimeError(f"could not write a random-weight checkpoint of {name} to {folder}: OSError: [Errno 28] "
+                           f"No space left on device: '{folder}/model.safetensors'")
+
+    monkeypatch.setattr(_write, "trainable_checkpoint", full)
+    with pytest.raises(InfrastructureError) as caught:
+        export.write(report, tmp_path)
+    message = str(caught.value)
+    assert "\n" not in message and "No space left on device" in message and "run the same command again" in message
+    assert f"model_name_or_path: \"{folder}\"" in (tmp_path / "best.yaml").read_text()
+    assert (tmp_path / "best.json").is_file()
+    built = []
+    monkeypatch.setattr(_write, "trainable_checkpoint", lambda config, name: built.append(name))
+    export.write(report, tmp_path)
+    assert built == ["tiny-qwen2"]

@@ -20,14 +20,13 @@ from autofit.core import (
     installed_versions,
     one_line,
     resolve_model,
-    vllm_installed,
 )
 from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
-from autofit.export._trades import trades
 from autofit.export._user_yaml import user_yaml
-from autofit.probe.kit import trainable_checkpoint
+from autofit.export._words import trades, why
+from autofit.probe.kit import trainable_checkpoint, trainable_folder
 from autofit.rungs import ACCELERATE_YAML, remove_stale_engine_files, write_engine_files
-from autofit.search import STUDY_FILE, SearchReport, over_margin, read_user_config
+from autofit.search import STUDY_FILE, InfrastructureError, SearchReport, over_margin, read_user_config
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +37,28 @@ PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate",
 
 def loadable_name(candidate: Candidate) -> str:
     """The model as TRL should load it: a hub id or folder as given; for a bundled toy model without a hub id
-    (tiny-qwen2), a random-weight checkpoint of it (the probes loaded a weightless one)."""
+    (tiny-qwen2), a random-weight checkpoint of it (the probes loaded a weightless one), which ``write`` builds
+    after best.json and best.yaml are written."""
     source = resolve_model(candidate.model)
     if source.local_path or "/" in candidate.model:
         return source.local_path or candidate.model
-    return str(trainable_checkpoint(source.config, candidate.model))
+    return str(trainable_folder(source.config, candidate.model))
+
+
+def _build_trainable(report: SearchReport, out_dir: Path) -> None:
+    """The random-weight checkpoint best.yaml names for a bundled toy model, written after the answer: a cache that
+    cannot take it (a full disk) is one line, and the same command, which probes nothing again, finishes it."""
+    assert report.chosen is not None
+    source = resolve_model(report.chosen.candidate.model)
+    if source.local_path or "/" in report.chosen.candidate.model:
+        return
+    try:
+        trainable_checkpoint(source.config, report.chosen.candidate.model)
+    except (RuntimeError, OSError) as exc:
+        raise InfrastructureError(
+            f"{out_dir / 'best.json'} and best.yaml are written, but the trainable checkpoint they name could not "
+            f"be: {one_line(exc)}; free space in the cache and run the same command again to finish it (it resumes "
+            f"from {out_dir})") from None
 
 
 def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -94,52 +110,6 @@ def as_trained(candidate: Candidate, observed: Dict[str, Any]) -> Candidate:
     return candidate.replace(**changes) if changes else candidate
 
 
-def _why(key: str, candidate: Candidate, spec_max_length: int, maximize: str) -> str:
-    """The rung (or the reason) behind one exported key."""
-    rungs = candidate.rungs
-    if key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        return "micro-batch (effective batch kept)" if "micro-batch" in rungs else "effective batch"
-    if key in ("activation_checkpointing", "gradient_checkpointing"):
-        return "checkpointing" if candidate.checkpointing else "baseline: off is fastest and fits"
-    if key in ("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"):
-        return "--use-vllm" + (" (vLLM was estimated, not probed: not installed where the search ran)"
-                               if key == "use_vllm" and not vllm_installed() else "")
-    if key == "activation_offloading":
-        return "activation-offload: saved activations wait in host memory for the backward pass"
-    if key == "use_liger_kernel":
-        return "liger-kernels: Liger's fused RMSNorm, SwiGLU and RoPE (same math; TRL keeps its own fused LM head)"
-    if key == "liger_kernel_config":
-        return "liger-kernels: the layer kernels only, TRL's fused LM head computes the loss"
-    if key == "optim":
-        return "optimizer-8bit"
-    if key in ("num_generations", "beta"):
-        return f"--{key.replace('_', '-')}"
-    if key in ("max_length", "max_completion_length"):
-        if maximize == "length":
-            return "longest that fits (--maximize length)"
-        flag = "--max-completion-length" if candidate.is_rl else "--max-length"
-        return "shorter-length" if candidate.max_length < spec_max_length else flag
-    if key in ("use_cpu", "bf16"):
-        return "CPU device (simulated meter)"
-    if key.startswith(("lora_", "use_peft")):
-        return "lora" if "lora" in rungs else next((r for r in rungs if r.startswith("quant")),
-                                                   "your trainer's own LoRA (measured)")
-    if key.startswith(("load_in", "bnb_", "use_bnb")):
-        return next((r for r in rungs if r.startswith("quant")), "your trainer's own quantization (measured)")
-    if key in ("dtype", "model_init_kwargs") and candidate.dtype is not None:
-        if "bf16-weights" in rungs:
-            return ("bf16-weights: pure bf16 training, weights, gradients and optimizer states in bfloat16 "
-                    "(no float32 master weights)")
-        return "--dtype"
-    if key == "attn_implementation":
-        return "the attention implementation the probes measured"
-    if key == "trust_remote_code":
-        return "--trust-remote-code: the model's own code runs"
-    if key == "model_name_or_path":
-        return "random weights were probed; memory does not depend on their values"
-    return "yours"
-
-
 def usage(algo: str, offload: Optional[str] = None, written: Tuple[str, ...] = ()) -> str:
     """How the answer runs; ``written``: the keys of the user's own file, which may name the data and rewards."""
     unit = algorithm(algo)
@@ -168,7 +138,7 @@ def user_file(report: SearchReport) -> Tuple[str, List[Dict[str, Any]]]:
     candidate = as_trained(fit.candidate, observed)
     exported = {**model_args(candidate, observed), **candidate.training_args()}
     return user_yaml(read_user_config(spec.options.config, spec.options.algo), candidate, exported,
-                     lambda key: _why(key, candidate, spec.max_length, spec.options.maximize), _header(report))
+                     lambda key: why(key, candidate, spec.max_length, spec.options.maximize), _header(report))
 
 
 def _header(report: SearchReport) -> List[str]:
@@ -204,11 +174,12 @@ def yaml_text(report: SearchReport) -> str:
     observed = report.verified.observed or fit.result.observed or {}
     for key, value in {**model_args(candidate, observed), **train}.items():
         lines.append(f"{key}: {_scalar(value)}  "
-                     f"# {one_line(_why(key, candidate, spec.max_length, spec.options.maximize))}")
+                     f"# {one_line(why(key, candidate, spec.max_length, spec.options.maximize))}")
     if candidate.env:
         lines.append("env:")
         for key, value in candidate.env:
-            lines.append(f"  {key}: {_scalar(value)}  # expandable-segments")
+            lines.append(f"  {key}: {_scalar(value)}  "
+                         f"# {one_line(why(f'env.{key}', candidate, spec.max_length, spec.options.maximize))}")
     return "\n".join(lines) + "\n"
 
 
@@ -388,6 +359,7 @@ def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
         remove_stale_engine_files(out_dir)
     if report.fits:
         atomic_write_text(paths["yaml"], yaml_text(report))
+        _build_trainable(report, out_dir)
     else:
         paths["yaml"].unlink(missing_ok=True)  # a stale answer from an earlier search would mislead
     return paths
