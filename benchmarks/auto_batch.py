@@ -50,7 +50,7 @@ def run_in_fresh_process(job: Dict[str, Any], workdir: Path, timeout_s: float = 
 
 
 def child_main(job: Dict[str, Any], result_path: str, log_path: str) -> None:
-    from autofit.probe._worker import detach_into_log
+    from autofit.probe._child import detach_into_log
 
     detach_into_log(log_path)
     try:

@@ -27,6 +27,8 @@ import types
 from typing import Iterator
 from unittest import mock
 
+from autofit.core import FactoryMisuse
+
 TRAINER_MODULES = ("trl.trainer.sft_trainer", "trl.trainer.reward_trainer")
 CONTEXT_FACTORY = "get_act_offloading_ctx_manager"
 
@@ -159,3 +161,16 @@ def instrumented(meter, simulated: bool) -> Iterator[HostCount]:
             wrapped = _on_simulated_device(original, count, meter) if simulated else _counted(original, count)
             stack.enter_context(mock.patch.object(module, CONTEXT_FACTORY, wrapped))
         yield count
+
+
+def offloaded_activations(trainer, host_copies, meter) -> int:
+    """The most host memory the offloaded activations took at once; on the simulated meter they leave the device's
+    peaks, and its budget is checked now. A trainer that did not offload measured something else: an error."""
+    if not getattr(trainer.args, "activation_offloading", False):
+        raise FactoryMisuse(
+            "the candidate offloads activations but the trainer's config has activation_offloading off: build the "
+            "trainer's config from candidate.training_args() inside the factory"
+        )
+    if hasattr(meter, "check_budget"):
+        meter.check_budget()
+    return host_copies.peak

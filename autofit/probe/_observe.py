@@ -1,11 +1,16 @@
 """What a built trainer actually runs, read back from it in the probe: its arguments, its LoRA, its quantization and
 the longest row of its dataset. A user's factory may set its own ``LoraConfig``, ``num_generations`` or prompts:
-the export writes what was measured and the memory model predicts from it, not from the candidate's defaults."""
+the export writes what was measured and the memory model predicts from it, not from the candidate's defaults. Read
+beside it: whether the trainer is one built with the candidate's settings, its config class's defaults, and the
+tokens one optimizer step trains on."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, Optional
+
+from autofit.core import Candidate, FactoryMisuse
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +77,56 @@ def describe_trainer(trainer) -> Dict[str, Any]:
         log.debug("longest row not found: %s", exc)
         seen["longest_row"] = None
     return seen
+
+
+def check_trainer(trainer, candidate: Candidate) -> None:
+    """A factory must return a Trainer built with the candidate's settings, or the probe measures something else."""
+    from transformers import Trainer
+
+    if not isinstance(trainer, Trainer):
+        raise FactoryMisuse(
+            f"the trainer factory returned {type(trainer).__module__}.{type(trainer).__qualname__}, not a "
+            "transformers/TRL Trainer: return the trainer it builds (e.g. SFTTrainer(...))"
+        )
+    args = trainer.args
+    expected = candidate.training_args()
+    wrong = {
+        key: (getattr(args, key, None), value)
+        for key, value in expected.items()
+        if key in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps")
+        and getattr(args, key, None) != value
+    }
+    if wrong:
+        raise FactoryMisuse(
+            "the trainer factory ignored the candidate's settings "
+            + ", ".join(f"{k}={got!r} (expected {want!r})" for k, (got, want) in wrong.items())
+            + ": build the config with candidate.training_args()"
+        )
+
+
+def config_defaults(config_class, keys: Iterable[str]) -> Dict:
+    """The config class's own defaults for ``keys``, so the export writes only what differs from them."""
+    defaults = {}
+    for item in dataclasses.fields(config_class):
+        if item.name not in keys:
+            continue
+        if item.default is not dataclasses.MISSING:
+            value = item.default
+        elif item.default_factory is not dataclasses.MISSING:
+            value = item.default_factory()
+        else:
+            continue
+        defaults[item.name] = value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+    return defaults
+
+
+def tokens_per_step(candidate: Candidate, observed: Dict) -> int:
+    """Tokens one optimizer step trains on, from what the trainer runs: RL rows are the prompt (the dataset's
+    longest, else the candidate's) plus the completion; other rows are at most the dataset's longest row."""
+    longest = observed.get("longest_row")
+    rows = candidate.micro_batch * candidate.probe_accumulation * candidate.ranks  # the ranks step together
+    if candidate.is_rl:
+        completion = observed.get("args", {}).get("max_completion_length")
+        completion = completion if isinstance(completion, int) else candidate.max_length
+        return rows * ((longest or candidate.prompt_length or 0) + completion)
+    return rows * min(longest or candidate.max_length, candidate.max_length)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import List
 
+from autofit.core import Candidate, FactoryMisuse
+
 
 def zero_optimizer(trainer):
     """The DeepSpeed ZeRO optimizer behind the trainer's (accelerate-wrapped) optimizer, or None."""
@@ -55,3 +57,19 @@ def host_bytes(trainer) -> int:
             seen.add(storage._cdata)
             total += storage.nbytes()
     return total
+
+
+def offloaded_state(trainer, candidate: Candidate, meter) -> int:
+    """Bytes the engine holds in host memory; on the simulated meter they leave the device's peaks, and its budget
+    is checked now. A trainer that did not run under the engine measured something else: an error, not a fit."""
+    tensors = host_tensors(trainer)
+    if not tensors:
+        raise FactoryMisuse(
+            f"the candidate offloads the optimizer ({candidate.offload}) but the trainer did not run DeepSpeed's "
+            "ZeRO optimizer with offload_optimizer: build the trainer's config from candidate.training_args() "
+            "inside the factory, so it sees the engine's launch environment"
+        )
+    if hasattr(meter, "set_host"):
+        meter.set_host(tensors)
+        meter.check_budget()
+    return host_bytes(trainer)

@@ -1,0 +1,52 @@
+"""The meter a probe runs under, and what is read of it: the budget checked after a run whose generation was left to
+vLLM, and the peaks and stats of a meter a failure may have broken (runs in the probe process)."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+from autofit.core import Candidate, exempt_phases, others_bytes
+
+
+def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
+    if exempt_phases(candidate):  # vLLM estimated: the budget is checked after the run, without its phases
+        budget_bytes = None
+    if candidate.device == "cpu":
+        from autofit.probe._meters import SimulatedMeter
+
+        return SimulatedMeter(budget_bytes, others=lambda: others_bytes("cpu"),
+                              host_aware=bool(candidate.offload or candidate.activation_offload))
+    from autofit.probe._meters import CudaMeter
+
+    return CudaMeter(budget_bytes, device=int(os.environ.get("LOCAL_RANK", "0")),  # one GPU per rank
+                     empty_after=exempt_phases(candidate))
+
+
+def over_budget(peaks: Dict[str, int], budget_bytes: Optional[int]):
+    """(phase, the out-of-memory error the device would have raised there) outside the exempt phases, checked after
+    the run; None when the peaks fit."""
+    import torch
+
+    if budget_bytes is None or not peaks:
+        return None
+    phase, peak = max(peaks.items(), key=lambda item: item[1])
+    if peak <= budget_bytes:
+        return None
+    return phase, torch.OutOfMemoryError(
+        f"out of memory (checked after the run, generation left to vLLM): peak {peak / 2**20:.2f} MiB > budget "
+        f"{budget_bytes / 2**20:.2f} MiB (phase {phase})")
+
+
+def safe_peaks(meter) -> Dict[str, int]:
+    try:
+        return meter.peaks() if meter is not None else {}
+    except Exception:  # noqa: BLE001 - a broken CUDA context cannot be read any more
+        return {}
+
+
+def safe_stats(meter) -> Dict:
+    try:
+        return meter.stats() if meter is not None else {}
+    except Exception:  # noqa: BLE001 - as in safe_peaks: the stats are best effort
+        return {}
