@@ -190,7 +190,9 @@ class SearchOptions:
                                     flags=("--probe-timeout",))
     build_timeout_s: float = option(600.0, help="seconds the trainer factory may take to build the trainer (default "
                                                 "600)", kind=SECONDS, flags=("--build-timeout",))
-    max_probes: Optional[int] = option(help="stop probing after N probes and choose", kind=POSITIVE_INT)
+    max_probes: Optional[int] = option(
+        help="stop probing after N probes and choose: the study's total in --out, earlier runs' probes included, so "
+             "running a finished search again spends nothing", kind=POSITIVE_INT)
     headroom: Optional[float] = option(help="fraction of the budget kept free (default 0.03 on CUDA)", kind=HEADROOM)
     predict: bool = option(True, help="probe without the memory model: no predicted start, no skipped candidates",
                            kind=FLAG, flags=("--no-predict",))

@@ -103,7 +103,7 @@ class Search:
             key, steps, min_steps, cap = self.spec.options.probe_steps, self.spec.options.probe_steps, 0, None
         limit = self.spec.options.max_probes
         if (kind == "probe" and limit is not None and self.store.lookup(candidate, kind, key) is None
-                and self.store.probes_run >= limit):
+                and self.store.probes_spent >= limit):  # the study's total: a resumed search counts its own
             raise ProbeLimitReached()
         predicted, prior = self.guide.predict(candidate), self.guide.predict(candidate, calibrated=False)
         calibration = self.guide.calibration.method if self.guide.calibration is not None else "prior"

@@ -151,6 +151,8 @@ class ProbeStore:
             "max_length": IntDistribution(1, max(max_length, 1)),
         }
         self._cache: Dict[Tuple[str, str, Steps], ProbeResult] = {}
+        # probes this study has spent on this question, earlier runs' included: what --max-probes counts
+        self.probes_spent = 0
         stale = 0
         for trial in self.study.get_trials(deepcopy=False):
             attrs = trial.user_attrs
@@ -159,6 +161,7 @@ class ProbeStore:
             if fingerprint and attrs.get("fingerprint") != fingerprint:
                 stale += 1  # measured on another configuration of the model, other libraries or another device
                 continue
+            self.probes_spent += 1
             try:
                 result = ProbeResult.from_dict(attrs["result"])
                 key = (str(attrs["key"]), str(attrs["kind"]), cast(Steps, attrs.get("steps")))
@@ -238,6 +241,7 @@ class ProbeStore:
             self._record(trial, result)
         self._cache[(candidate.key(), kind, steps)] = result
         self.probes_run += 1
+        self.probes_spent += 1
         return result, False
 
     def _record(self, trial: optuna.trial.Trial, result: ProbeResult) -> None:
