@@ -112,20 +112,37 @@ def test_a_journal_cut_mid_write_is_repaired_on_the_first_resume(tmp_path):
     assert all(line.endswith(b"\n") and isinstance(json.loads(line), dict) for line in lines)
 
 
-def test_a_full_disk_is_one_line_naming_the_file_and_the_search_resumes(tmp_path, capsys, monkeypatch):
-    """Issue 30, item 7: ENOSPC writing the study or best.* was a traceback, exit 1."""
-    import errno
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_naming_the_file_and_the_search_resumes(tmp_path):
+    """Issue 30, item 7 (ENOSPC writing the study or best.* was a traceback, exit 1) and issue 35, items 4 and 14: the
+    journal really fills what it may write (``ulimit -f``, a size-limited file: EFBIG, what a quota or a full disk
+    does to the same write), the search stops with one line naming it, and the same command then resumes, keeping
+    the probe the journal held and repairing the record cut short."""
+    import resource
 
-    import autofit._api
+    config = resolve_model("tiny-qwen2").config
+    probe_kit.random_checkpoint(config, "tiny-qwen2")  # the probes' checkpoint is the cache's, built before the limit
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "autofit.cli", *SEARCH, "--gpu-memory", "300MiB", "--verify-steps", "2",
+               "--out", str(out)]
+    limit = 5500  # one probe's records (about 4.5 kB) fit in the journal; the second's do not
 
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "best.json"))
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
-    monkeypatch.setattr(autofit._api, "run_search", full)
-    code = cli.main(SEARCH + ["--gpu-memory", "1GiB", "--out", str(tmp_path / "out")])
-    err = capsys.readouterr().err.strip()
-    assert code == 4 and len(err.splitlines()) == 1, err
-    assert str(tmp_path / "out" / "best.json") in err and "No space left" in err and "resume" in err
+    full = subprocess.run(command, preexec_fn=limited, capture_output=True, text=True, timeout=900)
+    err = [line for line in full.stderr.splitlines() if line.startswith("autofit: error")]
+    assert full.returncode == 4 and "Traceback" not in full.stderr, full.stderr
+    journal = out / STUDY_FILE
+    assert len(err) == 1 and f"File too large writing {journal}" in err[0] and "ulimit -f" in err[0], err
+    assert "resumes" in err[0] and journal.stat().st_size <= limit and not (out / "best.json").exists()
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((out / "best.json").read_text())["fits"] is True
+    reused = int(resumed.stdout.split(" reused from ")[0].rsplit(", ", 1)[1])
+    assert reused >= 1  # the probe the journal held is not run again
+    lines = journal.read_bytes().splitlines(keepends=True)
+    assert all(line.endswith(b"\n") and isinstance(json.loads(line), dict) for line in lines)
 
 
 def test_a_busy_device_is_named_before_any_probe(tmp_path, capsys, monkeypatch):
