@@ -11,8 +11,19 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from autofit import export
-from autofit.core import Candidate, InputError, SearchSpec, clip, exclusive, format_size, one_line
-from autofit.core._options import FIELDS, FIT, SearchOptions, door_fields
+from autofit.core import (
+    FIELDS,
+    FIT,
+    Candidate,
+    InputError,
+    SearchOptions,
+    SearchSpec,
+    clip,
+    door_fields,
+    exclusive,
+    format_size,
+    one_line,
+)
 from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
 from autofit.rungs import Rung, register, resolve_ladder
 from autofit.search import InfrastructureError, Record, Search, SearchReport, question, quiet_optuna, with_config

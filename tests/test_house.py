@@ -20,8 +20,7 @@ PEERS = ({"memory_model", "probe"}, {"export", "report"})
 # The probe's child process: imported only by modules of autofit.probe (the kit and the built-in factories are
 # public, for the user's own factories).
 CHILD_MODULES = ("_worker", "_meters", "_instrument", "_observe", "_kernels", "_virtual_checkpoint",
-                 "_activation_offload", "_offloaded", "_simulated_fsdp", "_preload", "_trl_config", "_child",
-                 "_failures", "_metering")
+                 "_activation_offload", "_offloaded", "_simulated_fsdp", "_preload", "_trl_config")
 HEAVY = ("torch", "transformers", "trl", "peft", "bitsandbytes", "accelerate", "datasets")
 # The search's side of the house: importing any of them (and what they import) never loads HEAVY.
 TORCH_FREE = ("autofit", "autofit._api", "autofit.core", "autofit.rungs", "autofit.memory_model", "autofit.search",
@@ -141,12 +140,36 @@ def test_the_probes_child_modules_are_imported_only_by_the_probe():
     assert not outside, outside
 
 
-def test_the_search_side_imports_no_torch():
+def test_no_module_reaches_past_another_packages_facade():
+    """A package's private modules (``_name``) are its own: another package imports what its ``__init__`` hands on
+    (the probe's public ``kit`` and ``algos`` included), never ``autofit.probe._worker`` from the search."""
+    reached = [f"{name} -> {target}" for name, targets in graph().items() for target in sorted(targets)
+               if layer(target) != layer(name) and any(part.startswith("_") for part in target.split(".")[2:])]
+    assert not reached, "imports past a package's facade: " + "; ".join(sorted(reached))
+
+
+@pytest.fixture(scope="module")
+def search_process_imports():
+    """What importing the search's side (TORCH_FREE) loads, in a fresh interpreter: (HEAVY packages, modules of the
+    probe's child)."""
+    child = sorted(f"autofit.probe.{module}" for module in CHILD_MODULES)
     code = (f"import importlib, sys\nfor name in {TORCH_FREE!r}:\n    importlib.import_module(name)\n"
-            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+            f"print(sorted(m for m in {child!r} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
+    heavy, child_loaded = done.stdout.strip().splitlines()[-2:]
+    return heavy, child_loaded
+
+
+def test_the_search_side_imports_no_torch(search_process_imports):
+    assert search_process_imports[0] == "[]"
+
+
+def test_the_search_process_loads_none_of_the_childs_modules(search_process_imports):
+    # the child's modules are the ones the child imports: the kit the export uses loads its virtual checkpoints only
+    # where it writes one (a child process)
+    assert search_process_imports[1] == "[]"
 
 
 def test_the_public_api_is_what_autofit_exports():

@@ -13,8 +13,18 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from autofit.core import DEFAULT_ALGO, RL_ALGOS, InputError, SearchSpec, format_size, one_line
-from autofit.core._options import ESTIMATE, SearchOptions, add_options, given_values
+from autofit.core import (
+    DEFAULT_ALGO,
+    ESTIMATE,
+    RL_ALGOS,
+    InputError,
+    SearchOptions,
+    SearchSpec,
+    add_options,
+    format_size,
+    given_values,
+    one_line,
+)
 from autofit.memory_model import (
     PRIOR_UNCERTAINTY,
     TERM_GROUPS,
@@ -52,14 +62,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def plot_levels(spec: SearchSpec, result: RungEstimate, path: str) -> None:
     """Stacked bars of the ledger's terms, one per ladder level, and the budget line."""
     from autofit.memory_model import TERMS
-    from autofit.report import _plots as plots
+    from autofit.report import ledger_figure, save
 
     rows = [(f"{level.level}: {'+' + level.rungs[-1] if level.rungs else 'baseline'} "
              f"({level.candidate.micro_batch}x{level.candidate.grad_accum}, len {level.candidate.max_length})",
              {term: float(getattr(level.ledger, term)) for term in TERMS}) for level in result.levels]
     budget = spec.budget_bytes
     title = f"autofit estimate: {spec.options.algo} {spec.options.model}, budget {format_size(budget)}"
-    plots.save(plots.ledger_figure(rows, budget, title), path)
+    save(ledger_figure(rows, budget, title), path)
 
 
 def _check_plot_path(path: Optional[str]) -> None:

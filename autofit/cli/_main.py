@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from autofit import __version__
-from autofit.core._options import FIELDS, SEARCH, SearchOptions, add_options, given_values
+from autofit.core import FIELDS, SEARCH, SearchOptions, add_options, given_values
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_PROBES_CANNOT_RUN = 0, 2, 3, 4
 EXIT_CODES = """exit codes:

@@ -11,8 +11,28 @@ from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, LoraSetti
 from autofit.core._compat import checkpointing_field, exempt_phases, installed, installed_versions, vllm_installed
 from autofit.core._device import GpuInfo, NoCudaDeviceError, first_gpu, resolve_device, resolve_gpus, visible_gpu_count
 from autofit.core._errors import InputError
-from autofit.core._files import atomic_write_text, cache_dir, clip, one_line
-from autofit.core._options import DEVICES, GROUP_ALGOS, SearchOptions
+from autofit.core._files import (
+    atomic_write_text,
+    cache_dir,
+    cache_entry,
+    cache_subfolder,
+    clip,
+    entry_problem,
+    one_line,
+)
+from autofit.core._options import (
+    DEVICES,
+    ESTIMATE,
+    FIELDS,
+    FIT,
+    GROUP_ALGOS,
+    SEARCH,
+    SearchOptions,
+    add_options,
+    door_fields,
+    given_values,
+    ladder_names,
+)
 from autofit.core._others import DISTURBED_RETRY_WAIT_S, disturbed, free_bytes, other_processes, others_bytes
 from autofit.core._outcome import (
     BAD_FORK,
@@ -32,9 +52,11 @@ from autofit.core._outcome import (
 from autofit.core._outdir import PHASE_FILE, PID_FILE, exclusive, record_probe_process
 from autofit.core._registry import UnknownModelError, needs_own_code, resolve_model
 from autofit.core._sizes import format_size, parse_size
-from autofit.core._spec import FACTORIES, SearchSpec
+from autofit.core._spec import FACTORIES, SEARCHED_ARGS, Baseline, SearchSpec
 
 __all__ = [
+    "ESTIMATE", "FIELDS", "FIT", "SEARCH", "SEARCHED_ARGS", "Baseline", "add_options", "cache_entry", "cache_subfolder",
+    "door_fields", "entry_problem", "given_values", "ladder_names",
     "ALGORITHMS", "DEFAULT_ALGO", "Algorithm", "algorithm", "algorithm_names",
     "BAD_FORK", "DEVICES", "DISTURBED_RETRY_WAIT_S", "ENGINE_FAILURE", "FACTORIES", "GROUP_ALGOS", "INFRASTRUCTURE",
     "KERNEL_FAILURE", "LENGTH_FIELD", "PHASE_FILE", "PID_FILE", "RL_ALGOS", "USER", "BuildTimeout", "Candidate",

@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from autofit.core import Candidate, ProbeSettings
-from autofit.core._outdir import PHASE_FILE  # noqa: F401 - re-exported: the file PhaseFile writes, by name
+from autofit.core import (
+    PHASE_FILE,  # noqa: F401 - re-exported: the file PhaseFile writes, by name
+    Candidate,
+    ProbeSettings,
+)
 
 
 @dataclass

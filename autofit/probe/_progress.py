@@ -23,8 +23,7 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
 
-from autofit.core import Candidate, format_size, one_line
-from autofit.core._outdir import PHASE_FILE
+from autofit.core import PHASE_FILE, Candidate, format_size, one_line
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -24,6 +24,7 @@ from autofit.core import (
     BAD_FORK,
     DISTURBED_RETRY_WAIT_S,
     INFRASTRUCTURE,
+    PHASE_FILE,
     PID_FILE,
     Candidate,
     Outcome,
@@ -34,7 +35,6 @@ from autofit.core import (
     disturbed,
     format_size,
 )
-from autofit.core._outdir import PHASE_FILE
 from autofit.probe import _ranks as ranks
 from autofit.probe._factory import FactoryPayload, prepare_factory
 from autofit.probe._progress import PlainProgress, ProbeProgress

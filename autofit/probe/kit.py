@@ -23,9 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from autofit.core import Candidate, one_line, resolve_model
-from autofit.core._files import cache_entry, cache_subfolder, entry_problem
-from autofit.probe import _virtual_checkpoint as virtual_checkpoint
+from autofit.core import Candidate, cache_entry, cache_subfolder, entry_problem, one_line, resolve_model
 
 log = logging.getLogger(__name__)
 ENTRY_FORMAT = 2  # how a cache entry is laid out (2: a manifest written last); another value builds every entry again
@@ -139,6 +137,8 @@ def random_checkpoint(config: Dict, name: str, code_from: Optional[str] = None) 
 def _write_random_checkpoint(config: Dict, folder: Path, code_from: Optional[str] = None) -> None:
     from transformers import AutoConfig
 
+    from autofit.probe import _virtual_checkpoint as virtual_checkpoint  # the child's: never loaded by the search
+
     settings = dict(config)
     model_type = settings.pop("model_type")
     trust = code_from is not None
@@ -161,22 +161,17 @@ def _write_random_checkpoint(config: Dict, folder: Path, code_from: Optional[str
 FILLED = "filled-text"  # the trainable checkpoint's kind: finite weights, the byte-level tokenizer
 
 
-def trainable_folder(config: Dict, name: str) -> Path:
-    """Where ``trainable_checkpoint`` writes ``name``'s checkpoint (best.yaml names it before it is written)."""
-    return checkpoint_folder(config, name + "-filled")
-
-
 def trainable_checkpoint(config: Dict, name: str) -> Path:
     """A checkpoint of a bundled toy model (one without a hub id) with finite values stored, for the user's own
     training run after the search: written once, beside the weightless one the probes load, by a child process
     (the search process never imports torch)."""
-    folder = trainable_folder(config, name)
+    folder = checkpoint_folder(config, name + "-filled")
     problem = entry_problem(folder, _entry_key(config, FILLED))
     if problem is not None:
         if os.path.lexists(folder):
             log.warning("the cache entry %s is damaged (%s): building it again", one_line(folder), problem)
         done = subprocess.run([sys.executable, "-c", "import sys; from autofit.probe import kit as probe_kit; "
-                               "from autofit.core._registry import resolve_model; probe_kit.write_trainable_checkpoint("
+                               "from autofit.core import resolve_model; probe_kit.write_trainable_checkpoint("
                                "resolve_model(sys.argv[1]).config, sys.argv[1])", name], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"could not write a random-weight checkpoint of {name} to {folder}: "
@@ -204,12 +199,14 @@ def write_trainable_checkpoint(config: Dict, name: str) -> Path:
     def build(folder: Path) -> None:
         from transformers import AutoModelForCausalLM
 
+        from autofit.probe import _virtual_checkpoint as virtual_checkpoint
+
         with virtual_checkpoint.fill_on_load():
             model = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
         model.save_pretrained(folder)
         text_tokenizer(config).save_pretrained(folder)
 
-    return cache_entry(trainable_folder(config, name), _entry_key(config, FILLED), build)
+    return cache_entry(checkpoint_folder(config, name + "-filled"), _entry_key(config, FILLED), build)
 
 
 def load_tokenizer(candidate: Candidate, **kwargs):

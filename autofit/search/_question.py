@@ -16,8 +16,10 @@ from typing import Any, Dict, List, Optional, Tuple
 from autofit.core import (
     GROUP_ALGOS,
     RL_ALGOS,
+    Baseline,
     InputError,
     NoCudaDeviceError,
+    SearchOptions,
     SearchSpec,
     UnknownModelError,
     algorithm_names,
@@ -33,8 +35,6 @@ from autofit.core import (
     visible_gpu_count,
     vllm_installed,
 )
-from autofit.core._options import SearchOptions
-from autofit.core._spec import Baseline
 from autofit.rungs import resolve_ladder
 from autofit.search._user_config import read_user_config
 
@@ -127,7 +127,7 @@ def gpu_memory_bytes(options: SearchOptions, device: str) -> Optional[int]:
 
 
 def _check_ladder(options: SearchOptions) -> None:
-    from autofit.core._options import ladder_names
+    from autofit.core import ladder_names
 
     names = ladder_names(options.ladder)
     if names is not None:

@@ -22,13 +22,14 @@ from autofit.core import (
     ALGORITHMS,
     DEFAULT_ALGO,
     RL_ALGOS,
+    SEARCHED_ARGS,
+    Baseline,
     InputError,
     LoraSettings,
     algorithm,
     one_line,
     visible_gpu_count,
 )
-from autofit.core._spec import SEARCHED_ARGS, Baseline
 from autofit.search._config_file import read_config_text
 
 READ_TIMEOUT_S = 300
