@@ -20,7 +20,8 @@ PEERS = ({"memory_model", "probe"}, {"export", "report"})
 # The probe's child process: imported only by modules of autofit.probe (the kit and the built-in factories are
 # public, for the user's own factories).
 CHILD_MODULES = ("_worker", "_meters", "_instrument", "_observe", "_kernels", "_virtual_checkpoint",
-                 "_activation_offload", "_offloaded", "_simulated_fsdp", "_preload", "_trl_config")
+                 "_activation_offload", "_offloaded", "_simulated_fsdp", "_preload", "_trl_config", "_steps", "_child",
+                 "_failures", "_metering")
 HEAVY = ("torch", "transformers", "trl", "peft", "bitsandbytes", "accelerate", "datasets")
 # The search's side of the house: importing any of them (and what they import) never loads HEAVY.
 TORCH_FREE = ("autofit", "autofit._api", "autofit.core", "autofit.rungs", "autofit.memory_model", "autofit.search",

@@ -53,6 +53,9 @@ class ProbeSettings:
     time_cap_s: Optional[float] = None
     build_timeout_s: Optional[float] = None  # the factory must return the trainer within this
     full_accumulation: bool = False  # run every micro-batch of the effective batch (tests of the shortcut)
+    # (rung name, "module:attribute") of the ladder's rungs' probe steps, which the probe's child imports (the
+    # built-in rungs' it considers anyway): ``autofit.rungs.probe_steps``
+    rung_steps: Tuple[Tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The probe worker: runs inside a fresh child process, never in the search's process.
 
 It builds the trainer through the factory under a memory meter, trains a few optimizer steps on worst-case data,
-and writes one JSON result. Any exception is classified by ``outcome.classify_exception``; the process then exits,
-so nothing an out-of-memory error leaves behind can reach the next probe.
+and writes one JSON result. What a rung does in the probe is its probe step (``autofit.probe._steps``): the worker
+runs the hooks of the steps the candidate makes active, and branches on no rung. Any exception is classified by
+``outcome.classify_exception`` (and may be claimed by an active step as its rung's own failure); the process then
+exits, so nothing an out-of-memory error leaves behind can reach the next probe.
 """
 
 from __future__ import annotations
@@ -16,13 +18,11 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 from autofit.core import (
     BAD_FORK,
-    ENGINE_FAILURE,
     INFRASTRUCTURE,
-    KERNEL_FAILURE,
     PHASE_FILE,
     USER,
     Candidate,
@@ -35,9 +35,7 @@ from autofit.core import (
     others_bytes,
     record_probe_process,
 )
-from autofit.probe import _activation_offload as activation_offload
-from autofit.probe import _kernels as kernels
-from autofit.probe import _simulated_fsdp as simulated_fsdp
+from autofit.probe import _steps as steps
 from autofit.probe import _virtual_checkpoint as virtual_checkpoint
 from autofit.probe import kit as probe_kit
 from autofit.probe._child import build_deadline, detach_into_log, inherited_cuda
@@ -52,11 +50,9 @@ from autofit.probe._instrument import (
 )
 from autofit.probe._metering import make_meter, over_budget, safe_peaks, safe_stats
 from autofit.probe._observe import check_trainer, config_defaults, describe_trainer, tokens_per_step
-from autofit.probe._offloaded import offloaded_state
-from autofit.rungs import FSDP_ENGINES
+from autofit.rungs import ProbeStep
 
 log = logging.getLogger(__name__)
-
 
 
 def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[int], *, user_factory: bool = False,
@@ -72,24 +68,21 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
     stage = "setup"
     clock = ProbeClock()
     others_start = others_bytes(candidate.device)
+    active: List[ProbeStep] = []
     try:
+        active = [step for step in steps.considered(candidate) if step.active(candidate)]
         if not candidate.real_weights:
             probe_kit.model_path(candidate)  # write the weightless checkpoint (once) outside the meter
-        if candidate.engine:
-            stage = "load"  # the engine's failures belong to the rung (below), not to the machine
-            enter_engine(candidate)
-        elif dict(candidate.user_args).get("deepspeed"):  # the user's own DeepSpeed run, launched as TRL's CLI would
-            from autofit.rungs import process_env
-
-            os.environ.update(process_env(candidate.device))
+        if any(step.stage == "load" for step in active):
+            stage = "load"  # a step's failures belong to its rung (``failure``), not to the machine
+        for step in active:
+            step.before_build(candidate)
         meter = make_meter(candidate, budget_bytes)
         phases.follow(meter)
-        context = meter if candidate.device == "cpu" else contextlib.nullcontext()
-        offloading = activation_offload.instrumented(meter, candidate.device == "cpu") \
-            if candidate.activation_offload else contextlib.nullcontext()
-        sharded = simulated_fsdp.instrumented(meter) if candidate.device == "cpu" and candidate.engine in FSDP_ENGINES \
-            else contextlib.nullcontext()
-        with context, offloading as host_copies, sharded:
+        with contextlib.ExitStack() as around:
+            if candidate.device == "cpu":
+                around.enter_context(meter)
+            handles = [around.enter_context(step.around(candidate, meter)) for step in active]
             stage = "load"
             meter.set_phase("load")
             fill = contextlib.nullcontext() if candidate.real_weights else virtual_checkpoint.fill_on_load()
@@ -97,8 +90,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
                 trainer = factory(candidate)
             check_trainer(trainer, candidate)
             observed = describe_trainer(trainer)
-            if candidate.liger:
-                kernels.check_liger_flag(trainer)
+            for step in active:
+                step.after_build(trainer, candidate, observed)
             if hasattr(meter, "track"):  # weights loaded from disk bypass the dispatch mode
                 meter.track(*models_of(trainer))
             stage = "train"
@@ -106,12 +99,9 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             instrument_rl_phases(trainer, meter, clock, candidate)
             meter.set_phase("train_setup")
             trainer.train()
-            if candidate.liger:
-                observed["liger_modules"] = kernels.liger_patched(trainer)
-            host_stats = {"host_bytes": offloaded_state(trainer, candidate, meter)} if candidate.offload else {}
-            if candidate.activation_offload:
-                host_stats["activation_host_bytes"] = activation_offload.offloaded_activations(trainer, host_copies,
-                                                                                               meter)
+            host_stats: Dict = {}
+            for step, handle in zip(active, handles, strict=True):
+                host_stats.update(step.read_back(trainer, candidate, meter, handle, observed))
         peaks = meter.peaks()
         held = {phase: peak for phase, peak in peaks.items() if phase not in exempt_phases(candidate)}
         over = over_budget(held, budget_bytes) if exempt_phases(candidate) else None
@@ -134,12 +124,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         )
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a classified result
         outcome, fault, cause = classify_exception(exc, stage=stage, user_factory=user_factory)
-        if candidate.engine and outcome is Outcome.CRASH and fault != USER and fault != INFRASTRUCTURE:
-            outcome, cause = Outcome.INVALID, ENGINE_FAILURE  # the rung's, like a config TRL rejects: not the search's
-        elif candidate.liger and outcome in (Outcome.CRASH, Outcome.INVALID) and fault not in (USER, INFRASTRUCTURE):
-            # Liger's kernels broke it, or transformers refused the package (an ImportError, INVALID otherwise, would
-            # read as the trainer rejecting the configuration): the search goes on without them
-            outcome, cause = Outcome.INVALID, KERNEL_FAILURE
+        outcome, cause = steps.claimed(active, candidate, outcome, fault, cause)  # a rung's own: not the search's
         log.error("probe ended with %s\n%s", outcome.value, "".join(traceback.format_exception(exc)))
         peaks = {phase: peak for phase, peak in safe_peaks(meter).items() if phase not in exempt_phases(candidate)}
         phase = meter.phase if meter is not None and stage != "setup" else stage
@@ -158,18 +143,6 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             detail=user_frames(exc) if fault == USER else "",
             origin=error_origin(exc, stage, user_factory),
         )
-
-
-def enter_engine(candidate: Candidate) -> None:
-    """Write the engine's files (as the export will) and take the environment ``accelerate launch`` would give."""
-    import tempfile
-
-    from autofit.rungs import launch_env, write_engine_files
-
-    assert candidate.engine is not None  # entered only for a candidate with an engine
-    folder = Path(candidate.probe.output_dir) / "engine" if candidate.probe else Path(tempfile.mkdtemp())
-    files = write_engine_files(folder, candidate.engine, candidate.device, candidate.ranks)
-    os.environ.update(launch_env(files["accelerate"], candidate.device, candidate.engine))
 
 
 def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Optional[int], result_path: str,

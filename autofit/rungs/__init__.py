@@ -9,7 +9,7 @@ here too, since the rungs that choose them, the probe that launches them and the
 from autofit.rungs._activation_offload import ActivationOffload
 from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
 from autofit.rungs._checkpointing import GradientCheckpointing
-from autofit.rungs._contract import ProbeStep, RungBase
+from autofit.rungs._contract import ProbeStep, RungBase, probe_steps
 from autofit.rungs._default import (
     DEFAULT_LADDER,
     RUNGS,
@@ -66,7 +66,7 @@ __all__ = [
     "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments",
     "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload",
     "PluginError", "ProbeStep", "QuantizedBase", "Rung", "RungBase", "Sharding", "ShorterSequences", "accepted_names",
-    "climb", "deepspeed_config", "free_port", "is_builtin", "launch_env", "launch_line", "process_env",
+    "climb", "deepspeed_config", "free_port", "is_builtin", "launch_env", "launch_line", "probe_steps", "process_env",
     "rank_env", "register", "remove_stale_engine_files", "resolve_ladder", "rung_named", "usable_rungs",
     "write_engine_files",
 ]

@@ -13,6 +13,7 @@ from autofit.rungs._ladder import SPEED, LadderState
 class ActivationOffload:
     name = "activation-offload"
     cost = SPEED
+    probe_step = "autofit.probe._steps:ActivationOffloadStep"
     help = "activation_offloading=True: saved activations wait in host memory for the backward pass (SFT, reward)"
     alternative_to = ("checkpointing",)
 

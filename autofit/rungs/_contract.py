@@ -19,9 +19,9 @@ package is found through the ``autofit.rungs`` entry point group and has the pow
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Dict, Mapping, Optional
+from typing import Any, ContextManager, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
-from autofit.core import Candidate
+from autofit.core import Candidate, Outcome
 
 
 class RungBase:
@@ -59,23 +59,51 @@ class RungBase:
 
 
 class ProbeStep:
-    """What a rung does inside the probe's child process; every hook is optional. The probe runs the steps of the
-    candidate's rungs (those whose ``active`` says so) in the ladder's order."""
+    """What a rung does inside the probe's child process; every hook is optional, and a step holds no state between
+    probes (each probe is a fresh process, which imports the step by its ``"module:attribute"`` path: a subclass, or
+    an instance).
+
+    The probe considers the steps of the built-in rungs (a candidate can carry their fields without the rung's name: a
+    user's own config, at the ladder's level 0), then those the ladder's other rungs name
+    (``ProbeSettings.rung_steps``), and one step of no rung's (the environment of the user's own DeepSpeed run). Of
+    those whose ``active`` says so, it calls ``before_build`` in that order before the meter starts, enters ``around``
+    in that order (the first outermost) under the meter, calls ``after_build`` and ``read_back`` in that order; on a
+    failure it asks ``failure`` last step first and the first answer is kept (pluggy's firstresult, newest first)."""
+
+    # The names of the rungs that name this step (set by the probe when it loads the step): the default ``active``.
+    rungs: FrozenSet[str] = frozenset()
+    # How a failure in ``before_build`` is classified: "setup" (the machine's: an infrastructure failure) or "load"
+    # (building the trainer's: ``failure`` may claim it for the rung).
+    stage: str = "setup"
 
     def active(self, candidate: Candidate) -> bool:
-        return False
+        """Whether this probe runs the step: by default, when the candidate climbed a rung that names it."""
+        return not self.rungs.isdisjoint(candidate.rungs)
 
     def before_build(self, candidate: Candidate) -> None:
         """Before the meter starts and the trainer is built: the environment, an engine's files."""
 
     def around(self, candidate: Candidate, meter: Any) -> ContextManager[Any]:
-        """Entered around building and training, under the meter."""
+        """Entered around building and training, under the meter; what it yields is ``read_back``'s ``handle``."""
         return contextlib.nullcontext()
 
     def after_build(self, trainer: Any, candidate: Candidate, observed: Dict[str, Any]) -> None:
-        """Once the trainer is built: check it took the rung's settings."""
+        """Once the trainer is built, before training: check it took the rung's settings (``FactoryMisuse`` if not).
+        ``observed``: what the probe reports of the trainer (``describe_trainer``), to add to."""
 
     def read_back(self, trainer: Any, candidate: Candidate, meter: Any, handle: Any,
                   observed: Dict[str, Any]) -> Dict[str, Any]:
-        """After training: figures for the probe's stats (``handle``: what ``around`` yielded)."""
+        """After training, under the meter: figures for the probe's stats (``handle``: what ``around`` yielded)."""
         return {}
+
+    def failure(self, candidate: Candidate, outcome: Outcome, fault: str, cause: str) -> Optional[Tuple[Outcome, str]]:
+        """A probe with this step active failed, classified as ``outcome``, ``fault`` and ``cause``
+        (``classify_exception``): the rung's own (outcome, cause) when the failure is the rung's (the search then goes
+        on without it), None to leave it as it is."""
+        return None
+
+
+def probe_steps(rungs: Iterable[Any]) -> Tuple[Tuple[str, str], ...]:
+    """(rung name, probe step path) of each of ``rungs`` that has a probe step, in their order: what the probe's child,
+    a fresh process, is told of a ladder's rungs (``ProbeSettings.rung_steps``)."""
+    return tuple((rung.name, path) for rung in rungs if (path := getattr(rung, "probe_step", None)))

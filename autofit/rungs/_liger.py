@@ -29,6 +29,7 @@ def liger_missing() -> Optional[str]:
 class LigerKernels:
     name = LIGER_RUNG
     cost = FREE
+    probe_step = "autofit.probe._steps:LigerStep"
     help = "use_liger_kernel=True: Liger's fused RMSNorm, SwiGLU and RoPE kernels, fewer saved activations (CUDA)"
 
     def __init__(self, on_simulated_device: bool = False):

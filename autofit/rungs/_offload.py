@@ -16,6 +16,7 @@ from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState
 class OptimizerOffload:
     name = OFFLOAD_RUNG
     cost = SPEED
+    probe_step = "autofit.probe._steps:EngineStep"
     help = "DeepSpeed ZeRO-2, optimizer states and fp32 master weights in host memory (accelerate config written)"
 
     runs_an_engine = True  # its own DeepSpeed or FSDP configuration: not beside one of the user's

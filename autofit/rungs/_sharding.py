@@ -35,6 +35,7 @@ CPU_REASON = ("accelerate runs DeepSpeed and FSDP's offload across several proce
 
 class Sharding:
     cost = SPEED
+    probe_step = "autofit.probe._steps:EngineStep"
 
     runs_an_engine = True  # its own DeepSpeed or FSDP configuration: not beside one of the user's
 
