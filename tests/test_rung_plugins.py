@@ -61,6 +61,14 @@ def test_a_packages_rung_is_named_in_the_ladder_and_listed_but_not_in_the_defaul
     assert state.candidate.optim == "adafactor" and state.rungs == ("adafactor",) and state.cost == QUALITY
 
 
+def test_the_help_lists_the_names_installed_packages_offer(installed, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option: no name cut at its hyphen
+    with pytest.raises(SystemExit):
+        cli.main(["estimate", "--help"])
+    out = capsys.readouterr().out
+    assert "; accepted: expandable-segments, liger-kernels, " in out and ", shorter-length, adafactor\n" in out
+
+
 def test_without_the_package_the_name_is_unknown():
     with pytest.raises(ValueError, match="unknown ladder rung 'adafactor': accepted are expandable-segments"):
         resolve_ladder(["adafactor"])

@@ -26,7 +26,27 @@ EXIT_CODES = """exit codes:
 log = logging.getLogger("autofit")
 
 
+class _LadderHelp(argparse.HelpFormatter):
+    """--ladder's help names the rungs accepted here, installed packages' included: read when the help is drawn."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = super()._get_help_string(action) or ""
+        if "--ladder" in action.option_strings:
+            from autofit.rungs import accepted_names
+
+            text += "; accepted: " + ", ".join(accepted_names()).replace("%", "%%")
+        return text
+
+
+class _SearchHelp(_LadderHelp, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _LadderHelp)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):  # one line, not the usage block
         self.exit(EXIT_BAD_INPUT, f"autofit: error: {message} (see {self.prog} --help)\n")
 
@@ -39,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"autofit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     search = commands.add_parser("search", help="probe real training runs and write the best config that fits",
-                                 epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 epilog=EXIT_CODES, formatter_class=_SearchHelp)
     add_options(search, SEARCH)
     estimate.add_parser(commands)
     report = commands.add_parser("report", help="draw DIR/report.html again from a search's best.json and study",
