@@ -160,3 +160,7 @@ def rank_one_hangs(candidate):
     if os.environ.get("RANK") == "1":
         time.sleep(600)
     return build_trainer(candidate)
+
+
+def exits_quietly(candidate):
+    os._exit(0)  # the factory ends the probe process itself: no result, no exception

@@ -262,8 +262,11 @@ def error_origin(exc: BaseException, stage: str, user_factory: bool) -> str:
     return "building the trainer"
 
 
-def classify_exit(exitcode: Optional[int], timed_out: bool) -> ProbeResult:
-    """A probe that ended without writing its result: killed, hung or crashed hard."""
+def classify_exit(exitcode: Optional[int], timed_out: bool, phase: str = "", user_factory: bool = False
+                  ) -> ProbeResult:
+    """A probe that ended without writing its result: killed, hung or crashed hard. ``phase``: the last phase it
+    recorded; a process that exited by itself while the user's factory built the trainer (``os._exit`` in it) is
+    the factory's doing, not the machine's."""
     if timed_out:
         return ProbeResult(Outcome.TIMEOUT, error="probe exceeded its time limit and was killed", cause="timeout")
     if exitcode is not None and exitcode < 0:
@@ -271,5 +274,9 @@ def classify_exit(exitcode: Optional[int], timed_out: bool) -> ProbeResult:
         hint = " (host memory exhausted?)" if -exitcode == signal.SIGKILL else ""
         return ProbeResult(Outcome.CRASH, error=f"probe killed by signal {name}{hint}", fault=INFRASTRUCTURE,
                            cause=f"signal-{name}")
+    if user_factory and phase == "load" and exitcode is not None:
+        return ProbeResult(Outcome.CRASH, error=f"the probe process exited (code {exitcode}, no exception) while your "
+                                                "factory built the trainer: os._exit() or an exit of its own in it?",
+                           error_phase="load", fault=USER, cause="factory", origin="your factory")
     return ProbeResult(Outcome.CRASH, error=f"probe exited with code {exitcode} without a result", fault=INFRASTRUCTURE,
                        cause="exit")

@@ -143,6 +143,32 @@ def check_config_values(config: Dict[str, Any], path: Path, name: str) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UnknownModelError(f"model '{name}': {path} has {where}{key} = {json.dumps(value)[:40]}: a "
                                         "positive whole number is accepted")
+        _check_heads(values, where, path, name)
+        for key in ("torch_dtype", "dtype"):
+            value = values.get(key)
+            if value is not None and value not in DTYPE_NAMES:
+                raise UnknownModelError(f"model '{name}': {path} has {where}{key} = {json.dumps(value)[:40]}: a "
+                                        f"torch dtype's name is accepted ({', '.join(sorted(DTYPE_NAMES)[:6])}, ...)")
+
+
+# The dtypes a configuration's torch_dtype/dtype may name (torch's own names, as transformers reads them).
+DTYPE_NAMES = frozenset({"auto", "float32", "float", "float16", "half", "bfloat16", "float64", "double", "int8",
+                         "uint8", "float8_e4m3fn", "float8_e5m2", "complex64"})
+
+
+def _check_heads(values: Dict[str, Any], where: str, path: Path, name: str) -> None:
+    """Attention heads that no model of the configuration can have: a hidden size the heads do not divide (where
+    head_dim does not say the width of a head), more key-value heads than heads, or heads they do not divide."""
+    hidden, heads = values.get("hidden_size", values.get("n_embd")), values.get("num_attention_heads",
+                                                                              values.get("n_head"))
+    kv_heads = values.get("num_key_value_heads")
+    heads_key = "num_attention_heads" if "num_attention_heads" in values else "n_head"
+    if isinstance(hidden, int) and isinstance(heads, int) and values.get("head_dim") is None and hidden % heads:
+        raise UnknownModelError(f"model '{name}': {path} has {where}{heads_key} = {heads}, which does not divide "
+                                f"{where}hidden_size = {hidden}: each head is hidden_size / {heads_key} wide")
+    if isinstance(heads, int) and isinstance(kv_heads, int) and (kv_heads > heads or heads % kv_heads):
+        raise UnknownModelError(f"model '{name}': {path} has {where}num_key_value_heads = {kv_heads} for "
+                                f"{where}{heads_key} = {heads}: key-value heads must divide the heads, at most as many")
 
 
 def hub_cache_dir() -> Path:

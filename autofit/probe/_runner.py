@@ -140,7 +140,7 @@ class ProcessRunner:
             (probe_dir / PID_FILE).unlink(missing_ok=True)
         if result_path.exists():
             return ProbeResult.from_dict(json.loads(result_path.read_text()))
-        result = classify_exit(process.exitcode, timed_out)
+        result = classify_exit(process.exitcode, timed_out, _last_phase(probe_dir), not self.factory.builtin)
         result.log_path = str(probe_dir / "probe.log")
         return result
 
@@ -178,7 +178,7 @@ class ProcessRunner:
         for folder, process, was_killed in zip(folders, processes, killed, strict=True):
             path = folder / "result.json"
             result = ProbeResult.from_dict(json.loads(path.read_text())) if path.exists() else \
-                classify_exit(process.exitcode, timed_out and was_killed)
+                classify_exit(process.exitcode, timed_out and was_killed, _last_phase(folder), not self.factory.builtin)
             result.log_path = result.log_path or str(folder / "probe.log")
             results.append(result)
         return ranks.combine(results, [k and not timed_out for k in killed])
@@ -234,3 +234,11 @@ def _main_module_left_alone():
         yield
     finally:
         main.__dict__.update(saved)
+
+
+def _last_phase(folder: Path) -> str:
+    """The phase a probe recorded last (``PHASE_FILE``), "" where it recorded none."""
+    try:
+        return (folder / PHASE_FILE).read_text(errors="replace").strip()
+    except OSError:
+        return ""

@@ -147,12 +147,38 @@ def with_config(values: Dict[str, Any]) -> Dict[str, Any]:
         return values
     user = read_user_config(str(values["config"]), str(values.get("algo") or DEFAULT_ALGO), fresh=True)
     from_file = user.option_values()
+    _check_file_values(user, from_file, values)
     if "effective_batch" in from_file:  # the file's batch is per device, as in TRL: the effective batch is global
         from_file["effective_batch"] *= _world_size(values)
     merged = {**from_file, **values}
     if values.get("training_args") is not None:
         merged["training_args"] = {**user.passed_through(), **values["training_args"]}
     return merged
+
+
+# The file's key behind each option it sets, for messages that name the user's own key, not a flag they never gave.
+_FILE_KEYS = {"max_length": "max_length", "max_completion_length": "max_completion_length",
+              "num_generations": "num_generations", "beta": "beta", "use_vllm": "vllm_mode",
+              "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization", "dtype": "dtype"}
+
+
+def _check_file_values(user: UserConfig, from_file: Dict[str, Any], given: Dict[str, Any]) -> None:
+    """The values the file gives the search's options, checked as the options would check them but named as the
+    file's keys (``per_device_train_batch_size: -4`` was "--effective-batch -8 is not valid")."""
+    from autofit.core._options import FIELDS
+
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        value = user.training.get(key)
+        if user.wrote(key) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputError(f"--config {user.path}: {key} = {value!r}: a positive whole number is accepted")
+    for name, key in _FILE_KEYS.items():
+        value = from_file.get(name)
+        if value is None or given.get(name) is not None:
+            continue
+        kind = FIELDS[name].metadata["kind"]
+        if not kind.accepts(value):
+            words = (kind.explain(value) if kind.explain else None) or kind.phrase
+            raise InputError(f"--config {user.path}: {key} = {value!r} is not valid: {words}")
 
 
 def _world_size(values: Dict[str, Any]) -> int:
