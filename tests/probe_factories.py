@@ -164,3 +164,9 @@ def rank_one_hangs(candidate):
 
 def exits_quietly(candidate):
     os._exit(0)  # the factory ends the probe process itself: no result, no exception
+
+
+def stops_itself(candidate):
+    """Freezes its own probe (SIGSTOP), as a user's Ctrl-Z on the wrong process or a debugger would."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(600)

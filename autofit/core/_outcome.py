@@ -262,11 +262,16 @@ def error_origin(exc: BaseException, stage: str, user_factory: bool) -> str:
     return "building the trainer"
 
 
-def classify_exit(exitcode: Optional[int], timed_out: bool, phase: str = "", user_factory: bool = False
-                  ) -> ProbeResult:
+def classify_exit(exitcode: Optional[int], timed_out: bool, phase: str = "", user_factory: bool = False, *,
+                  stopped: bool = False) -> ProbeResult:
     """A probe that ended without writing its result: killed, hung or crashed hard. ``phase``: the last phase it
     recorded; a process that exited by itself while the user's factory built the trainer (``os._exit`` in it) is
-    the factory's doing, not the machine's."""
+    the factory's doing, not the machine's. ``stopped``: the probe was frozen (SIGSTOP) when its time ran out: the
+    machine's doing, like a killed probe server (run once more), not a slow candidate."""
+    if timed_out and stopped:
+        return ProbeResult(Outcome.CRASH, error="probe was stopped (SIGSTOP or a debugger froze it) when its time "
+                                                "limit came: it was not running, so its time says nothing of the "
+                                                "candidate", fault=INFRASTRUCTURE, cause="stopped")
     if timed_out:
         return ProbeResult(Outcome.TIMEOUT, error="probe exceeded its time limit and was killed", cause="timeout")
     if exitcode is not None and exitcode < 0:

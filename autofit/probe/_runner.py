@@ -126,9 +126,11 @@ class ProcessRunner:
         )
         with _main_module_left_alone():
             process.start()
+        stopped = False
         try:
             self._wait(process, probe_dir)
             timed_out = process.is_alive()
+            stopped = timed_out and _stopped(process.pid)  # frozen (SIGSTOP), not slow: not the candidate's time
             if timed_out:
                 process.kill()
                 process.join()
@@ -140,7 +142,8 @@ class ProcessRunner:
             (probe_dir / PID_FILE).unlink(missing_ok=True)
         if result_path.exists():
             return ProbeResult.from_dict(json.loads(result_path.read_text()))
-        result = classify_exit(process.exitcode, timed_out, _last_phase(probe_dir), not self.factory.builtin)
+        result = classify_exit(process.exitcode, timed_out, _last_phase(probe_dir), not self.factory.builtin,
+                               stopped=stopped)
         result.log_path = str(probe_dir / "probe.log")
         return result
 
@@ -242,3 +245,14 @@ def _last_phase(folder: Path) -> str:
         return (folder / PHASE_FILE).read_text(errors="replace").strip()
     except OSError:
         return ""
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP, SIGTSTP, a debugger), as ``/proc/PID/stat`` says; False where it cannot
+    tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[-1].split()
+    return bool(fields) and fields[0] in ("T", "t")
