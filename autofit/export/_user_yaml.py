@@ -79,7 +79,8 @@ def _checkpointing_key(user: UserConfig, exported: Dict[str, Any]) -> Dict[str, 
 def user_yaml(user: UserConfig, candidate: Candidate, exported: Dict[str, Any], why: Callable[[str], str],
               header: List[str]) -> Tuple[str, List[Dict[str, Any]]]:
     """The user's file with what the answer changes (``exported``: every training and model argument the answer
-    sets, by TRL's names); returns the text and the list of changes."""
+    sets, by TRL's names; ``why``: the comment on a key, ``env.NAME`` for an environment variable); returns the text
+    and the list of changes."""
     yaml = _yaml()
     document = yaml.load(user.text)
     changes: List[Dict[str, Any]] = []
@@ -105,11 +106,9 @@ def user_yaml(user: UserConfig, candidate: Candidate, exported: Dict[str, Any], 
             document["env"] = env
         for key, value in candidate.env:
             if env.get(key) != value:
-                was = env.get(key)
-                _set(env, key, value, f"autofit: {'was ' + _show(was) if was is not None else 'added'}; "
-                                      "expandable-segments")
-                changes.append({"key": f"env.{key}", "was": was, "now": value, "why": "expandable-segments",
-                                "added": was is None})
+                was, reason = env.get(key), why(f"env.{key}")
+                _set(env, key, value, f"autofit: {'was ' + _show(was) if was is not None else 'added'}; {reason}")
+                changes.append({"key": f"env.{key}", "was": was, "now": value, "why": reason, "added": was is None})
     out = io.StringIO()
     yaml.dump(document, out)
     return "\n".join(header) + "\n" + out.getvalue(), changes

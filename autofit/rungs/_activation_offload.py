@@ -7,15 +7,20 @@ level with both fits, the level without checkpointing is probed too and kept whe
 (``alternative_to``, ``autofit.search._pruning``), where the host has room for every layer's activations.
 """
 
+from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import SPEED, LadderState
 
 
-class ActivationOffload:
+class ActivationOffload(RungBase):
     name = "activation-offload"
     cost = SPEED
     probe_step = "autofit.probe._steps:ActivationOffloadStep"
     help = "activation_offloading=True: saved activations wait in host memory for the backward pass (SFT, reward)"
     alternative_to = ("checkpointing",)
+    trade_text = ("activation offloading: saved activations wait in host memory for the backward pass, the same "
+                  "math; slower steps where the copies do not overlap the compute, and pinned host RAM")
+    key_comments = {"activation_offloading": "activation-offload: saved activations wait in host memory for the "
+                                             "backward pass"}
 
     def __init__(self, on_simulated_device: bool = False):
         # On the CPU, host memory is the simulated device's own RAM: offloading frees nothing real there, so only a

@@ -15,6 +15,7 @@ with a note too. A probe the kernels break is the rung's failure: the search goe
 import importlib.util
 from typing import Optional
 
+from autofit.rungs._contract import RungBase
 from autofit.rungs._failures import LIGER_RUNG
 from autofit.rungs._ladder import FREE, LadderState
 
@@ -26,11 +27,18 @@ def liger_missing() -> Optional[str]:
     return None
 
 
-class LigerKernels:
+class LigerKernels(RungBase):
     name = LIGER_RUNG
     cost = FREE
     probe_step = "autofit.probe._steps:LigerStep"
     help = "use_liger_kernel=True: Liger's fused RMSNorm, SwiGLU and RoPE kernels, fewer saved activations (CUDA)"
+    trade_text = ("Liger's fused RMSNorm, SwiGLU and RoPE kernels: the same math in other kernels (results equal to "
+                  "rounding), nothing traded; TRL 1.16 warns that use_liger_kernel goes in v2")
+    key_comments = {
+        "use_liger_kernel": "liger-kernels: Liger's fused RMSNorm, SwiGLU and RoPE (same math; TRL keeps its own fused "
+                            "LM head)",
+        "liger_kernel_config": "liger-kernels: the layer kernels only, TRL's fused LM head computes the loss",
+    }
 
     def __init__(self, on_simulated_device: bool = False):
         # On the CPU Triton has no device to run on; only a ladder that names the rung probes it there (tests put a

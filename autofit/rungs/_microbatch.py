@@ -1,12 +1,17 @@
 """Smaller micro-batches with more gradient accumulation; the effective batch is kept exactly."""
 
+from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import SPEED, LadderState
 
 
-class MicroBatch:
+class MicroBatch(RungBase):
     name = "micro-batch"
     cost = SPEED
     help = "per_device_train_batch_size x gradient_accumulation_steps = effective batch, micro-batch searched"
+    trade_text = ("smaller micro-batches with more accumulation: the same effective batch, more steps of less "
+                  "work")
+    key_comments = dict.fromkeys(("per_device_train_batch_size", "gradient_accumulation_steps"),
+                                 "micro-batch (effective batch kept)")
 
     def apply(self, state: LadderState):
         if state.vary_batch or state.candidate.micro_batch * state.candidate.grad_accum == 1:  # per rank

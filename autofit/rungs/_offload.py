@@ -9,15 +9,18 @@ the level without offload is what the quality rungs shrink.
 
 from typing import Optional
 
+from autofit.rungs._contract import RungBase
 from autofit.rungs._engines import ZERO2_OFFLOAD, deepspeed_missing
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState
 
 
-class OptimizerOffload:
+class OptimizerOffload(RungBase):
     name = OFFLOAD_RUNG
     cost = SPEED
     probe_step = "autofit.probe._steps:EngineStep"
     help = "DeepSpeed ZeRO-2, optimizer states and fp32 master weights in host memory (accelerate config written)"
+    trade_text = ("optimizer offload (DeepSpeed ZeRO-2): fp32 master weights, gradients and AdamW states in host "
+                  "memory, the same math; slower steps and pinned host RAM")
 
     runs_an_engine = True  # its own DeepSpeed or FSDP configuration: not beside one of the user's
 

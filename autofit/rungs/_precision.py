@@ -6,6 +6,7 @@ can round away), so it is a quality rung, the mildest: most TRL recipes train th
 
 from typing import Mapping
 
+from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import QUALITY, LadderState
 
 BF16 = "bfloat16"
@@ -16,10 +17,15 @@ def user_decided_dtype(candidate) -> bool:
     return isinstance(init, Mapping) and bool(init.get("dtype") or init.get("torch_dtype"))
 
 
-class Bf16Weights:
+class Bf16Weights(RungBase):
     name = "bf16-weights"
     cost = QUALITY
     help = f"model_init_kwargs dtype={BF16} (TRL loads float32 otherwise): pure bf16 weights, gradients, AdamW states"
+    trade_text = ("pure bf16 training: weights, gradients and optimizer states in bfloat16, no float32 master "
+                  "weights (small updates can round away)")
+    key_comments = dict.fromkeys(("dtype", "model_init_kwargs"),
+                                 "bf16-weights: pure bf16 training, weights, gradients and optimizer states in "
+                                 "bfloat16 (no float32 master weights)")
 
     def apply(self, state: LadderState):
         candidate = state.candidate

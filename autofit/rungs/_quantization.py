@@ -1,12 +1,21 @@
 """A quantized, frozen base model (bitsandbytes 8-bit or 4-bit NF4) trained through LoRA adapters."""
 
-from typing import Dict
+from typing import Dict, Optional
 
-from autofit.core import LoraSettings
+from autofit.core import Candidate, LoraSettings
+from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import QUALITY, LadderState
+from autofit.rungs._lora import LORA_KEYS
+
+QUANTIZATION_KEYS = ("load_in", "bnb_", "use_bnb")  # the beginnings of TRL's ModelConfig fields for bitsandbytes
+TRADES = {
+    8: "8-bit base weights (LLM.int8): the frozen weights are quantized, the adapters train on them",
+    4: "4-bit base weights (NF4, double quantization): the frozen weights are quantized, the adapters train in bf16 "
+       "on their dequantized values",
+}
 
 
-class QuantizedBase:
+class QuantizedBase(RungBase):
     cost = QUALITY
 
     def __init__(self, bits: int):
@@ -15,6 +24,7 @@ class QuantizedBase:
         self.bits = bits
         self.name = f"quant-{bits}bit"
         self.help = "bitsandbytes " + ("int8 (LLM.int8)" if bits == 8 else "NF4 with double quantization") + " + LoRA"
+        self.trade_text = TRADES[bits]
 
     def apply(self, state: LadderState):
         current = state.candidate.quantization
@@ -24,3 +34,7 @@ class QuantizedBase:
         if state.candidate.lora is None:
             changes["lora"] = LoraSettings()
         return state.with_rung(self, candidate_changes=changes)
+
+    def comment(self, key: str, candidate: Candidate) -> Optional[str]:
+        """Its bitsandbytes keys, and the LoRA it brings where no LoRA rung came before."""
+        return self.name if key.startswith(QUANTIZATION_KEYS + LORA_KEYS) else None

@@ -1,14 +1,25 @@
 """Shorter sequences, the last resort: max_length may drop, never below the user's --min-length."""
 
+from typing import Any, Mapping, Optional
+
+from autofit.core import Candidate
+from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import QUALITY, LadderState
 
 
-class ShorterSequences:
+class ShorterSequences(RungBase):
     name = "shorter-length"
     cost = QUALITY
     help = "max_length lowered down to --min-length (longer examples are truncated)"
+    key_comments = dict.fromkeys(("max_length", "max_completion_length"), "shorter-length")
 
     def apply(self, state: LadderState):
         if state.vary_length or state.maximize == "length" or state.min_length >= state.candidate.max_length:
             return None
         return state.with_rung(self, vary_length=True)
+
+    def trade(self, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
+        """``context``: ``asked_length``, the length the user asked for."""
+        asked = context.get("asked_length")
+        return (f"sequences capped at {candidate.max_length} tokens" + (f" instead of {asked}" if asked else "")
+                + ": longer rows are truncated")

@@ -13,6 +13,7 @@ do not apply.
 import dataclasses
 from typing import Optional
 
+from autofit.rungs._contract import RungBase
 from autofit.rungs._engines import FSDP2_OFFLOAD, ZERO3_OFFLOAD, ZERO_STAGES, deepspeed_missing
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState
 
@@ -26,6 +27,10 @@ HELP = {
     FSDP2_OFFLOAD: "FSDP2 full shard with the shards in host memory (fsdp_offload_params)",
     ZERO3_OFFLOAD: "DeepSpeed ZeRO-3 with weights and optimizer states in host memory (offload_param/_optimizer)",
 }
+# what the user trades (best.json's trades): the same math, and the time the GPUs spend exchanging shards
+TRADES = {name: f"{HELP[name]}; the same math, slower steps (the GPUs exchange the shards"
+          + (", copied to and from the host), and pinned host RAM" if name in OFFLOADING else ")")
+          for name in SHARDING_RUNGS}
 # accelerate sets up DeepSpeed and FSDP with several processes only on an accelerator: on a CPU-only machine its
 # state counts one process under DeepSpeed (the batch checks fail) and keeps FSDP's ranks data parallel. FSDP2 full
 # shard runs there under autofit.probe._simulated_fsdp; its host offload (pinned shards) and DeepSpeed do not.
@@ -33,7 +38,7 @@ CPU_REASON = ("accelerate runs DeepSpeed and FSDP's offload across several proce
               "parallel and FSDP2)")
 
 
-class Sharding:
+class Sharding(RungBase):
     cost = SPEED
     probe_step = "autofit.probe._steps:EngineStep"
 
@@ -44,6 +49,7 @@ class Sharding:
             raise ValueError(f"unknown sharding '{name}': accepted are {', '.join(SHARDING_RUNGS)}")
         self.name = name
         self.help = HELP[name]
+        self.trade_text = TRADES[name]
 
     def unavailable(self, device: str) -> Optional[str]:
         if device == "cpu" and self.name != "fsdp2":
