@@ -188,3 +188,21 @@ def test_a_rung_without_a_ledger_widens_the_band_and_a_note_names_it(caplog):
     assert failing.total == base.total and failing.uncertainty == 0.5
     assert "the ledger of the rung failing-custom failed (KeyError: 'weights'): it is treated as not modelled" \
         in caplog.text
+
+
+def test_the_search_and_the_estimate_name_a_rung_the_memory_model_does_not_describe(tmp_path, capsys):
+    from autofit.search import Search
+
+    try:
+        from fakes import FormulaRunner, formula_spec
+    except ImportError:  # tests/ became a package
+        from tests.fakes import FormulaRunner, formula_spec
+
+    register(Plain())
+    note = "memory model: the rung plain-custom is not modelled (no ledger of its own): predictions with it carry a " \
+           "±50% band until probes calibrate them"
+    search = Search(formula_spec(tmp_path, 2**30), FormulaRunner(2**30), [*resolve_ladder(["micro-batch"]), Plain()])
+    assert note in search.report.notes
+    assert cli.main(["estimate", "--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--ladder",
+                     "micro-batch,plain-custom"]) == 0
+    assert f"note: {note}" in capsys.readouterr().out

@@ -35,6 +35,7 @@ from autofit.memory_model import (
     base_candidate,
     expected_rung,
     prior_uncertainty,
+    rung_notes,
     sizes_are_exact,
     unchecked_reason,
     vllm_lines,
@@ -163,7 +164,8 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
         lines.append(your_run_line(spec, result))
     lines += vllm_lines(spec, shape)
     start = LadderState(base_candidate(spec))
-    lines += [f"note: {note}" for note in usable_rungs(resolve_ladder(spec.ladder), spec.device, start)[1]]
+    usable, left_out = usable_rungs(resolve_ladder(spec.ladder), spec.device, start)
+    lines += [f"note: {note}" for note in left_out + rung_notes(usable)]
     unit, scale = _unit(budget)
     host = any(level.ledger.host for level in result.levels)  # an offloading level: its host memory, a column
     header = (["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in COLUMNS]
