@@ -6,7 +6,8 @@
   ``flock`` when its process dies however it dies, so a lock left by a killed search is taken over, with a note.
 - **Orphan probes**: every probe records its pid and the kernel's start time of its process in
   ``DIR/probes/*/pid``, and asks the kernel to kill it when its parent dies (``PR_SET_PDEATHSIG``; the parent of a
-  forked probe is the probe server, which exits when the search does). A search that starts still kills any probe
+  forked probe is the probe server, which exits when the search does, seconds later where it shuts torch down), and
+  watches the search itself, dying within a fraction of a second of it. A search that starts still kills any probe
   of an earlier run that is alive (same pid and same start time, so never a process that reused the pid) and proven
   to be a probe of this folder: it holds this probe folder's own log open (a copied ``--out`` or a planted pid file
   names a process that does not, and that process is left alone).
@@ -165,7 +166,56 @@ def record_probe_process(probe_dir: Path) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the orphan check on the next start still applies
         pass
+    watch_the_search()
     atomic_write_text(probe_dir / PID_FILE, json.dumps({"pid": os.getpid(), "start": process_start_ticks(os.getpid())}))
+
+
+WATCH_S = 0.2  # how often a probe looks whether its search is still there
+
+
+def _stat_fields(pid: int) -> List[str]:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _search_pid() -> int:
+    """The search's process as a probe sees it: its parent, or its parent's parent when the parent is the probe
+    server (multiprocessing's forkserver, which outlives a killed search for seconds while it shuts down)."""
+    parent = os.getppid()
+    try:
+        command = Path(f"/proc/{parent}/cmdline").read_bytes()
+    except OSError:
+        return parent
+    if b"multiprocessing.forkserver" in command:
+        fields = _stat_fields(parent)
+        if len(fields) > 1 and fields[1].isdigit() and int(fields[1]) > 1:
+            return int(fields[1])
+    return parent
+
+
+def watch_the_search() -> None:
+    """A thread in the probe that kills it as soon as its search is gone (killed, even with SIGKILL): the kernel's
+    parent-death signal reaches a forked probe only when the probe server exits, which took 3-10 s while the
+    probe went on training."""
+    pid = _search_pid()
+    start = process_start_ticks(pid)
+    if start is None:
+        return  # not Linux, or nothing to watch: the parent-death signal and the orphan check remain
+
+    def gone() -> bool:
+        fields = _stat_fields(pid)
+        return len(fields) < 20 or fields[0] in ("Z", "X") or int(fields[19]) != start
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(WATCH_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    import threading
+
+    threading.Thread(target=watch, name="autofit-search-watch", daemon=True).start()
 
 
 def kill_orphan_probes(out_dir: Path) -> List[str]:
