@@ -25,7 +25,7 @@ from autofit.core import (
     one_line,
 )
 from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
-from autofit.rungs import Rung, register, resolve_ladder
+from autofit.rungs import Rung, probe_steps, register, resolve_ladder
 from autofit.search import InfrastructureError, Record, Search, SearchReport, question, quiet_optuna, with_config
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,8 @@ def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callba
     # The live line goes with the probes' log lines: not under -q (quiet=True), nor when stderr is not a terminal.
     progress = make_progress(quiet=not logging.getLogger("autofit.search._search").isEnabledFor(logging.INFO))
     runner = ProcessRunner(payload, spec.budget_bytes, spec.options.out_dir, timeout_s=spec.options.probe_timeout_s,
-                           build_timeout_s=spec.options.build_timeout_s, progress=progress)
+                           build_timeout_s=spec.options.build_timeout_s, progress=progress,
+                           rung_steps=probe_steps(rungs))
     options = spec.options
     log.info(
         "autofit: %s %s on %s, budget %s, effective batch %d, max_length %d, maximize %s%s",

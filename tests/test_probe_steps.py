@@ -13,10 +13,12 @@ from autofit.core import (
     KERNEL_FAILURE,
     Candidate,
     Outcome,
+    ProbeResult,
     ProbeSettings,
 )
+from autofit.probe import ProcessRunner
 from autofit.probe import _steps as steps
-from autofit.rungs import DEFAULT_LADDER, probe_steps
+from autofit.rungs import DEFAULT_LADDER, RungBase, probe_steps
 from autofit.rungs._engines import ZERO2_OFFLOAD
 
 CUSTOM = "custom_steps:RecordingStep"
@@ -100,3 +102,17 @@ def test_a_step_the_probe_cannot_import_is_one_line_naming_it(tmp_path, monkeypa
     result = _probe(tmp_path, monkeypatch, (("broken", "no_such_module:Step"),))
     assert result.outcome is Outcome.CRASH and result.fault == INFRASTRUCTURE and result.cause == "import"
     assert "the probe step 'no_such_module:Step' cannot be imported" in result.error and "\n" not in result.error
+
+
+def test_the_runner_tells_the_probe_the_ladders_steps(tmp_path):
+    class Custom(RungBase):
+        name = "custom"
+        probe_step = CUSTOM
+
+    told = probe_steps([Custom(), *DEFAULT_LADDER])
+    assert told[0] == ("custom", CUSTOM)
+    runner = ProcessRunner("autofit.probe.algos.sft:build_trainer", None, tmp_path, rung_steps=told)
+    seen = []
+    runner._run_ranks = lambda c, folder: seen.append(c) or ProbeResult(Outcome.OK)  # type: ignore[method-assign]
+    runner.run(candidate(ranks=2), 1)
+    assert seen[0].probe.rung_steps == told

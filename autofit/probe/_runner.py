@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Protocol, Sequence, Union
+from typing import Optional, Protocol, Sequence, Tuple, Union
 
 from autofit.core import (
     BAD_FORK,
@@ -59,8 +59,12 @@ class Runner(Protocol):
 class ProcessRunner:
     def __init__(self, factory: Union[str, FactoryPayload], budget_bytes: Optional[int], workdir: Path,
                  timeout_s: float = 900.0, *, preload: Sequence[str] = PRELOAD, start_method: str = "forkserver",
-                 build_timeout_s: Optional[float] = None, progress: Optional[ProbeProgress] = None):
+                 build_timeout_s: Optional[float] = None, progress: Optional[ProbeProgress] = None,
+                 rung_steps: Tuple[Tuple[str, str], ...] = ()):
         self.factory = factory if isinstance(factory, FactoryPayload) else prepare_factory(factory)
+        # (rung name, probe step path) of the ladder's rungs (``autofit.rungs.probe_steps``): a probe is a fresh
+        # process, which imports them (the built-in rungs' it considers anyway)
+        self.rung_steps = tuple(rung_steps)
         self.build_timeout_s = build_timeout_s
         self.budget_bytes = budget_bytes
         self.workdir = Path(workdir)
@@ -115,7 +119,8 @@ class ProcessRunner:
             if (probe_dir / name).is_symlink():
                 (probe_dir / name).unlink()
         candidate = candidate.replace(probe=ProbeSettings(output_dir=str(probe_dir / "trainer"),
-                                                          build_timeout_s=self.build_timeout_s, **plan))
+                                                          build_timeout_s=self.build_timeout_s,
+                                                          rung_steps=self.rung_steps, **plan))
         if candidate.ranks > 1:
             return self._run_ranks(candidate, probe_dir)
         # typeshed's BaseContext (what get_context(str) returns) lacks Process; every real context has it
