@@ -304,6 +304,7 @@ def test_prior_agrees_with_recorded_cpu_probes_qwen(changes, measured_mib):
     (dict(micro_batch=4, grad_accum=2, max_length=64, prompt_length=32), 298_934_176),  # resident grads, prob_dist
     (dict(micro_batch=4, max_length=32, prompt_length=16, lora=LoraSettings()), 129_465_672),  # no reference model
     (dict(micro_batch=4, max_length=32, prompt_length=16, checkpointing=True), 196_208_708),  # policy and value
+    (dict(micro_batch=8, max_length=128, prompt_length=64), 536_801_064),  # held out: the LM head's tensors dominate
 ])
 def test_ppo_prior_agrees_with_recorded_cpu_probes(changes, measured):
     c = cand(algo="ppo", model="tiny-qwen2", device="cpu", **changes)
