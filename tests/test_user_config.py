@@ -135,10 +135,15 @@ def search(path: Path, out: Path, budget: str, *extra: str) -> int:
 def test_a_budget_that_holds_the_run_gives_back_the_file_unchanged(tmp_path, sft_file):
     assert search(sft_file, tmp_path / "out", "1GiB") == 0
     best = json.loads((tmp_path / "out" / "best.json").read_text())
-    assert best["rungs"] == [] and best["changes"] == []
+    # What this CPU machine needs to load and run it (issue 36, item 2): the bundled model's checkpoint, use_cpu, bf16
+    machine = {"model_name_or_path", "use_cpu", "bf16"}
+    assert best["rungs"] == [] and {change["key"] for change in best["changes"]} == machine
     text = (tmp_path / "out" / "best.yaml").read_text()
     header = [line for line in text.splitlines(keepends=True) if line.startswith("# ")][:3]
-    assert text == "".join(header) + SFT  # the user's file, every byte, under autofit's three lines
+    body = [line for line in text[len("".join(header)):].splitlines(keepends=True)
+            if line.split(":", 1)[0] not in machine]
+    mine = [line for line in SFT.splitlines(keepends=True) if not line.startswith("model_name_or_path:")]
+    assert body == mine  # the rest of the user's file, every byte, under autofit's three lines
     assert header[2].startswith("# use: trl sft --config best.yaml") and "--dataset_name" not in header[2]
 
 
@@ -151,7 +156,8 @@ def test_a_tight_budget_changes_only_what_fitting_needs(tmp_path, sft_file):
     changed = {change["key"]: change for change in best["changes"]}
     assert changed and set(changed) <= {"per_device_train_batch_size", "gradient_accumulation_steps",
                                         "gradient_checkpointing", "activation_checkpointing", "dtype", "optim",
-                                        "use_peft", "load_in_8bit", "load_in_4bit", "max_length"}
+                                        "use_peft", "load_in_8bit", "load_in_4bit", "max_length",
+                                        "model_name_or_path", "use_cpu", "bf16"}  # the last three: this CPU's
     for line in text.splitlines():  # every change says what it was and why; the rest is the user's text
         key = line.split(":", 1)[0]
         if key in changed:

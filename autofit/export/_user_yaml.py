@@ -9,17 +9,22 @@ edits the text. best.json's ``changes`` lists the same edits.
 from __future__ import annotations
 
 import io
+import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.error import YAMLError
 from ruamel.yaml.representer import RoundTripRepresenter
+from ruamel.yaml.util import load_yaml_guess_indent
 
-from autofit.core import Candidate
+from autofit.core import Candidate, resolve_model
 from autofit.search import UserConfig
 
-# The user's model, and how the probes ran on their machine (a CPU search simulates the user's GPU): never written over.
-KEPT_AS_WRITTEN = ("model_name_or_path", "use_cpu", "bf16")
+# How the probes ran on a GPU machine: the user's file is kept. A CPU search writes what its probes ran with
+# (`use_cpu: true`, `bf16: false`, as the --model path does): TRL refuses bf16 on a machine without a GPU.
+KEPT_AS_WRITTEN = ("use_cpu", "bf16")
+MODEL_KEY = "model_name_or_path"
 # What the probes set to run their machine (a CPU search trains on the simulated device): exported only where the
 # user's value would not run the answer there.
 CHECKPOINTING = ("activation_checkpointing", "gradient_checkpointing")
@@ -34,12 +39,35 @@ def _float(representer: RoundTripRepresenter, value: float) -> Any:
     return representer.represent_scalar("tag:yaml.org,2002:float", text)
 
 
-def _yaml() -> YAML:
+def _yaml(text: str = "") -> YAML:
+    """A round-trip YAML that writes block mappings and sequences indented as ``text`` indents them."""
     yaml = YAML()
     yaml.preserve_quotes = True
     yaml.width = 4096
     yaml.representer.add_representer(float, _float)
+    mapping, sequence, offset = _indents(text)
+    yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
     return yaml
+
+
+def _indents(text: str) -> Tuple[int, int, int]:
+    """(mapping indent, sequence indent, dash offset) of the file: ``  - q_proj`` under its key is (2, 4, 2), ruamel's
+    own default ``- q_proj`` (2, 2, 0). The first nested mapping and the first block sequence decide."""
+    mapping = 2
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    for line, following in zip(lines, lines[1:], strict=False):
+        parent = len(line) - len(line.lstrip())
+        child = len(following) - len(following.lstrip())
+        if re.match(r"\s*[^\s#-][^#]*:\s*(#.*)?$", line) and child > parent and not following.lstrip().startswith("-"):
+            mapping = child - parent
+            break
+    try:
+        _, sequence, offset = load_yaml_guess_indent(text) if text else (None, None, None)
+    except YAMLError:  # the file was read by TRL already; a guess that fails keeps ruamel's default
+        sequence, offset = None, None
+    if sequence is None or offset is None:
+        return mapping, mapping, 0
+    return mapping, max(sequence, offset + 2), offset
 
 
 def _plain(value: Any) -> Any:
@@ -81,16 +109,21 @@ def user_yaml(user: UserConfig, candidate: Candidate, exported: Dict[str, Any], 
     """The user's file with what the answer changes (``exported``: every training and model argument the answer
     sets, by TRL's names; ``why``: the comment on a key, ``env.NAME`` for an environment variable); returns the text
     and the list of changes."""
-    yaml = _yaml()
+    yaml = _yaml(user.text)
     document = yaml.load(user.text)
     changes: List[Dict[str, Any]] = []
     exported = _checkpointing_key(user, exported)
     if not user.wrote("model_init_kwargs") and exported.get("model_init_kwargs") == {"dtype": exported.get("dtype")}:
         exported = {k: v for k, v in exported.items() if k != "model_init_kwargs"}  # TRL's script passes dtype on
     for key, value in exported.items():
-        if key in KEPT_AS_WRITTEN:
+        if key == MODEL_KEY:
+            _model(document, user, candidate, value, changes)
+            continue
+        if key in KEPT_AS_WRITTEN and candidate.device != "cpu":
             continue
         parsed = user.training.get(key, user.model.get(key))
+        if key in KEPT_AS_WRITTEN:  # TRL parsed the file with --use_cpu: what the file itself says
+            parsed = user.written.get(key)
         if _plain(value) == parsed or (key == "attn_implementation" and not user.wrote(key)):
             continue
         reason = why(key)
@@ -112,6 +145,25 @@ def user_yaml(user: UserConfig, candidate: Candidate, exported: Dict[str, Any], 
     out = io.StringIO()
     yaml.dump(document, out)
     return "\n".join(header) + "\n" + out.getvalue(), changes
+
+
+def _model(document: CommentedMap, user: UserConfig, candidate: Candidate, loadable: str,
+           changes: List[Dict[str, Any]]) -> None:
+    """The model that was measured, under a name TRL loads: the file's own when it is that model and loads as written;
+    a bundled model's checkpoint (it has no hub id); ``--model``'s, said, where it replaced the file's."""
+    written = user.written.get(MODEL_KEY)
+    if written == loadable:
+        return
+    if written == candidate.model:
+        if "/" in candidate.model or resolve_model(candidate.model).local_path:
+            return  # a hub id or a folder, as the user wrote it (export's loadable_name keeps them too)
+        reason = (f"{candidate.model} is bundled with autofit and has no hub id: its trainable checkpoint (random "
+                  "weights), which TRL loads")
+    else:
+        reason = f"the model measured (--model {candidate.model}), not the file's"
+    note = f"autofit: was {_show(written)}; {reason}" if written is not None else f"autofit: added; {reason}"
+    _set(document, MODEL_KEY, loadable, note)
+    changes.append({"key": MODEL_KEY, "was": written, "now": loadable, "why": reason, "added": written is None})
 
 
 def _show(value: Optional[Any]) -> str:
