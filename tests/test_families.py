@@ -39,14 +39,13 @@ def family_root(tmp_path_factory) -> Path:
 def prepared(family: str, root: Path) -> str:
     """The family's tiny model folder with its census in the cache, built in this process (faster than the child
     process the search starts, which ``test_mixtral_8x7b_is_counted_from_the_model_in_a_child_process`` covers)."""
-    from autofit.core import atomic_write_text, resolve_model
-    from autofit.memory_model._census import census_file
+    from autofit.core import resolve_model
+    from autofit.memory_model._census import census_file, store_census
 
     model = write_family(family, root)
-    path = census_file(resolve_model(model).config)
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(build(model)))
+    config = resolve_model(model).config
+    if not census_file(config).is_file():
+        store_census(config, build(model))
     return model
 
 

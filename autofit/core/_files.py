@@ -96,6 +96,28 @@ def check_private(folder: Path) -> None:
                          " chmod o-w it, or set AUTOFIT_CACHE to a folder of yours")
 
 
+def read_own_file(path: Path, limit: int = 64 << 20) -> str:
+    """A file of the cache as autofit wrote it: a regular file, not a link (opened without following one), owned by
+    this user and writable by no one else, at most ``limit`` bytes. ``OSError`` (a link: ELOOP) or ``ValueError``
+    (saying which) otherwise; ``FileNotFoundError`` where there is none."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("it is not a regular file")
+        if info.st_uid != os.geteuid():
+            raise ValueError(f"it belongs to another user (uid {info.st_uid})")
+        if info.st_mode & 0o022:
+            raise ValueError("other users may write it")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"it is larger than {limit} bytes")
+    return data.decode("utf-8")
+
+
 def cache_subfolder(*parts: str) -> Path:
     """``cache_dir() / parts``, each level created where missing (for its owner only) and checked as the root is."""
     folder = cache_dir()

@@ -29,7 +29,8 @@ from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-from autofit.core import algorithm, cache_dir
+from autofit.core import algorithm, atomic_write_text, cache_subfolder
+from autofit.core._files import read_own_file
 from autofit.memory_model._census_build import CENSUS_VERSION
 
 if TYPE_CHECKING:
@@ -238,19 +239,37 @@ def _transformers_version() -> str:
         return "none"
 
 
-def census_file(config: Mapping[str, Any]) -> Path:
+def census_key(config: Mapping[str, Any]) -> str:
+    """What a census is counted from (the configuration, transformers, the census's format): stored in its file and
+    checked on every read, so a file that another configuration's census or another writer left there is not used."""
     key = json.dumps({"config": config, "transformers": _transformers_version(), "census": CENSUS_VERSION},
                      sort_keys=True, default=str)
-    return cache_dir() / "census" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def census_file(config: Mapping[str, Any]) -> Path:
+    """The census's file in the cache's ``census`` folder, created for this user only and checked as every level of
+    the cache is (owner, mode)."""
+    return cache_subfolder("census") / f"{census_key(config)[:16]}.json"
+
+
+def store_census(config: Mapping[str, Any], data: Mapping[str, Any]) -> Path:
+    """Write ``data`` (a census as ``_census_build`` counts it) as ``config``'s, with its key."""
+    path = census_file(config)
+    atomic_write_text(path, json.dumps({**data, "key": census_key(config)}))
+    return path
 
 
 def cached_census(config: Mapping[str, Any]) -> Optional[Census]:
     """The stored census of this configuration, or None (never built, or unreadable: it is built again)."""
     path = census_file(config)
     try:
-        return Census.from_dict({**json.loads(path.read_text()), "source": META})
+        data = json.loads(read_own_file(path))  # a regular file of this user's, not a link, that no one else writes
+        if not isinstance(data, dict) or data.get("key") != census_key(config):
+            raise ValueError("it was not counted from this configuration")
+        return Census.from_dict({**data, "source": META})
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("ignoring the damaged parameter census %s (%s)", path, exc)
+        log.warning("ignoring the parameter census %s (%s): it is counted again", path, exc)
         return None

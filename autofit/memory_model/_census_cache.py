@@ -19,8 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
-from autofit.core import atomic_write_text
-from autofit.memory_model._census import META, Census, cached_census, census_file
+from autofit.memory_model._census import META, Census, cached_census, store_census
 from autofit.memory_model._census_build import NO_CAUSAL_LM_EXIT
 from autofit.memory_model._checked import sizes_are_exact
 from autofit.memory_model._shape import ModelShape
@@ -62,9 +61,7 @@ def ensure_census(model: str, *, trust_remote_code: bool = False) -> Optional[Ce
                          "searches text models; pass your own trainer_factory for this one")
     if not isinstance(data, dict):
         return None
-    path = census_file(source.config)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(data))
+    store_census(source.config, data)
     return Census.from_dict({**data, "source": META})
 
 
