@@ -99,7 +99,7 @@ def test_headroom_rejects_fits_too_close_to_the_budget(tmp_path):
 
 
 def test_best_json_carries_the_model_and_estimate_reads_it(tmp_path, capsys):
-    from autofit.export import _write as export
+    from autofit import export
 
     report, _ = search(tmp_path, 700, max_probes=10)
     export.write(report, Path(tmp_path))

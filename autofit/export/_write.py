@@ -1,38 +1,21 @@
-"""Writes the search's answer: best.yaml (for ``trl <algo> --config``), best.json (structured), and the table."""
+"""best.yaml (for ``trl <algo> --config``): the chosen candidate as TRL's arguments, each with its comment, or the
+user's own file with the changes (``_user_yaml``); and the checkpoint it names for a bundled model."""
 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from autofit import memory_model
-from autofit.core import (
-    RL_ALGOS,
-    Candidate,
-    algorithm,
-    atomic_write_text,
-    first_gpu,
-    format_size,
-    installed_versions,
-    one_line,
-    resolve_model,
-)
-from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
+from autofit.core import Candidate, algorithm, format_size, one_line, resolve_model
+from autofit.export._engine import engine_comments, exported_engine
 from autofit.export._user_yaml import user_yaml
-from autofit.export._words import trades, why
+from autofit.export._words import why
 from autofit.probe.kit import trainable_checkpoint, trainable_folder
-from autofit.rungs import ACCELERATE_YAML, remove_stale_engine_files, write_engine_files
-from autofit.search import STUDY_FILE, InfrastructureError, SearchReport, over_margin, read_user_config
-
-log = logging.getLogger(__name__)
-
-PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "optuna")
-
-
+from autofit.rungs import ACCELERATE_YAML
+from autofit.search import InfrastructureError, SearchReport, read_user_config
 
 
 def loadable_name(candidate: Candidate) -> str:
@@ -45,7 +28,7 @@ def loadable_name(candidate: Candidate) -> str:
     return str(trainable_folder(source.config, candidate.model))
 
 
-def _build_trainable(report: SearchReport, out_dir: Path) -> None:
+def build_trainable(report: SearchReport, out_dir: Path) -> None:
     """The random-weight checkpoint best.yaml names for a bundled toy model, written after the answer: a cache that
     cannot take it (a full disk) is one line, and the same command, which probes nothing again, finishes it."""
     assert report.chosen is not None
@@ -71,7 +54,7 @@ def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) 
             lora_r=candidate.lora.r,
             lora_alpha=candidate.lora.alpha,
             lora_dropout=candidate.lora.dropout,
-            lora_target_modules=_targets(candidate.lora.target_modules),
+            lora_target_modules=targets(candidate.lora.target_modules),
         )
     if candidate.dtype is not None:
         args["dtype"] = candidate.dtype  # TRL's ModelConfig --dtype (the scripts pass it as model_init_kwargs)
@@ -84,7 +67,7 @@ def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) 
     return args
 
 
-def _targets(targets: Any) -> Any:
+def targets(targets: Any) -> Any:
     """LoRA's target modules as YAML and JSON write them: a name, or a list."""
     return list(targets) if isinstance(targets, tuple) else targets
 
@@ -181,185 +164,3 @@ def yaml_text(report: SearchReport) -> str:
             lines.append(f"  {key}: {_scalar(value)}  "
                          f"# {one_line(why(f'env.{key}', candidate, spec.max_length, spec.options.maximize))}")
     return "\n".join(lines) + "\n"
-
-
-def _peft_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
-    if candidate.lora is None:
-        return None
-    return {"type": "lora", "r": candidate.lora.r, "lora_alpha": candidate.lora.alpha,
-            "lora_dropout": candidate.lora.dropout, "target_modules": _targets(candidate.lora.target_modules)}
-
-
-def _quantization_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
-    if candidate.quantization == "8bit":
-        return {"load_in_8bit": True}
-    if candidate.quantization == "4bit":
-        return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
-    return None
-
-
-def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str, Any]:
-    spec = report.spec
-    gpu = first_gpu() if spec.device == "cuda" else None
-    data: Dict[str, Any] = {
-        "fits": report.fits,
-        "model": spec.options.model,
-        "algo": spec.options.algo,
-        "device": spec.device,
-        "gpu": gpu.name if gpu else None,
-        "budget_bytes": spec.budget_bytes,
-        "probes": report.probes_total,
-        "probes_this_run": report.probes_run,
-        "search": {
-            "maximize": spec.options.maximize,
-            "effective_batch": spec.options.effective_batch,
-            "max_length": spec.max_length,
-            "min_length": spec.min_length,
-            "ladder": [rung for state in report.levels[:report.ladder_len] for rung in state.rungs[-1:]],
-            "probe_steps": spec.options.probe_steps,
-            "verify_steps": spec.options.verify_steps,
-            "prompt_length": spec.options.max_prompt_length if spec.options.algo in RL_ALGOS else None,
-        },
-        "notes": report.notes,
-        "request": spec.options.record(),
-        "study": {"name": spec.study_name(), "journal": STUDY_FILE},
-        "candidates": [
-            {
-                "kind": r.kind,
-                "rungs": list(r.candidate.rungs),
-                "candidate": r.candidate.describe(),
-                "outcome": r.result.outcome.value,
-                "peak_bytes": r.result.peak_bytes,
-                "tokens_per_second": round(r.result.tokens_per_second, 1),
-                "error": r.result.error or None,
-                "error_phase": r.result.error_phase or None,
-                "fault": r.result.fault or None,
-                "origin": r.result.origin or None,
-                "log": r.result.log_path or None,
-                "generation_tokens_per_second": round(r.result.generation_tokens_per_second, 1) or None,
-                "predicted_bytes": round(r.predicted_bytes) if r.predicted_bytes is not None else None,
-                "prior_predicted_bytes": round(r.prior_bytes) if r.prior_bytes is not None else None,
-                "stored": r.cached,
-                "stage": r.stage,
-            }
-            for r in report.records
-        ],
-        "skipped": [
-            {
-                "rungs": list(s.candidate.rungs),
-                "candidate": s.candidate.describe(),
-                "predicted_bytes": round(s.predicted_bytes),
-                "uncertainty": round(s.uncertainty, 4),
-            }
-            for s in report.skipped
-        ],
-        "margin": round(report.margin, 4),
-        "stopped": report.stopped,
-        "versions": installed_versions(PACKAGES),
-        "memory_model": report.calibration.to_dict() if report.calibration is not None else None,
-        "prediction_error": prediction_error(report),
-    }
-    if report.fits:
-        fit, verified = report.chosen, report.verified
-        assert fit is not None and verified is not None  # a fit is verified
-        candidate = as_trained(fit.candidate, verified.observed or fit.result.observed)
-        data.update(
-            peak_bytes=max(verified.peak_bytes, fit.result.peak_bytes),
-            tokens_per_second=round(verified.tokens_per_second, 1),
-            generation_tokens_per_second=round(verified.generation_tokens_per_second, 1) or None,
-            rungs=list(candidate.rungs),
-            trades=trades(candidate, spec.max_length, memory_model.shape_or_none(spec.options.model)),
-            cost_class=report.levels[fit.level].cost,
-            config=candidate.training_args(),
-            config_class=verified.config_class,
-            model_args=model_args(candidate, verified.observed or fit.result.observed),
-            peft=_peft_dict(candidate),
-            quantization=_quantization_dict(candidate),
-            env=dict(candidate.env),
-            engine=engine_data(report, candidate, out_dir),
-            host_memory=host_memory_data(report, candidate),
-            phase_peaks=fit.result.phase_peaks,
-            probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
-            changes=user_file(report)[1] if spec.options.config else None,
-            verified={"steps": verified.steps, "peak_bytes": verified.peak_bytes, "phase_peaks": verified.phase_peaks,
-                      "outcome": verified.outcome.value, "stats": verified.stats},
-        )
-    else:
-        failure = report.lightest_failure()
-        data.update(peak_bytes=None, rungs=[], config=None,
-                    smallest_oom_peak_bytes=failure.result.peak_bytes if failure else None)
-    return data
-
-
-def prediction_error(report: SearchReport) -> Dict[str, Dict[str, Optional[float]]]:
-    """Relative error of the memory model's predictions against the measured peaks of probes that fitted:
-    before calibration (the prior alone) and as the search saw it (calibrated on the probes before each one)."""
-    measured = [r for r in report.records if r.result.fits and r.result.peak_bytes and not r.cached]
-
-    def errors(attribute: str) -> Dict[str, Optional[float]]:
-        values = [abs(getattr(r, attribute) - r.result.peak_bytes) / r.result.peak_bytes
-                  for r in measured if getattr(r, attribute) is not None]
-        if not values:
-            return {"mean": None, "max": None, "points": 0}
-        return {"mean": round(sum(values) / len(values), 4), "max": round(max(values), 4), "points": len(values)}
-
-    return {"prior": errors("prior_bytes"), "calibrated": errors("predicted_bytes")}
-
-
-def _outcome_cell(result, budget: Optional[int] = None, margin: float = 0.0) -> str:
-    """OOM with the phase that ran out (the optimizer step, generation, ...): where the memory went; a fit of the
-    budget that the margin rejected, with by how much."""
-    if result.outcome.value == "OOM" and result.error_phase:
-        return f"OOM in {result.error_phase}"
-    over = over_margin(result, budget, budget * (1 - margin)) if budget is not None else None
-    if over is not None:
-        return f"OK, over the margin by {format_size(over)}"
-    return result.outcome.value
-
-
-def table_text(report: SearchReport) -> str:
-    """One row per probe. tok/s is training throughput (prompt and completion tokens per second of whole steps);
-    for RL, gen tok/s is the generation phase alone (completion tokens per second of generation)."""
-    generation = any(r.result.generation_tokens_per_second for r in report.records)
-    header = ("#", "kind", "rungs", "candidate", "outcome", "peak", "tok/s") + (("gen tok/s",) if generation else ())
-    rows: List[Tuple[str, ...]] = [header]
-    for index, r in enumerate(report.records, 1):
-        row: Tuple[str, ...] = (
-            str(index), ("refine" if r.stage == "refine" else r.kind) + ("*" if r.cached else ""),
-            "+".join(r.candidate.rungs) or "baseline", r.candidate.describe(),
-            _outcome_cell(r.result, report.spec.budget_bytes, report.margin),
-            format_size(r.result.peak_bytes), f"{r.result.tokens_per_second:,.0f}" if r.result.fits else "-",
-        )
-        if generation:
-            rate = r.result.generation_tokens_per_second
-            row += (f"{rate:,.0f}" if r.result.fits and rate else "-",)
-        rows.append(row)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    if any(r.cached for r in report.records):
-        lines.append("* stored: measured by an earlier run of this search (same --out), not repeated")
-    if report.skipped:
-        lines.append("not probed, predicted over the budget even at the low end of the model's error band: "
-                     + "; ".join(f"{s.candidate.describe()} ({format_size(s.predicted_bytes)} ± {s.uncertainty:.0%})"
-                                 for s in report.skipped))
-    return "\n".join(lines)
-
-
-def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "best.json", "yaml": out_dir / "best.yaml"}
-    atomic_write_text(paths["json"], json.dumps(json_data(report, out_dir), indent=2, default=str) + "\n")
-    engine = exported_engine(report) if report.fits else None
-    if engine:
-        assert report.chosen is not None  # an engine is exported for a fit only
-        chosen = report.chosen.candidate
-        paths.update(write_engine_files(out_dir, engine, chosen.device, chosen.ranks, report.spec.options.nodes))
-    else:
-        remove_stale_engine_files(out_dir)
-    if report.fits:
-        atomic_write_text(paths["yaml"], yaml_text(report))
-        _build_trainable(report, out_dir)
-    else:
-        paths["yaml"].unlink(missing_ok=True)  # a stale answer from an earlier search would mislead
-    return paths

@@ -1,0 +1,34 @@
+"""The answer's files in the out folder: best.json, best.yaml, the engine's files beside them, and the checkpoint
+best.yaml names for a bundled model (built last, so that a cache that cannot take it leaves the answer written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict
+
+from autofit.core import atomic_write_text
+from autofit.export._engine import exported_engine
+from autofit.export._json import json_data
+from autofit.export._write import build_trainable, yaml_text
+from autofit.rungs import remove_stale_engine_files, write_engine_files
+from autofit.search import SearchReport
+
+
+def write(report: SearchReport, out_dir: Path) -> Dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "best.json", "yaml": out_dir / "best.yaml"}
+    atomic_write_text(paths["json"], json.dumps(json_data(report, out_dir), indent=2, default=str) + "\n")
+    engine = exported_engine(report) if report.fits else None
+    if engine:
+        assert report.chosen is not None  # an engine is exported for a fit only
+        chosen = report.chosen.candidate
+        paths.update(write_engine_files(out_dir, engine, chosen.device, chosen.ranks, report.spec.options.nodes))
+    else:
+        remove_stale_engine_files(out_dir)
+    if report.fits:
+        atomic_write_text(paths["yaml"], yaml_text(report))
+        build_trainable(report, out_dir)
+    else:
+        paths["yaml"].unlink(missing_ok=True)  # a stale answer from an earlier search would mislead
+    return paths

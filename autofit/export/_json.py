@@ -1,0 +1,141 @@
+"""best.json: the answer structured, with what was measured, every probe, what was skipped and how far the memory
+model's predictions were from the measured peaks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from autofit import memory_model
+from autofit.core import RL_ALGOS, Candidate, first_gpu, installed_versions
+from autofit.export._engine import engine_data, host_memory_data
+from autofit.export._words import trades
+from autofit.export._write import as_trained, model_args, targets, user_file
+from autofit.search import STUDY_FILE, SearchReport
+
+PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "optuna")
+
+
+def _peft_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
+    if candidate.lora is None:
+        return None
+    return {"type": "lora", "r": candidate.lora.r, "lora_alpha": candidate.lora.alpha,
+            "lora_dropout": candidate.lora.dropout, "target_modules": targets(candidate.lora.target_modules)}
+
+
+def _quantization_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
+    if candidate.quantization == "8bit":
+        return {"load_in_8bit": True}
+    if candidate.quantization == "4bit":
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
+    return None
+
+
+def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str, Any]:
+    spec = report.spec
+    gpu = first_gpu() if spec.device == "cuda" else None
+    data: Dict[str, Any] = {
+        "fits": report.fits,
+        "model": spec.options.model,
+        "algo": spec.options.algo,
+        "device": spec.device,
+        "gpu": gpu.name if gpu else None,
+        "budget_bytes": spec.budget_bytes,
+        "probes": report.probes_total,
+        "probes_this_run": report.probes_run,
+        "search": {
+            "maximize": spec.options.maximize,
+            "effective_batch": spec.options.effective_batch,
+            "max_length": spec.max_length,
+            "min_length": spec.min_length,
+            "ladder": [rung for state in report.levels[:report.ladder_len] for rung in state.rungs[-1:]],
+            "probe_steps": spec.options.probe_steps,
+            "verify_steps": spec.options.verify_steps,
+            "prompt_length": spec.options.max_prompt_length if spec.options.algo in RL_ALGOS else None,
+        },
+        "notes": report.notes,
+        "request": spec.options.record(),
+        "study": {"name": spec.study_name(), "journal": STUDY_FILE},
+        "candidates": [
+            {
+                "kind": r.kind,
+                "rungs": list(r.candidate.rungs),
+                "candidate": r.candidate.describe(),
+                "outcome": r.result.outcome.value,
+                "peak_bytes": r.result.peak_bytes,
+                "tokens_per_second": round(r.result.tokens_per_second, 1),
+                "error": r.result.error or None,
+                "error_phase": r.result.error_phase or None,
+                "fault": r.result.fault or None,
+                "origin": r.result.origin or None,
+                "log": r.result.log_path or None,
+                "generation_tokens_per_second": round(r.result.generation_tokens_per_second, 1) or None,
+                "predicted_bytes": round(r.predicted_bytes) if r.predicted_bytes is not None else None,
+                "prior_predicted_bytes": round(r.prior_bytes) if r.prior_bytes is not None else None,
+                "stored": r.cached,
+                "stage": r.stage,
+            }
+            for r in report.records
+        ],
+        "skipped": [
+            {
+                "rungs": list(s.candidate.rungs),
+                "candidate": s.candidate.describe(),
+                "predicted_bytes": round(s.predicted_bytes),
+                "uncertainty": round(s.uncertainty, 4),
+            }
+            for s in report.skipped
+        ],
+        "margin": round(report.margin, 4),
+        "stopped": report.stopped,
+        "versions": installed_versions(PACKAGES),
+        "memory_model": report.calibration.to_dict() if report.calibration is not None else None,
+        "prediction_error": prediction_error(report),
+    }
+    if report.fits:
+        fit, verified = report.chosen, report.verified
+        assert fit is not None and verified is not None  # a fit is verified
+        candidate = as_trained(fit.candidate, verified.observed or fit.result.observed)
+        data.update(
+            peak_bytes=max(verified.peak_bytes, fit.result.peak_bytes),
+            tokens_per_second=round(verified.tokens_per_second, 1),
+            generation_tokens_per_second=round(verified.generation_tokens_per_second, 1) or None,
+            rungs=list(candidate.rungs),
+            trades=trades(candidate, spec.max_length, memory_model.shape_or_none(spec.options.model)),
+            cost_class=report.levels[fit.level].cost,
+            config=candidate.training_args(),
+            config_class=verified.config_class,
+            model_args=model_args(candidate, verified.observed or fit.result.observed),
+            peft=_peft_dict(candidate),
+            quantization=_quantization_dict(candidate),
+            env=dict(candidate.env),
+            engine=engine_data(report, candidate, out_dir),
+            host_memory=host_memory_data(report, candidate),
+            phase_peaks=fit.result.phase_peaks,
+            probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
+            changes=user_file(report)[1] if spec.options.config else None,
+            verified={"steps": verified.steps, "peak_bytes": verified.peak_bytes, "phase_peaks": verified.phase_peaks,
+                      "outcome": verified.outcome.value, "stats": verified.stats},
+        )
+    else:
+        failure = report.lightest_failure()
+        data.update(peak_bytes=None, rungs=[], config=None,
+                    smallest_oom_peak_bytes=failure.result.peak_bytes if failure else None)
+    return data
+
+
+def prediction_error(report: SearchReport) -> Dict[str, Dict[str, Optional[float]]]:
+    """Relative error of the memory model's predictions against the measured peaks of probes that fitted:
+    before calibration (the prior alone) and as the search saw it (calibrated on the probes before each one)."""
+    measured = [r for r in report.records if r.result.fits and r.result.peak_bytes and not r.cached]
+
+    def errors(attribute: str) -> Dict[str, Optional[float]]:
+        values = [abs(getattr(r, attribute) - r.result.peak_bytes) / r.result.peak_bytes
+                  for r in measured if getattr(r, attribute) is not None]
+        if not values:
+            return {"mean": None, "max": None, "points": 0}
+        return {"mean": round(sum(values) / len(values), 4), "max": round(max(values), 4), "points": len(values)}
+
+    return {"prior": errors("prior_bytes"), "calibrated": errors("predicted_bytes")}
+
+
