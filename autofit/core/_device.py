@@ -47,6 +47,19 @@ def first_gpu() -> Optional[GpuInfo]:
         return None
 
 
+def driver_version() -> Optional[str]:
+    """The NVIDIA driver's version as NVML says it (a driver update can change what a probe's context takes)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception as exc:  # noqa: BLE001 - NVML raises its own types: no driver, no library
+        log.debug("no driver version through NVML: %s", exc)
+        return None
+
+
 class NoCudaDeviceError(ValueError):
     pass
 

@@ -12,15 +12,18 @@ not the module it was found in, so a script's factory resumes whether it ran as 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import io
 import logging
+import os
 import re
 import sys
 import types
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple, Union
+from pathlib import Path
+from typing import Callable, Dict, Iterator, Optional, Tuple, Union
 
 from autofit.core import FACTORIES, InputError
 
@@ -80,7 +83,10 @@ def _code_digest(code: types.CodeType, digest) -> None:
 
 
 def identity(factory: Callable) -> str:
-    """Qualified name and a hash of the code: the same function wherever it was imported from."""
+    """Qualified name and a hash of the code: the same function wherever it was imported from. The hash takes in
+    the source file the function was written in (the helpers it calls, the module's globals) and every file its
+    code names that exists (a data file it loads: its size and modification time), so that editing any of them
+    measures again."""
     name = getattr(factory, "__qualname__", type(factory).__qualname__)
     code = (getattr(factory, "__code__", None)
             or getattr(getattr(factory, "__call__", None), "__code__", None))  # noqa: B004 - reads __call__'s code
@@ -88,7 +94,29 @@ def identity(factory: Callable) -> str:
         return name
     digest = hashlib.sha1()
     _code_digest(code, digest)
+    _files_digest(code, digest)
     return f"{name}@{digest.hexdigest()[:12]}"
+
+
+def _named_files(code: types.CodeType) -> Iterator[str]:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _named_files(const)
+        elif isinstance(const, str) and 0 < len(const) < 4096 and "\n" not in const and "\0" not in const:
+            yield const
+
+
+def _files_digest(code: types.CodeType, digest) -> None:
+    """The factory's source file's content, and the size and modification time of each file its code names."""
+    source = code.co_filename
+    if source and not source.startswith("<"):
+        with contextlib.suppress(OSError):
+            digest.update(Path(source).read_bytes())
+    for named in sorted(set(_named_files(code))):
+        with contextlib.suppress(OSError, ValueError):
+            if os.path.isfile(named):
+                info = os.stat(named)
+                digest.update(f"{named}:{info.st_size}:{info.st_mtime_ns}".encode())
 
 
 def _pickle(factory: Callable, name: str) -> bytes:

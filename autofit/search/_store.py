@@ -37,6 +37,7 @@ from autofit.core import (
     installed_versions,
     resolve_model,
 )
+from autofit.core._device import driver_version
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +102,26 @@ def quiet_optuna() -> Iterator[None]:
 
 
 # What a probe's peak depends on beyond its candidate: libraries whose code allocates what is measured.
-MEASURING_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "deepspeed")
+MEASURING_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "deepspeed",
+                      "flash-attn", "liger-kernel", "triton", "trl-autofit")  # autofit itself: its probes and meters
+# The allocator's environment: each can change a peak (expandable segments, caching off, a per-process fraction).
+ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+                       "PYTORCH_HIP_ALLOC_CONF")
 
 
-def fingerprint(model_config: Dict[str, object], device: str, gpu: Optional[str] = None) -> str:
+def fingerprint(model_config: Dict[str, object], device: str, gpu: Optional[str] = None,
+                driver: Optional[str] = None) -> str:
     """What a stored probe was measured on besides its candidate: the model's configuration (its content, not its
-    name or path), the installed versions of the libraries that allocate, the device. A stored result with another
-    fingerprint is not reused."""
-    data = {"config": model_config, "versions": installed_versions(MEASURING_PACKAGES), "device": device, "gpu": gpu}
+    name or path), the installed versions of the libraries that allocate (autofit's own, flash-attn, liger-kernel and
+    triton included), the allocator's environment variables, the device and the GPU's driver. A stored result with
+    another fingerprint is not reused."""
+    data: Dict[str, object] = {"config": model_config, "versions": installed_versions(MEASURING_PACKAGES),
+                               "device": device, "gpu": gpu}
+    allocator = {name: os.environ[name] for name in ALLOCATOR_VARIABLES if name in os.environ}
+    if allocator:
+        data["allocator"] = allocator
+    if driver:
+        data["driver"] = driver
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -120,7 +133,8 @@ def measured_on(spec: SearchSpec) -> str:
     except UnknownModelError:  # a factory's own model: the study's name has the factory
         config = {"model": spec.options.model}
     gpu = first_gpu() if spec.device == "cuda" else None
-    return fingerprint(config, spec.device, gpu.name if gpu else None)
+    return fingerprint(config, spec.device, gpu.name if gpu else None,
+                       driver_version() if spec.device == "cuda" else None)
 
 
 class _NamedJournal(JournalFileBackend):
