@@ -17,6 +17,7 @@ class ActivationOffload(RungBase):
     probe_step = "autofit.probe._steps:ActivationOffloadStep"
     help = "activation_offloading=True: saved activations wait in host memory for the backward pass (SFT, reward)"
     alternative_to = ("checkpointing",)
+    host_memory = "offloaded activations"
     trade_text = ("activation offloading: saved activations wait in host memory for the backward pass, the same "
                   "math; slower steps where the copies do not overlap the compute, and pinned host RAM")
     key_comments = {"activation_offloading": "activation-offload: saved activations wait in host memory for the "

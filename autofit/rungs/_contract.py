@@ -10,7 +10,9 @@ optional with a default in ``RungBase``:
   imports (what the child does before the trainer is built, around training, and what it reads back);
 - its ledger effect: ``ledger(terms, candidate)`` over the memory model's terms, or ``band``, the error band of a
   rung the memory model does not describe;
-- what it needs to run: ``unavailable(device)``, the reason it is left out on this machine, said once.
+- what it needs to run: ``unavailable(device)``, the reason it is left out on this machine, said once; and
+  ``host_memory``, what it keeps in host memory in words ("offloaded states"), which has the search check the
+  machine's available RAM before any probe.
 
 The stages read these from the rung (``rung_named``), never from a table keyed by rung names. A rung of another
 package is found through the ``autofit.rungs`` entry point group and has the powers of a built-in.
@@ -37,6 +39,8 @@ class RungBase:
     probe_step: Optional[str] = None  # "module:attribute" of a ProbeStep, imported in the probe's child only
     # -- ledger -----------------------------------------------------------------------------------------------
     band: Optional[float] = None  # not modelled: the memory model's error band for a candidate with this rung
+    # -- needs ------------------------------------------------------------------------------------------------
+    host_memory: str = ""  # what it keeps in host memory, in words ("": nothing): RAM checked before probing
 
     def apply(self, state: Any) -> Any:  # pragma: no cover - every rung has its own
         raise NotImplementedError

@@ -23,6 +23,7 @@ class OptimizerOffload(RungBase):
                   "memory, the same math; slower steps and pinned host RAM")
 
     runs_an_engine = True  # its own DeepSpeed or FSDP configuration: not beside one of the user's
+    host_memory = "offloaded states"
 
     def __init__(self, engine: str = ZERO2_OFFLOAD, on_simulated_device: bool = False):
         self.engine = engine

@@ -50,6 +50,7 @@ class Sharding(RungBase):
         self.name = name
         self.help = HELP[name]
         self.trade_text = TRADES[name]
+        self.host_memory = "offloaded shards" if name in OFFLOADING else ""
 
     def unavailable(self, device: str) -> Optional[str]:
         if device == "cpu" and self.name != "fsdp2":

@@ -10,7 +10,7 @@ import logging
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from autofit.core import Candidate, format_size
-from autofit.rungs import OFFLOAD_RUNG, LadderState, Rung, climb, usable_rungs
+from autofit.rungs import LadderState, Rung, climb, usable_rungs
 
 if TYPE_CHECKING:
     from autofit.memory_model import ModelShape
@@ -30,9 +30,6 @@ def available_host_bytes(meminfo: str = "/proc/meminfo") -> Optional[int]:
     return None
 
 
-ACTIVATION_OFFLOAD_RUNG = "activation-offload"
-
-
 def _least_need(candidate: Candidate, shape: ModelShape, device: str) -> float:
     """The least host memory a level can get by with: optimizer offload with gradient accumulation where the
     effective batch can be split (its fp32 buffer counted), offloaded activations at micro-batch 1."""
@@ -45,15 +42,15 @@ def _least_need(candidate: Candidate, shape: ModelShape, device: str) -> float:
 
 def host_shortfalls(start: LadderState, rungs: Sequence[Rung], shape: Optional[ModelShape], device: str,
                     available: Optional[int] = None) -> List[Tuple[str, str]]:
-    """(rung, note) for each offloading rung whose levels need more host memory than is available, even at their
-    smallest micro-batch; empty when they fit (or nothing offloads, or the sizes or the machine's RAM are unknown)."""
+    """(rung, note) for each offloading rung (one with ``host_memory`` words) whose levels need more host memory than
+    is available, even at their smallest micro-batch, in the ladder's order; empty when they fit (or nothing offloads,
+    or the sizes or the machine's RAM are unknown)."""
     if shape is None:
         return []
     available = available if available is not None else available_host_bytes()
     rungs = list(rungs)
     found: List[Tuple[str, str]] = []
-    for name, what in ((ACTIVATION_OFFLOAD_RUNG, "offloaded activations"), (OFFLOAD_RUNG, "offloaded states"),
-                       ("fsdp2-offload", "offloaded shards"), ("zero3-offload", "offloaded shards")):
+    for name, what in [(rung.name, what) for rung in rungs if (what := getattr(rung, "host_memory", ""))]:
         needs = [_least_need(state.candidate, shape, device) for state in climb(start, rungs) if name in state.rungs]
         if not needs or available is None or min(needs) <= available:
             continue
