@@ -84,6 +84,16 @@ def test_the_comment_is_the_rung_s_and_what_no_rung_decided_is_said_by_key():
     assert why("dtype", candidate.replace(dtype="bfloat16"), ASKED, "batch") == "--dtype"
 
 
+def test_a_4_bit_base_says_quant_4bit_though_the_level_climbed_the_8_bit_rung_first():
+    from autofit.rungs import climb, resolve_ladder
+
+    level = climb(_bases()[0], resolve_ladder(["quant-8bit", "quant-4bit"]))[-1]
+    assert level.rungs == ("quant-8bit", "quant-4bit") and level.candidate.quantization == "4bit"
+    said = {key: why(key, level.candidate, ASKED, "batch") for key in ("load_in_4bit", "bnb_4bit_quant_type", "lora_r")}
+    assert said == {"load_in_4bit": "quant-4bit", "bnb_4bit_quant_type": "quant-4bit",
+                    "lora_r": "quant-8bit"}  # the 8-bit rung brought the LoRA
+
+
 class _Padding:
     """A rung of another package's, with words of its own and no RungBase."""
 

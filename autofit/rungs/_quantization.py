@@ -36,5 +36,8 @@ class QuantizedBase(RungBase):
         return state.with_rung(self, candidate_changes=changes)
 
     def comment(self, key: str, candidate: Candidate) -> Optional[str]:
-        """Its bitsandbytes keys, and the LoRA it brings where no LoRA rung came before."""
-        return self.name if key.startswith(QUANTIZATION_KEYS + LORA_KEYS) else None
+        """Its bitsandbytes keys where the base is quantized to its bits (the 4-bit level climbed the 8-bit rung
+        too), and the LoRA it brings where no LoRA rung came before."""
+        if key.startswith(QUANTIZATION_KEYS):
+            return self.name if candidate.quantization == f"{self.bits}bit" else None
+        return self.name if key.startswith(LORA_KEYS) else None
