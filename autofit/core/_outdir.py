@@ -126,9 +126,28 @@ def check_owned(out_dir: Path) -> None:
     if info.st_mode & 0o002:
         raise InputError(f"--out {out_dir} can be written by every user (mode {oct(info.st_mode & 0o777)}): use a "
                          "folder others cannot write to, e.g. chmod o-w it")
+    if info.st_mode & 0o020 and _shared_group(info.st_gid):
+        raise InputError(f"--out {out_dir} can be written by its group (gid {info.st_gid}, which has other users; "
+                         f"mode {oct(info.st_mode & 0o777)}): use a folder others cannot write to, e.g. chmod g-w it")
     for name in ("study.journal", "probes"):
         if (out_dir / name).is_symlink():
             raise InputError(f"--out {out_dir}: {name} is a symbolic link; autofit does not write through links")
+
+
+def _shared_group(gid: int) -> bool:
+    """A group other users are in (a user's own private group, the usual with umask 002, is not)."""
+    import grp
+    import pwd
+
+    if gid != os.getegid():
+        return True
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        members = set(grp.getgrgid(gid).gr_mem) - {me}
+        primary = {user.pw_name for user in pwd.getpwall() if user.pw_gid == gid} - {me}
+    except KeyError:
+        return False
+    return bool(members or primary)
 
 
 def _rewrite(fd: int, data: Dict[str, Any]) -> None:
@@ -229,14 +248,68 @@ def kill_orphan_probes(out_dir: Path) -> List[str]:
         pid, start = seen.get("pid"), seen.get("start")
         if isinstance(pid, int) and pid > 1 and pid != os.getpid() and start is not None \
                 and process_start_ticks(pid) == start:
-            if writes_probe_log(pid, pid_file.parent):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            if _kill_proven_probe(pid, start, pid_file.parent):
                 notes.append(f"killed probe pid {pid} ({pid_file.parent.name}), left running by an earlier search")
             else:
                 log.info("%s names pid %d, which is not a probe of %s: left alone", pid_file, pid, out_dir)
         pid_file.unlink(missing_ok=True)
     return notes
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    """A handle on the process itself (``pidfd_open``): a signal sent through it never reaches a process that
+    reused the pid after the checks."""
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):  # gone, or not Linux 5.3+: the pid is checked right before the signal instead
+        return None
+
+
+def _send_kill(pid: int, handle: Optional[int]) -> None:
+    with contextlib.suppress(ProcessLookupError, OSError):
+        if handle is not None:
+            signal.pidfd_send_signal(handle, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> List[int]:
+    """The processes ``pid`` started, and theirs (a probe's data loaders, its generation server's workers)."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
+
+
+def _kill_proven_probe(pid: int, start: int, probe_dir: Path) -> bool:
+    """Kill ``pid`` and the processes it started, only where it is still the process that started at ``start`` and
+    holds ``probe_dir``'s log open for writing: checked through a handle on the process taken first, so the check and
+    the kill are about the same process."""
+    handle = _pidfd(pid)
+    try:
+        if process_start_ticks(pid) != start or not writes_probe_log(pid, probe_dir):
+            return False
+        family = [(child, _pidfd(child)) for child in _descendants(pid)]
+        _send_kill(pid, handle)
+        for child, child_handle in family:
+            _send_kill(child, child_handle)
+            if child_handle is not None:
+                os.close(child_handle)
+        return True
+    finally:
+        if handle is not None:
+            os.close(handle)
 
 
 def writes_probe_log(pid: int, probe_dir: Path) -> bool:
@@ -249,7 +322,15 @@ def writes_probe_log(pid: int, probe_dir: Path) -> bool:
     except OSError:
         return False
     for fd in descriptors:
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == wanted:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == wanted and _open_for_writing(pid, fd):
                 return True
+    return False
+
+
+def _open_for_writing(pid: int, fd: str) -> bool:
+    """The descriptor was opened to write (a probe writes its log; a ``tail -f`` or an editor reading it does not)."""
+    for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines():
+        if line.startswith("flags:"):
+            return int(line.split()[1], 8) & 0o3 in (os.O_WRONLY, os.O_RDWR)
     return False
