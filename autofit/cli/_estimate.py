@@ -21,6 +21,7 @@ from autofit.core import (
     SearchOptions,
     SearchSpec,
     add_options,
+    algorithm,
     format_size,
     given_values,
     one_line,
@@ -212,6 +213,8 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
             f"± {format_size(expected.ledger.total * expected.ledger.uncertainty)} of {format_size(budget)}; "
             f"{_views(expected.ledger, spec.device)}"
         )
+        if algorithm(spec.options.algo).rl:  # generation and training peak apart: the update's phases, in order
+            lines.append(f"  {_phases_line(expected.ledger, algorithm(spec.options.algo).phases, unit, scale)}")
         if result.dropped:
             lines.append(f"  without {', '.join(result.dropped)}: the level is predicted to fit without "
                          + ("it" if len(result.dropped) == 1 else "them") + " at the same micro-batch and length, "
@@ -219,6 +222,14 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
         if expected.ledger.host:
             lines.append(f"  {_host_line(expected.ledger.host)}")
     return "\n".join(lines)
+
+
+def _phases_line(ledger: Ledger, phases: Sequence[str], unit: str, scale: float) -> str:
+    """The ledger's total at each phase of a step, in the order a step goes through them."""
+    known = [name for name in phases if name in ledger.phase_totals]
+    known += [name for name in ledger.phase_totals if name not in known]
+    cells = ", ".join(f"{name} {ledger.phase_totals[name] / scale:.2f}" for name in known)
+    return f"by phase ({unit}): {cells}; the peak is {ledger.phase}"
 
 
 def _host_line(needed: float) -> str:
