@@ -87,7 +87,8 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     active: float = counts.linear - counts.experts
     if counts.experts and shape.experts:
         active += counts.experts * shape.experts_per_token / shape.experts
-    head = counts.lm_head or (counts.embedding if shape.tied_embeddings and candidate.algo != "reward" else 0)
+    tied_head = shape.tied_embeddings and not candidate.unit.sequence_classifier  # a reward model has no LM head
+    head = counts.lm_head or (counts.embedding if tied_head else 0)
     frozen_base = candidate.lora is not None or candidate.quantization is not None
     seq = sequence_length(candidate)
     rows = sequences_per_micro_batch(candidate) * seq  # tokens of one micro-batch
