@@ -55,3 +55,20 @@ def test_card_names_and_calibration():
     assert calibrated_scale([(1.0, 2.0), (2.0, 4.0)]) == pytest.approx(2.0)
     assert calibrated_scale([]) is None
     assert speed(BASE).scaled(2.0).seconds_per_step == pytest.approx(2 * speed(BASE).seconds_per_step)
+
+
+def test_estimate_prints_each_levels_speed_on_a_named_card(capsys):
+    from autofit.cli import main
+
+    assert main(["estimate", "--model", "Qwen/Qwen2.5-7B", "--algo", "sft", "--gpu-memory", "H100"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("lvl"))
+    assert header.split()[-1] == "tok/s"
+    assert "speed on one H100 (NVIDIA H100 SXM5 datasheet" in out
+    fastest = next(line for line in out.splitlines() if line.startswith("fastest predicted fit: level"))
+    assert "tok/s" in fastest and "s per optimizer step" in fastest
+    # a size names no card: no speed, and the line says how to get one
+    assert main(["estimate", "--model", "Qwen/Qwen2.5-7B", "--algo", "sft", "--gpu-memory", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s" not in next(line for line in out.splitlines() if line.startswith("lvl"))
+    assert "speed: name a card" in out

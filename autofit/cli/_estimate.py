@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from autofit.cli._speed import level_speeds, speed_cell, speed_lines
 from autofit.core import (
     DEFAULT_ALGO,
     ESTIMATE,
@@ -172,8 +173,10 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     header = (["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in COLUMNS]
               + ["peak", "±", "phase", "fits"])
     header += ["host"] if host else []
+    speeds = level_speeds(spec, shape, result.levels)
+    header += ["tok/s"] if speeds else []
     rows = []
-    for level in result.levels:
+    for index, level in enumerate(result.levels):
         ledger, candidate = level.ledger, level.candidate
         cells = [str(level.level), ("+" + level.rungs[-1]) if level.rungs else "baseline",
                  f"{candidate.micro_batch}x{candidate.grad_accum}", str(candidate.max_length)]
@@ -181,6 +184,7 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
         cells += [f"{ledger.total / scale:.2f}", f"{ledger.total * ledger.uncertainty / scale:.2f}", ledger.phase,
                   _fits_cell(ledger, budget)]
         cells += [f"{ledger.host / scale:.2f}" if ledger.host else "-"] if host else []
+        cells += [speed_cell(speeds[index])] if speeds else []
         rows.append(cells)
     widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
     left = {1, header.index("phase")}  # rungs and phase read better left-aligned
@@ -195,6 +199,7 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     if host:
         lines.append("host: host memory (pinned RAM) offloaded optimizer states and activations take, not counted in "
                      "the device's peak")
+    lines += speed_lines(spec, result.levels, speeds)
     lines.append("")
     expected = result.expected
     if expected is None:
