@@ -168,3 +168,12 @@ def test_the_parser_child_never_opens_the_users_path(tmp_path):
     with pytest.raises(InputError, match="gone.yaml must contain a YAML mapping"):
         _parse(missing, "sft", "- a list\n")
     assert not Path(missing).exists()
+
+
+def test_a_file_the_writer_of_best_yaml_cannot_read_is_refused_before_any_probe(tmp_path, capsys):
+    """Two merge keys in one mapping: TRL's parser (PyYAML) reads it, ruamel.yaml, which writes best.yaml back as the
+    user's file, refuses it (DuplicateKeyError after every probe had run)."""
+    path = tmp_path / "merges.yaml"
+    path.write_text(SFT + "a: &a {dtype: bfloat16}\nb: &b {device_map: auto}\nmodel_init_kwargs:\n  <<: *a\n  <<: *b\n")
+    err = refused(capsys, path)
+    assert "ruamel.yaml, which writes best.yaml back" in err and 'duplicate merge key "<<"' in err

@@ -117,6 +117,7 @@ def check_yaml(path: str, text: str) -> None:
         raise InputError(f"--config {path}: its YAML aliases expand to {total:,} values, more than the "
                          f"{MAX_VALUES:,} autofit reads (an alias bomb?)")
     _no_duplicate_keys(path, text)
+    _writable_back(path, text)
 
 
 def _values(node: yaml.Node, counts: Dict[int, int], open_nodes: Set[int], path: str) -> int:
@@ -172,3 +173,25 @@ def _no_duplicate_keys(path: str, text: str) -> None:
         raise InputError(f"--config {path}: the key {one_line(exc)}") from None
     except (yaml.YAMLError, RecursionError, ValueError, TypeError):
         return  # TRL's parser gives its own message
+
+
+def _writable_back(path: str, text: str) -> None:
+    """best.yaml is the user's file edited by ruamel.yaml's round-trip loader, which refuses some files TRL's parser
+    reads (two merge keys in one mapping): refused before any probe, not after all of them."""
+    import warnings
+
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError, YAMLFutureWarning
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", YAMLFutureWarning)
+            YAML().load(text)
+    except YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise InputError(f"--config {path}: ruamel.yaml, which writes best.yaml back as your file, cannot read it: "
+                         f"{one_line(problem)}{where}") from None
+    except (RecursionError, ValueError, TypeError):
+        return
