@@ -161,11 +161,16 @@ def _write_random_checkpoint(config: Dict, folder: Path, code_from: Optional[str
 FILLED = "filled-text"  # the trainable checkpoint's kind: finite weights, the byte-level tokenizer
 
 
+def trainable_folder(config: Dict, name: str) -> Path:
+    """Where ``trainable_checkpoint`` writes ``name``'s checkpoint (best.yaml names it before it is written)."""
+    return checkpoint_folder(config, name + "-filled")
+
+
 def trainable_checkpoint(config: Dict, name: str) -> Path:
     """A checkpoint of a bundled toy model (one without a hub id) with finite values stored, for the user's own
     training run after the search: written once, beside the weightless one the probes load, by a child process
     (the search process never imports torch)."""
-    folder = checkpoint_folder(config, name + "-filled")
+    folder = trainable_folder(config, name)
     problem = entry_problem(folder, _entry_key(config, FILLED))
     if problem is not None:
         if os.path.lexists(folder):
@@ -206,7 +211,7 @@ def write_trainable_checkpoint(config: Dict, name: str) -> Path:
         model.save_pretrained(folder)
         text_tokenizer(config).save_pretrained(folder)
 
-    return cache_entry(checkpoint_folder(config, name + "-filled"), _entry_key(config, FILLED), build)
+    return cache_entry(trainable_folder(config, name), _entry_key(config, FILLED), build)
 
 
 def load_tokenizer(candidate: Candidate, **kwargs):

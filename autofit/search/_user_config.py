@@ -165,7 +165,7 @@ _FILE_KEYS = {"max_length": "max_length", "max_completion_length": "max_completi
 def _check_file_values(user: UserConfig, from_file: Dict[str, Any], given: Dict[str, Any]) -> None:
     """The values the file gives the search's options, checked as the options would check them but named as the
     file's keys (``per_device_train_batch_size: -4`` was "--effective-batch -8 is not valid")."""
-    from autofit.core._options import FIELDS
+    from autofit.core import FIELDS
 
     for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         value = user.training.get(key)
