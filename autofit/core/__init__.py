@@ -9,7 +9,15 @@ Nothing here imports another part of autofit: every other package builds on it.
 from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, Algorithm, algorithm, algorithm_names, ppo_available
 from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, LoraSettings, ProbeSettings
 from autofit.core._compat import checkpointing_field, exempt_phases, installed, installed_versions, vllm_installed
-from autofit.core._device import GpuInfo, NoCudaDeviceError, first_gpu, resolve_device, resolve_gpus, visible_gpu_count
+from autofit.core._device import (
+    GpuInfo,
+    NoCudaDeviceError,
+    driver_version,
+    first_gpu,
+    resolve_device,
+    resolve_gpus,
+    visible_gpu_count,
+)
 from autofit.core._errors import InputError
 from autofit.core._files import (
     atomic_write_text,
@@ -19,6 +27,7 @@ from autofit.core._files import (
     clip,
     entry_problem,
     one_line,
+    read_own_file,
 )
 from autofit.core._options import (
     DEVICES,
@@ -64,7 +73,7 @@ __all__ = [
     "ProbeSettings", "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir", "clip",
     "checkpointing_field", "classify_exception", "classify_exit", "disturbed", "error_origin", "exclusive",
     "exempt_phases", "first_gpu", "format_size", "free_bytes", "installed", "installed_versions", "needs_own_code",
-    "one_line",
+    "one_line", "driver_version", "read_own_file",
     "other_processes", "others_bytes", "parse_size", "ppo_available", "record_probe_process", "resolve_device",
     "resolve_gpus", "resolve_model", "user_file", "visible_gpu_count", "vllm_installed",
 ]

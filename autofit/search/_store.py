@@ -33,11 +33,11 @@ from autofit.core import (
     SearchSpec,
     UnknownModelError,
     atomic_write_text,
+    driver_version,
     first_gpu,
     installed_versions,
     resolve_model,
 )
-from autofit.core._device import driver_version
 
 log = logging.getLogger(__name__)
 
