@@ -29,7 +29,7 @@ TRAIN_FROM = $(if $(filter file,$(origin OUT)),$(if $(wildcard $(OUT)/best.yaml)
 TRAIN_OUT ?= $(TRAIN_FROM)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public
+.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -43,8 +43,10 @@ help:
 	@echo "                   train with TRL on OUT/best.yaml (trl ALGO --config ...); without OUT, the search's"
 	@echo "                   answer (autofit-out/search), or the demo's (autofit-out/demo) where only the demo ran"
 	@echo "  make demo        a real search on the bundled tiny model, on the CPU"
-	@echo "  make test        ruff, mypy and the test suite (make lint: ruff and mypy; make test-fast: without real"
-	@echo "                   training; make bench: the benchmarks)"
+	@echo "  make test        ruff, mypy, the test suite and every benchmark in its quick mode (make lint: ruff and"
+	@echo "                   mypy; make test-fast: without real training; make bench: the benchmarks)"
+	@echo "  make bench [QUICK=1]  the benchmarks, writing docs/benchmarks.md; QUICK=1 (any bench target): one small"
+	@echo "                   workload each, nothing written (make bench-quick: all of them so, as make test runs them)"
 	@echo "  make bench-families  the memory model against the CPU meter, family by family (docs/benchmarks.md)"
 	@echo "  make bench-offload   optimizer offload against the quality rungs where it is the answer (docs/benchmarks.md)"
 	@echo "  make bench-activation-offload  activation offloading against checkpointing, and its ledger (docs/benchmarks.md)"
@@ -84,9 +86,11 @@ demo: venv
 
 # ruff and mypy first (seconds); the floor environment and the PPO overlay install (network and disk) while the main
 # lane runs (CPU); then the PPO and floor lanes run side by side.
+# Then every benchmark in its quick mode (one small workload each), so that none breaks unseen.
 test: venv lint
 	$(MAKE) -j2 test-main $(FLOOR_VENV)/.installed $(PPO_OVERLAY)/.installed
 	$(MAKE) -j2 --output-sync=target test-ppo test-floor
+	$(MAKE) bench-quick
 
 # Two pytest workers: most of a probe's time is process start, imports and waiting on its subprocesses, so two
 # workers on this 2-core machine take about 12 minutes where one takes 17.
@@ -133,15 +137,22 @@ gpu-test: venv
 gpu-check: venv
 	$(BIN)/python -m benchmarks.gpu_check --out $(GPU_CHECK_OUT) $(if $(SCENARIOS),--scenarios $(SCENARIOS))
 
-# autofit against auto_find_batch_size, doubling/bisection, decay and an exhaustive grid (benchmarks/README.md);
-# not part of `make test`. Writes docs/benchmarks.md; probes and results.json go to /tmp/autofit-bench-<time>/.
+# autofit against auto_find_batch_size, doubling/bisection, decay and an exhaustive grid (benchmarks/README.md).
+# Writes docs/benchmarks.md; probes and results.json go to /tmp/autofit-bench-<time>/. QUICK=1 (here and on every
+# bench-* target): one small workload each, to see that it runs; nothing is written. `make test` runs bench-quick.
+QUICK ?=
+BENCH_WRITE = $(if $(QUICK),--quick,--write docs/benchmarks.md)
 bench: venv
-	BENCH_COMMAND="make bench" $(BIN)/python -m benchmarks.run $(BENCH_ARGS)
-	$(BIN)/python -m benchmarks.offload --write docs/benchmarks.md
-	$(BIN)/python -m benchmarks.activation_offload --write docs/benchmarks.md
-	$(BIN)/python -m benchmarks.liger --write docs/benchmarks.md
-	$(BIN)/python -m benchmarks.weightless --write docs/benchmarks.md
-	$(BIN)/python -m benchmarks.public --write docs/benchmarks.md
+	BENCH_COMMAND="make bench" $(BIN)/python -m benchmarks.run $(if $(QUICK),--quick) $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.offload $(BENCH_WRITE)
+	$(BIN)/python -m benchmarks.activation_offload $(BENCH_WRITE)
+	$(BIN)/python -m benchmarks.liger $(BENCH_WRITE)
+	$(BIN)/python -m benchmarks.weightless $(BENCH_WRITE)
+	$(BIN)/python -m benchmarks.public $(BENCH_WRITE)
+
+# Every benchmark target the README and docs name, in its quick mode (make gpu-check needs CUDA: not here).
+bench-quick: QUICK = 1
+bench-quick: bench bench-families
 
 clean:
 	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY) $(FLOOR_VENV)
@@ -149,30 +160,30 @@ clean:
 # The memory model against the CPU meter for every decoder family (tiny configurations): the table in
 # docs/benchmarks.md between its "families" markers (about a minute).
 bench-families: venv
-	$(BIN)/python -m benchmarks.families --write docs/benchmarks.md
+	$(BIN)/python -m benchmarks.families $(BENCH_WRITE)
 
 # Optimizer offload where it is the answer (a full fine-tune that fits until its optimizer step), searched with and
 # without the rung on the CPU meter: the table between the "offload" markers of docs/benchmarks.md (part of bench).
 bench-offload: venv
-	$(BIN)/python -m benchmarks.offload --write docs/benchmarks.md
+	$(BIN)/python -m benchmarks.offload $(BENCH_WRITE)
 
 # Activation offloading against checkpointing on long sequences, and the ledger's error for it, on the CPU meter: the
 # tables between the "activation-offload" markers of docs/benchmarks.md (part of bench).
 bench-activation-offload: venv
-	$(BIN)/python -m benchmarks.activation_offload --write docs/benchmarks.md
+	$(BIN)/python -m benchmarks.activation_offload $(BENCH_WRITE)
 
 # Liger's kernels on the CPU meter, through a stand-in with their saved-tensor contract (the Triton kernels need a GPU):
 # the ledger's saving against the measured one, the table between the "liger" markers of docs/benchmarks.md.
 bench-liger: venv
-	$(BIN)/python -m benchmarks.liger --write docs/benchmarks.md
+	$(BIN)/python -m benchmarks.liger $(BENCH_WRITE)
 
 # The memory model against peaks published for the Hugging Face stack (shared/notes/public-measurements.md), each run
 # as its source states it (benchmarks/public/*.yaml, read with --config): the table between the "public" markers of
 # docs/benchmarks.md (part of bench; no probe, no GPU, about a minute).
 bench-public: venv
-	$(BIN)/python -m benchmarks.public --write docs/benchmarks.md
+	$(BIN)/python -m benchmarks.public $(BENCH_WRITE)
 
 # What a probe's checkpoint costs for the big bundled models (weightless: headers only; written in seconds): the
 # table between the "weightless" markers of docs/benchmarks.md (part of bench).
 bench-weightless: venv
-	$(BIN)/python -m benchmarks.weightless --write docs/benchmarks.md
+	$(BIN)/python -m benchmarks.weightless $(BENCH_WRITE)

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
-from benchmarks.page import table_main
+from benchmarks.page import quick, table_main
 
 MODELS = Path(__file__).resolve().parent / "models"
 CHECKPOINTING = ["micro-batch", "checkpointing"]
@@ -28,7 +28,13 @@ WORKLOADS = [
     ("qwen2 reward", "tiny-qwen2", "reward", 2048, 2, 200),
     ("gemma3 reward", str(MODELS / "tiny-gemma3"), "reward", 1024, 2, 220),
 ]
+# --quick: one short workload under a budget that holds it (the searches' paths and the ledger's, in seconds)
+QUICK_WORKLOADS = [("qwen2 reward", "tiny-qwen2", "reward", 256, 2, 1024)]
 MiB = 2**20
+
+
+def chosen() -> List:
+    return QUICK_WORKLOADS if quick() else WORKLOADS
 
 
 def search(model: str, algo: str, length: int, batch: int, budget_mib: int, ladder: List[str], out: Path) -> Dict:
@@ -45,7 +51,7 @@ def search(model: str, algo: str, length: int, batch: int, budget_mib: int, ladd
 def answers(root: Path) -> List[str]:
     lines = ["| workload | length | budget | ladder | answer | verified peak MiB | host MiB (measured / predicted) | "
              "tok/s | probes |", "|---|---:|---:|---|---|---:|---:|---:|---:|"]
-    for name, model, algo, length, batch, budget in WORKLOADS:
+    for name, model, algo, length, batch, budget in chosen():
         for label, ladder in (("checkpointing", CHECKPOINTING), ("+ activation offload", OFFLOADING)):
             row = search(model, algo, length, batch, budget, ladder, root / f"{name.replace(' ', '-')}-{length}-"
                                                                               f"{len(ladder)}")
@@ -68,7 +74,7 @@ def prediction_errors(root: Path) -> List[str]:
     lines = ["| model | algo | tokens | checkpointing | device peak MiB (measured / predicted) | error | "
              "host MiB (measured / predicted) | error |", "|---|---|---:|---|---:|---:|---:|---:|"]
     seen = set()
-    for _, model, algo, length, batch, _ in WORKLOADS:
+    for _, model, algo, length, batch, _ in chosen():
         for checkpointing in (False, True):
             point = (model, algo, length, checkpointing)
             if point in seen:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from benchmarks.page import table_main
+from benchmarks.page import quick, table_main
 
 ROOT = Path(__file__).resolve().parent.parent
 STAND_IN = ROOT / "tests" / "liger_stand_in"
@@ -26,6 +26,7 @@ WORKLOADS = [
     ("tiny-qwen2", "sft", 4, 512),
     (str(MODELS / "tiny-llama"), "reward", 2, 1024),
 ]
+QUICK_WORKLOADS = [("tiny-qwen2", "reward", 2, 256)]  # --quick: one small probe pair
 MiB = 2**20
 
 
@@ -38,9 +39,9 @@ def table(root: Path) -> str:
     lines: List[str] = [
         "| model | algo | tokens | training | peak without MiB (measured / predicted) | with Liger | saved MiB "
         "(measured / predicted) | modules patched |", "|---|---|---:|---|---:|---:|---:|---:|"]
-    for model, algo, batch, length in WORKLOADS:
+    for model, algo, batch, length in QUICK_WORKLOADS if quick() else WORKLOADS:
         factory = importlib.import_module(f"autofit.probe.algos.{algo}").build_trainer
-        for lora in (None, LoraSettings()):
+        for lora in (None,) if quick() else (None, LoraSettings()):
             peaks, predicted, patched = [], [], 0
             for liger in (False, True):
                 candidate = Candidate(algo=algo, model=model, device="cpu", micro_batch=batch, grad_accum=1,

@@ -53,7 +53,7 @@ class Workload:
     def factory(self) -> str:
         return FACTORIES[self.algo]
 
-    def spec(self, budget_bytes: int, out_dir: Path) -> SearchSpec:
+    def spec(self, budget_bytes: int, out_dir: Path, max_probes: Optional[int] = None) -> SearchSpec:
         extra: Dict[str, Any] = {}
         if self.num_generations is not None:
             extra["num_generations"] = self.num_generations
@@ -62,7 +62,7 @@ class Workload:
         length = "max_completion_length" if self.algo in RL_ALGOS else "max_length"
         options = SearchOptions(model=self.model, algo=self.algo, device="cpu", gpu_memory=budget_bytes,
                                 effective_batch=self.effective_batch, out_dir=out_dir, probe_steps=PROBE_STEPS,
-                                verify_steps=VERIFY_STEPS, probe_timeout_s=PROBE_TIMEOUT_S,
+                                verify_steps=VERIFY_STEPS, probe_timeout_s=PROBE_TIMEOUT_S, max_probes=max_probes,
                                 **{length: self.max_length}, **extra)
         return SearchSpec.plan(options, device="cpu", gpu_bytes=budget_bytes)
 
@@ -187,8 +187,7 @@ def levels_of(workload: Workload, budget_bytes: int, scratch: Path, log: Log):
 def run_autofit(workload: Workload, budget: int, workdir: Path, verifier: Verifier, log: Log,
                 max_probes: Optional[int] = None) -> MethodResult:
     """autofit as built; with ``max_probes``, the same search whose unused probes go to the Optuna refinement."""
-    spec = workload.spec(budget, workdir)
-    spec.options.max_probes = max_probes
+    spec = workload.spec(budget, workdir, max_probes)  # SearchSpec and its options are frozen: set when built
     name = "autofit" if max_probes is None else "autofit-refine"
     workdir.mkdir(parents=True, exist_ok=True)
     runner = CountingRunner(ProcessRunner(workload.factory, budget, workdir, PROBE_TIMEOUT_S), name, log)

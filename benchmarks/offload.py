@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
-from benchmarks.page import table_main
+from benchmarks.page import chosen, quick, table_main
 
 MODELS = Path(__file__).resolve().parent / "models"
 QUALITY = ["bf16-weights", "optimizer-8bit", "lora"]
@@ -41,8 +41,9 @@ def search(model: str, algo: str, budget_mib: int, ladder: List[str], out: Path)
 def table(root: Path) -> str:
     lines = ["| workload | budget | ladder | answer | verified peak MiB | host MiB (measured / predicted) | tok/s | "
              "probes |", "|---|---:|---|---|---:|---:|---:|---:|"]
-    for name, model, algo, budget in WORKLOADS:
-        for label, ladder in (("quality rungs", QUALITY), ("offload first", ["optimizer-offload"] + QUALITY)):
+    for name, model, algo, budget in chosen(WORKLOADS):
+        ladders = (("quality rungs", QUALITY), ("offload first", ["optimizer-offload"] + QUALITY))
+        for label, ladder in ladders[1:] if quick() else ladders:  # quick: the offloading search alone
             row = search(model, algo, budget, ladder, root / f"{name.replace(' ', '-')}-{len(ladder)}")
             engine = row["engine"] or {}
             host = (f"{engine['host_bytes'] / MiB:.1f} / {engine['host_bytes_predicted'] / MiB:.1f}"

@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -25,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODELS = Path(__file__).resolve().parent / "models"
 MiB = 2**20
 REFINE_PROBES = 8  # --max-probes of the refining autofit variant
+QUICK_REFINE_PROBES = 3  # the same in the quick run
 
 NOTES_MARKER = ("<!-- hand-written notes: benchmarks/run.py keeps everything below this line when it rewrites "
                 "the file -->")
@@ -46,6 +48,14 @@ def workloads():
         # gradients stay resident during the next micro-batch) needs more memory than the full batch without it.
         Workload("qwen2-short", "tiny-qwen2", "sft", max_length=16, effective_batch=4, budgets=(("tight", 0.80),)),
     ]
+
+
+def quick_workload():
+    """``--quick`` (``make bench QUICK=1``, run by ``make test``): every method once on the smallest question, to see
+    that the benchmark runs to its end; its figures are not the page's."""
+    from benchmarks.methods import Workload
+
+    return Workload("quick", "tiny-qwen2", "sft", max_length=32, effective_batch=2, budgets=(("generous", 1.25),))
 
 
 def log(line: str) -> None:
@@ -107,7 +117,7 @@ def budget_bytes(peak: int, fraction: float) -> int:
 
 
 # -- running -----------------------------------------------------------------------------------------------------------
-def run_group(workload, run_dir: Path) -> Dict:
+def run_group(workload, run_dir: Path, refine_probes: int = REFINE_PROBES) -> Dict:
     from benchmarks import methods
 
     group_dir = run_dir / workload.name
@@ -146,7 +156,7 @@ def run_group(workload, run_dir: Path) -> Dict:
         t0 = time.perf_counter()
         results.append(methods.run_autofit(workload, budget, budget_dir / "autofit", verifier, log))
         results.append(methods.run_autofit(workload, budget, budget_dir / "autofit-refine", verifier, log,
-                                           max_probes=REFINE_PROBES))
+                                           max_probes=refine_probes))
         results.append(methods.run_auto_find(workload, budget, budget_dir / "auto_find_batch_size", log))
         results.append(methods.run_doubling(workload, budget, budget_dir / "doubling", levels[0].candidate,
                                             verifier, log))
@@ -515,7 +525,11 @@ def main(argv=None) -> int:
     parser.add_argument("--doc", help="Markdown file to write (default docs/benchmarks.md for a full run)")
     parser.add_argument("--render", metavar="RESULTS_JSON",
                         help="only render an earlier run's results.json (to --doc, or to stdout)")
+    parser.add_argument("--quick", action="store_true",
+                        help="every method once on one small workload, to see that it runs (CI); writes no doc")
     options = parser.parse_args(argv)
+    if options.quick and (options.only or options.doc or options.render):
+        parser.error("--quick runs its own small workload and writes no doc: drop --only, --doc and --render")
     if options.render:
         text = render(json.loads(Path(options.render).read_text()))
         if options.doc:
@@ -523,7 +537,8 @@ def main(argv=None) -> int:
         else:
             print(text)
         return 0
-    chosen = [w for w in workloads() if not options.only or w.name in options.only]
+    chosen = ([quick_workload()] if options.quick
+              else [w for w in workloads() if not options.only or w.name in options.only])
     if not chosen:
         parser.error(f"--only: no such group; accepted are {', '.join(w.name for w in workloads())}")
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -541,7 +556,7 @@ def main(argv=None) -> int:
     log(f"autofit benchmarks -> {run_dir}")
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     started = time.perf_counter()
-    groups = [run_group(w, run_dir) for w in chosen]
+    groups = [run_group(w, run_dir, QUICK_REFINE_PROBES if options.quick else REFINE_PROBES) for w in chosen]
     run = {
         "date": datetime.date.today().isoformat(), "machine": machine(),
         "versions": versions() + f"; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} in every probe",
@@ -553,11 +568,14 @@ def main(argv=None) -> int:
     text = render(run)
     (run_dir / "report.md").write_text(text)
     print(text)
-    doc = options.doc or (None if options.only else str(REPO / "docs" / "benchmarks.md"))
+    doc = options.doc or (None if options.only or options.quick else str(REPO / "docs" / "benchmarks.md"))
     if doc:
         write_doc(Path(doc), text)
         log(f"wrote {doc}")
-    log(f"results: {run_dir / 'results.json'}")
+    if options.quick and not options.out:  # CI's run: nothing of it is kept
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        log(f"results: {run_dir / 'results.json'}")
     return 0
 
 
