@@ -206,3 +206,20 @@ def test_the_search_and_the_estimate_name_a_rung_the_memory_model_does_not_descr
     assert cli.main(["estimate", "--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--ladder",
                      "micro-batch,plain-custom"]) == 0
     assert f"note: {note}" in capsys.readouterr().out
+
+
+def test_a_packages_rung_failing_in_the_search_is_one_line_naming_it(broken, caplog, capsys):
+    from autofit.rungs import usable_rungs
+
+    faulty, needy = resolve_ladder(["faulty", "needy"])
+    with pytest.raises(PluginError, match=r"^rung 'faulty' of package autofit-broken 0.1: its apply\(\) failed: "
+                                          r"RuntimeError: boom in apply$"):
+        faulty.apply(LadderState(candidate()))
+    with caplog.at_level(logging.WARNING, logger="autofit.rungs"):
+        assert faulty.trade(candidate(), {}) is None  # its words failing: it says nothing, logged once
+    assert "rung 'faulty' of package autofit-broken 0.1: its trade() failed: KeyError" in caplog.text
+    usable, notes = usable_rungs([needy], "cpu")
+    assert usable == [] and notes == ["rung needy left out: its unavailable() failed: OSError: cannot tell"]
+    code = cli.main(["estimate", "--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--ladder", "micro-batch,faulty"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "its apply() failed: RuntimeError: boom in apply" in err

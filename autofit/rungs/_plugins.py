@@ -17,17 +17,19 @@ a class whose instance (made without arguments) is one. Decisions (docs/ladder.m
   refused with it (exit 2); met otherwise (the words of a stored candidate), it is logged once and the rung is
   treated as unknown;
 - a built-in rung's name: the built-in is used, and the package's entry is ignored with a logged note (a package
-  never changes what a built-in name means).
+  never changes what a built-in name means);
+- its own code failing in a search is one line naming the package too (``_guarded``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from importlib import metadata
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from autofit.core import one_line
+from autofit.core import InputError, one_line
 from autofit.rungs._ladder import COSTS, Rung
 
 log = logging.getLogger(__name__)
@@ -35,8 +37,8 @@ log = logging.getLogger(__name__)
 GROUP = "autofit.rungs"
 
 
-class PluginError(ValueError):
-    """A rung of another package that cannot be used: one line naming the package and what is wrong."""
+class PluginError(InputError):
+    """A rung of another package that cannot be used: one line naming the package and what is wrong (exit 2)."""
 
 
 def _package(entry: Any) -> str:
@@ -119,7 +121,38 @@ def _load(name: str, entries: List[Any]) -> Rung:
         raise PluginError(f"{where} calls itself '{found.name}': the entry point's name must be the rung's")
     if found.cost not in COSTS:
         raise PluginError(f"{where} has the cost class '{found.cost}': accepted are {', '.join(COSTS)}")
-    return found
+    return _guarded(found, f"rung '{name}' of {_package(entry)}")
+
+
+def _guarded(rung: Any, where: str) -> Any:
+    """The rung with its own code answering in one line that names its package, never a traceback mid-search:
+    ``apply`` failing stops the search with that line (exit 2); its words failing say nothing (logged once); its
+    ``unavailable`` failing leaves it out, the failure as the reason. (Its ``ledger``: ``autofit.memory_model``.)"""
+    for attr in ("apply", "trade", "comment", "unavailable"):
+        method = getattr(rung, attr, None)
+        if callable(method):
+            try:
+                setattr(rung, attr, _answering(method, attr, where))
+            except (AttributeError, TypeError):  # __slots__ or a frozen class: its own code answers as it is
+                pass
+    return rung
+
+
+def _answering(method: Callable[..., Any], attr: str, where: str) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - another package's code: one line naming it
+            failed = f"its {attr}() failed: {type(exc).__name__}: {one_line(exc)}"
+            if attr == "unavailable":
+                return failed
+            if attr in ("trade", "comment"):
+                _say(f"{where}: {failed}: it says nothing there")
+                return None
+            raise PluginError(f"{where}: {failed}") from None
+
+    return call
 
 
 def _say(note: str) -> None:

@@ -27,3 +27,22 @@ class Shadow(Misnamed):
 
 class Twice(Misnamed):
     name = "twice"
+
+
+class Faulty(Misnamed):
+    """Loads, and fails in the search: its apply and its words raise."""
+
+    name = "faulty"
+
+    def apply(self, state):
+        raise RuntimeError("boom in apply")
+
+    def trade(self, candidate, context):
+        raise KeyError("asked_length")
+
+
+class Needy(Misnamed):
+    name = "needy"
+
+    def unavailable(self, device):
+        raise OSError("cannot tell")
