@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from autofit.search._key_table import KINDS, TABLE, classify, markdown, unclassified
+from autofit.core._key_table import KINDS, TABLE, classify, markdown, unclassified
 
 ALGOS = ("sft", "grpo", "rloo", "reward")
 
@@ -48,4 +48,4 @@ def test_the_docs_page_is_the_table():
     from pathlib import Path
 
     page = Path(__file__).resolve().parents[1] / "docs" / "keys.md"
-    assert page.read_text() == markdown(), "regenerate: python -m autofit.search._key_table > docs/keys.md"
+    assert page.read_text() == markdown(), "regenerate: python -m autofit.core._key_table > docs/keys.md"

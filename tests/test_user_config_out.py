@@ -128,3 +128,31 @@ def test_a_config_searchs_best_yaml_trains_with_trl(tmp_path):
                           env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "'train_runtime'" in done.stdout + done.stderr
+
+
+def test_the_users_attention_and_extra_modules_are_kept_and_named(tmp_path):
+    """Issue 39: best.yaml keeps the file's attn_implementation (the probes ran sdpa); keys the probes and the ledger
+    leave out are named in the note, each with its value, and widen the band."""
+    from autofit.core import Candidate as C
+    from autofit.memory_model import unmodelled
+
+    path = tmp_path / "flash.yaml"
+    path.write_text(LORA + "attn_implementation: flash_attention_2\nlora_modules_to_save: [lm_head]\nbf16: false\n")
+    out = written(path, device="cuda")
+    assert "attn_implementation: flash_attention_2\n" in out and "sdpa" not in out
+    user = user_config(path)
+    training = {**{k: v for k, v in user.training.items() if k != "attn_implementation"}, "bf16": False}
+    user = UserConfig(path=user.path, algo="sft", text=user.text, training=training,
+                      model={**user.model, "attn_implementation": "flash_attention_2",
+                             "lora_modules_to_save": ["lm_head"]},
+                      written=user.written, defaults={"attn_implementation": None, "lora_modules_to_save": None,
+                                                      "bf16": None, "learning_rate": 5e-5})
+    notes = user.probed_as_written()
+    assert any("lora_modules_to_save: ['lm_head'], not in the probes" in note for note in notes), notes
+    assert any("attn_implementation: 'flash_attention_2', not in the probes" in note for note in notes), notes
+    assert any("bf16: False, probed as written" in note for note in notes), notes
+    assert not any("learning_rate" in note for note in notes)  # no memory: nothing to say
+    candidate = C(algo="sft", model="tiny-qwen2", device="cuda", micro_batch=1, grad_accum=1, max_length=64,
+                  user_args=(("bf16", False),))
+    assert any("mixed precision" in what for what in unmodelled(candidate))
+    assert not unmodelled(candidate.replace(user_args=(("bf16", True),)))

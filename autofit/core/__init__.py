@@ -29,6 +29,7 @@ from autofit.core._files import (
     one_line,
     read_own_file,
 )
+from autofit.core._key_table import KEY_KINDS, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
 from autofit.core._options import (
     DEVICES,
     ESTIMATE,
@@ -64,6 +65,7 @@ from autofit.core._sizes import format_size, parse_size
 from autofit.core._spec import FACTORIES, SEARCHED_ARGS, Baseline, SearchSpec
 
 __all__ = [
+    "KEY_KINDS", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
     "ESTIMATE", "FIELDS", "FIT", "SEARCH", "SEARCHED_ARGS", "Baseline", "add_options", "cache_entry", "cache_subfolder",
     "door_fields", "entry_problem", "given_values", "ladder_names",
     "ALGORITHMS", "DEFAULT_ALGO", "Algorithm", "algorithm", "algorithm_names",

@@ -124,8 +124,8 @@ def user_yaml(user: UserConfig, candidate: Candidate, exported: Dict[str, Any], 
         parsed = user.training.get(key, user.model.get(key))
         if key in KEPT_AS_WRITTEN:  # TRL parsed the file with --use_cpu: what the file itself says
             parsed = user.written.get(key)
-        if _plain(value) == parsed or (key == "attn_implementation" and not user.wrote(key)):
-            continue
+        if _plain(value) == parsed or key == "attn_implementation":
+            continue  # the user's attention as written (or TRL's default, which the probes ran), never replaced
         reason = why(key)
         written = user.wrote(key)
         default = f"TRL default {_show(parsed)}" if key in user.training or key in user.model else "new"

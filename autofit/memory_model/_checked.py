@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Mapping, Optional
 
-from autofit.core import algorithm, algorithm_names
+from autofit.core import PROBED_KEY, SAME_AS_DEFAULT, algorithm, algorithm_names, classify_key, means_the_default
 from autofit.memory_model._census import ANALYTIC
 
 if TYPE_CHECKING:
@@ -75,6 +75,13 @@ def unmodelled_args(args: Mapping[str, Any]) -> List[str]:
     from autofit.memory_model._engine_settings import unmodelled_deepspeed
 
     found = [what for key, what in UNMODELLED_ARGS.items() if args.get(key) not in (None, False, "", [], {})]
+    for key, value in args.items():  # what the key table says the probes run as written and the ledger leaves out
+        kind = classify_key(key)
+        if kind is None or kind[0] != PROBED_KEY or key in UNMODELLED_ARGS or value in (None, "", [], {}):
+            continue
+        if (value is False and key not in SAME_AS_DEFAULT) or means_the_default(key, value, None):
+            continue  # off, as TRL's defaults mostly are (bf16's default is on)
+        found.append(f"{kind[1]} ({key})")
     deepspeed = unmodelled_deepspeed(args.get("deepspeed"))
     return found + ([deepspeed] if deepspeed else [])
 

@@ -78,7 +78,19 @@ def read(algo: str, path: str) -> Dict[str, Any]:
     fields = {name: {f.name: _plain(getattr(instance, f.name)) for f in dataclasses.fields(instance)}
               for name, instance in zip(("script", "training", "model", "datasets"), parsed, strict=False)}
     fields["training"]["use_cpu"] = bool(written.get("use_cpu", False))  # ours was only for the parse
-    return {"classes": classes, "fields": fields, "written": _plain(written), "accelerate": list(unknown)}
+    defaults = {item.name: _plain(_default(item)) for instance in parsed for item in dataclasses.fields(instance)
+                if item.name in written}
+    return {"classes": classes, "fields": fields, "written": _plain(written), "accelerate": list(unknown),
+            "defaults": defaults}
+
+
+def _default(item: dataclasses.Field[Any]) -> Any:
+    """A field's default as its class declares it (None where it has none)."""
+    if item.default is not dataclasses.MISSING:
+        return item.default
+    if item.default_factory is not dataclasses.MISSING:
+        return item.default_factory()
+    return None
 
 
 def main(argv: List[str]) -> int:

@@ -114,8 +114,8 @@ def _config_notes(options: SearchOptions) -> Tuple[str, ...]:
     unmodelled = read_user_config(options.config, options.algo).unmodelled()
     if not unmodelled:
         return ()
-    return (f"{options.config} sets what the memory model does not describe ({', '.join(unmodelled)}): its "
-            "predictions there are a guess, and the probes measure it",)
+    return (f"{options.config} sets what the memory model does not describe ({'; '.join(unmodelled)}): its "
+            "predictions there are a guess (the wide band), and the probes measure what they run",)
 
 
 def gpu_memory_bytes(options: SearchOptions, device: str) -> Optional[int]:

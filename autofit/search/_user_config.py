@@ -21,12 +21,15 @@ from typing import Any, Dict, List, Tuple
 from autofit.core import (
     ALGORITHMS,
     DEFAULT_ALGO,
+    PROBED_KEY,
     RL_ALGOS,
     SEARCHED_ARGS,
     Baseline,
     InputError,
     LoraSettings,
     algorithm,
+    classify_key,
+    means_the_default,
     one_line,
     visible_gpu_count,
 )
@@ -64,6 +67,7 @@ class UserConfig:
     model: Dict[str, Any] = field(default_factory=dict)
     script: Dict[str, Any] = field(default_factory=dict)
     written: Dict[str, Any] = field(default_factory=dict)
+    defaults: Dict[str, Any] = field(default_factory=dict)  # the config classes' defaults of the keys written
 
     def wrote(self, key: str) -> bool:
         return key in self.written
@@ -137,6 +141,26 @@ class UserConfig:
         found += [what for key, what in UNMODELLED_MODEL.items() if self.model.get(key) not in (None, False, [], "")]
         if self.wrote("optim") and not optimizer_known(self.training.get("optim")):
             found.append(f"the optimizer {self.training.get('optim')} (two fp32 states assumed)")
+        return found + self.probed_as_written()
+
+    def probed_as_written(self) -> List[str]:
+        """The keys the file changes from TRL's defaults that the memory model does not describe
+        (``autofit.core._key_table``): training arguments the probes run as written, ModelConfig's that they do not
+        run at all; and the TRL fields the table does not know. In words, each with its value."""
+        from autofit.memory_model import UNMODELLED_ARGS
+
+        said = set(UNMODELLED_ARGS) | set(UNMODELLED_MODEL) | {"optim"}
+        found = []
+        for key, value in self.written.items():
+            if key in said or key not in self.defaults or means_the_default(key, value, self.defaults[key]):
+                continue
+            kind = classify_key(key)
+            if kind is None:
+                found.append(f"{key}: {value!r} (a setting of this TRL autofit's key table does not know)")
+            elif kind[0] == PROBED_KEY and key in self.training:
+                found.append(f"{kind[1]} ({key}: {value!r}, probed as written)")
+            elif kind[0] == PROBED_KEY:  # ModelConfig's: the probes build the model from the candidate, without it
+                found.append(f"{kind[1]} ({key}: {value!r}, not in the probes: neither measured nor modelled)")
         return found
 
 
@@ -228,7 +252,8 @@ def _parse(path: str, algo: str, text: str) -> UserConfig:
         raise InputError(f"--config {path}: " + _refusal(done, data, algo))
     fields = data["fields"]
     return UserConfig(path=path, algo=algo, text=text, training=fields.get("training", {}),
-                      model=fields.get("model", {}), script=fields.get("script", {}), written=data.get("written", {}))
+                      model=fields.get("model", {}), script=fields.get("script", {}), written=data.get("written", {}),
+                      defaults=data.get("defaults", {}))
 
 
 def _refusal(done: subprocess.CompletedProcess[str], data: Dict[str, Any], algo: str) -> str:

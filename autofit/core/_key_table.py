@@ -14,7 +14,7 @@ mixture is one of:
 A key the table does not know (a field a newer TRL added) is named in a note and gets the wide band, never silence;
 ``tests/test_key_table.py`` fails when the installed TRL or transformers has a field the table does not classify.
 The table covers the declared floors too (transformers 4.56's older fields). ``docs/keys.md`` is generated from it
-(``python -m autofit.search._key_table``).
+(``python -m autofit.core._key_table``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ MODELLED = "modelled"
 PROBED = "probed"
 NO_MEMORY = "no-memory"
 NOT_PROBED = "not-probed"
-KINDS = (MODELLED, PROBED, NO_MEMORY, NOT_PROBED)
+KINDS = KEY_KINDS = (MODELLED, PROBED, NO_MEMORY, NOT_PROBED)
+PROBED_KEY = PROBED
 
 _MODELLED = {
     "per_device_train_batch_size": "the micro-batch (the search's)",
@@ -173,9 +174,21 @@ TABLE: Dict[str, Tuple[str, str]] = {
 }
 
 
+# Values that mean a field's default where the class declares another (TRL's bf16=None is bf16 where the device has
+# it, as on every GPU autofit plans for).
+SAME_AS_DEFAULT = {"bf16": (None, True)}
+
+
+def means_the_default(key: str, value: object, default: object) -> bool:
+    return value == default or (key in SAME_AS_DEFAULT and value in SAME_AS_DEFAULT[key])
+
+
 def classify(key: str) -> Optional[Tuple[str, str]]:
     """(kind, why) for a key of a TRL config file; None for a key the table does not know."""
     return TABLE.get(key)
+
+
+classify_key = classify
 
 
 def unclassified(keys: Iterable[str]) -> List[str]:
@@ -186,7 +199,7 @@ def unclassified(keys: Iterable[str]) -> List[str]:
 def markdown() -> str:
     """The table as docs/keys.md shows it."""
     lines = ["# Every key of your TRL config file", "",
-             "Generated from `autofit/search/_key_table.py` (`python -m autofit.search._key_table > docs/keys.md`).",
+             "Generated from `autofit/core/_key_table.py` (`python -m autofit.core._key_table > docs/keys.md`).",
              "What autofit does with each field of TRL's config classes, ModelConfig, the scripts' arguments and the "
              "data set mixture: `modelled` (the memory model reads it, the probes run it), `probed` (the probes run "
              "it as written; the estimate names it and widens its band), `no-memory` (no peak changes), "
