@@ -178,7 +178,7 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     rows = []
     for index, level in enumerate(result.levels):
         ledger, candidate = level.ledger, level.candidate
-        cells = [str(level.level), ("+" + level.rungs[-1]) if level.rungs else "baseline",
+        cells = [str(level.level), _rung_cell(level, result.levels[index - 1] if index else None),
                  f"{candidate.micro_batch}x{candidate.grad_accum}", str(candidate.max_length)]
         cells += [f"{sum(getattr(ledger, term) for term in terms) / scale:.2f}" for _, terms in COLUMNS]
         cells += [f"{ledger.total / scale:.2f}", f"{ledger.total * ledger.uncertainty / scale:.2f}", ledger.phase,
@@ -213,7 +213,9 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
         rung = result.rung
         what = "no rung is needed (the baseline fits)" if rung == "baseline" else f"rung '{rung}' is needed first"
         lines.append(
-            f"expected: {what}: level {expected.level} ({'+'.join(expected.rungs) or 'baseline'}), "
+            f"expected: {what}: level {expected.level}"
+            + (f" without {', '.join(result.dropped)} (not the table's row)" if result.dropped else "")
+            + f" ({'+'.join(expected.rungs) or 'baseline'}), "
             f"{expected.candidate.describe()} predicts {format_size(expected.ledger.total)} "
             f"± {format_size(expected.ledger.total * expected.ledger.uncertainty)} of {format_size(budget)}; "
             f"{_views(expected.ledger, spec.device)}"
@@ -227,6 +229,15 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
         if expected.ledger.host:
             lines.append(f"  {_host_line(expected.ledger.host)}")
     return "\n".join(lines)
+
+
+def _rung_cell(level, before) -> str:
+    """A level's row: the rung it adds, and the rungs of the level before that it leaves out (the quality rungs take
+    optimizer offload off again)."""
+    if not level.rungs:
+        return "baseline"
+    dropped = [name for name in (before.rungs if before is not None else ()) if name not in level.rungs]
+    return "+" + level.rungs[-1] + "".join(f" -{name}" for name in dropped)
 
 
 def _phases_line(ledger: Ledger, phases: Sequence[str], unit: str, scale: float) -> str:
