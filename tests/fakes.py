@@ -189,3 +189,15 @@ class FormulaRunner:
 
     def probes(self, steps: Optional[int] = None) -> List[Call]:
         return [call for call in self.calls if steps is None or call.steps == steps]
+
+
+def process_running(pid: int, start: int) -> bool:
+    """The process ``pid`` that started at ``start`` (clock ticks) is there and not a zombie (a dead probe its
+    lingering server has not reaped yet)."""
+    from autofit.core._outdir import process_start_ticks
+
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X") and process_start_ticks(pid) == start

@@ -9,17 +9,10 @@ import sys
 import time
 
 import pytest
+from fakes import process_running
 
 from autofit.core import InputError
 from autofit.core._outdir import PID_FILE, _descendants, check_owned, kill_orphan_probes, process_start_ticks
-
-
-def alive(pid: int, start: int) -> bool:
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X") and process_start_ticks(pid) == start
 
 
 def probe_folder(tmp_path):
@@ -49,7 +42,7 @@ def test_a_tail_of_the_probe_log_is_not_a_probe(tmp_path):
         claim(folder, tail.pid)
         start = process_start_ticks(tail.pid)
         assert kill_orphan_probes(tmp_path / "out") == []
-        assert alive(tail.pid, start)  # a user watching the log keeps watching
+        assert process_running(tail.pid, start)  # a user watching the log keeps watching
     finally:
         tail.kill()
         tail.wait()
@@ -76,7 +69,7 @@ def test_a_killed_probes_children_die_with_it(tmp_path):
         notes = kill_orphan_probes(tmp_path / "out")
         assert notes and f"pid {probe.pid}" in notes[0]
         probe.wait(10)
-        assert wait_until(lambda: not alive(child, child_start)), "the probe's child outlived it"
+        assert wait_until(lambda: not process_running(child, child_start)), "the probe's child outlived it"
     finally:
         probe.kill()
         probe.wait()

@@ -10,16 +10,7 @@ import sys
 import textwrap
 import time
 
-from autofit.core._outdir import process_start_ticks
-
-
-def running(pid: int, start: int) -> bool:
-    """The process is there and not a zombie (a dead probe its lingering server has not reaped yet)."""
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X") and process_start_ticks(pid) == start
+from fakes import process_running
 
 SEARCH = textwrap.dedent("""
     import multiprocessing, sys, time
@@ -50,13 +41,13 @@ def test_a_probe_dies_at_once_when_its_search_is_killed_though_its_server_linger
         while not (folder / "pid").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         probe = json.loads((folder / "pid").read_text())
-        assert running(probe["pid"], probe["start"])
+        assert process_running(probe["pid"], probe["start"])
         search.send_signal(signal.SIGKILL)
         search.wait(10)
         killed = time.monotonic()
-        while running(probe["pid"], probe["start"]) and time.monotonic() - killed < 15:
+        while process_running(probe["pid"], probe["start"]) and time.monotonic() - killed < 15:
             time.sleep(0.05)
-        assert not running(probe["pid"], probe["start"]), "the probe outlived its search"
+        assert not process_running(probe["pid"], probe["start"]), "the probe outlived its search"
         assert time.monotonic() - killed < 3
     finally:
         if search.poll() is None:
