@@ -274,7 +274,8 @@ def your_run_line(spec: SearchSpec, result: RungEstimate) -> str:
         verdict = f"does not fit: {format_size(ledger.total - budget)} over {format_size(budget)}"
     maybe = " (the budget lies inside the band)" if ledger.verdict(budget) == "maybe" else ""
     return (f"your run ({spec.options.config} as written): {candidate.describe()} predicts {band} at its peak "
-            f"({ledger.phase}): {verdict}{maybe}; {_views(ledger, spec.device)}")
+            f"({ledger.phase}): {verdict}{maybe}; {_views(ledger, spec.device)}"
+            + (f"; host memory (pinned RAM) {format_size(ledger.host)} for what it offloads" if ledger.host else ""))
 
 
 def _views(ledger: Ledger, device: str) -> str:

@@ -52,6 +52,9 @@ class Baseline:
     lora: Optional[LoraSettings] = None
     quantization: Optional[str] = None  # "8bit" or "4bit"
     activation_offload: bool = False
+    # the engine of the user's launch (``fsdp:``/``fsdp_config:``, ``accelerate_config:``): a sharding of
+    # ``autofit.rungs._engines`` ("fsdp2", "zero3", ...; "zero2-offload" is the optimizer-offload engine)
+    sharding: Optional[str] = None
     source: str = ""  # the file, for messages
 
     def key(self) -> str:

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 # Training arguments the ledger does not describe: a prediction for a run with one of them gets the unchecked band,
 # and the search and the estimate say so (the probes measure them).
 UNMODELLED_ARGS = {"fp16": "fp16 mixed precision", "torch_compile": "torch.compile",
-                   "fsdp": "an FSDP config of your own",
                    "padding_free": "padding-free batches (the probes pad every row to full length: a bound)"}
 
 CHECKED_UNCERTAINTY = 0.25  # the prior's band for a checked family (the activation coefficients' spread, 2.4)

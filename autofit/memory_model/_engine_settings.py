@@ -122,6 +122,38 @@ def zero_settings(candidate: Candidate, shape: ModelShape) -> ZeroSettings:
         max_live=_number(zero.get("stage3_max_live_parameters"), MAX_LIVE_DEFAULT, MAX_LIVE_DEFAULT))
 
 
+def _offload_device(zero: Dict[str, Any], key: str) -> Optional[str]:
+    section = zero.get(key)
+    device = section.get("device") if isinstance(section, dict) else None
+    return device if device not in (None, "none") else None
+
+
+def user_offload_engine(config: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The engine our ledger models for a user's DeepSpeed configuration that offloads to the CPU: ZeRO-1/2 with
+    ``offload_optimizer`` is the optimizer-offload ledger ("zero2-offload": the fp32 master weights, gradients and
+    Adam states on the host), ZeRO-3 with both offloads the "zero3-offload" sharding; None for any other."""
+    zero = _zero_section(config) if config else {}
+    optimizer, param = _offload_device(zero, "offload_optimizer"), _offload_device(zero, "offload_param")
+    if zero.get("stage") in (1, 2) and optimizer == "cpu" and param is None:
+        return "zero2-offload"
+    if zero.get("stage") == 3 and optimizer == "cpu" and param == "cpu":
+        return "zero3-offload"
+    return None
+
+
+def as_launched(candidate: Candidate) -> Candidate:
+    """The candidate with its user's DeepSpeed offload as the engine the ledger models (the probes run the user's own
+    configuration as written: only the ledger reads it this way)."""
+    if candidate.sharding or candidate.offload:
+        return candidate
+    engine = user_offload_engine(user_deepspeed(candidate))
+    if engine == "zero2-offload":
+        return candidate.replace(offload=engine)
+    if engine == "zero3-offload" and candidate.ranks > 1:
+        return candidate.replace(sharding=engine)
+    return candidate
+
+
 def unmodelled_deepspeed(given: Any) -> Optional[str]:
     """Why a ``deepspeed`` training argument is not modelled, or None when it is (or is not given)."""
     if given in (None, "", {}):
@@ -132,7 +164,7 @@ def unmodelled_deepspeed(given: Any) -> Optional[str]:
     zero = _zero_section(config)
     if zero.get("stage") not in (1, 2, 3):
         return "a DeepSpeed config of your own without a ZeRO stage 1-3"
-    if _offloads(zero):
+    if _offloads(zero) and user_offload_engine(config) is None:
         return "a DeepSpeed config of your own that offloads (its host buffers are not modelled)"
     return None
 

@@ -22,7 +22,7 @@ from autofit.core import Candidate
 from autofit.memory_model._activations import activation_bytes, offloaded_activation_bytes
 from autofit.memory_model._allocator import context_bytes, reserved_factor
 from autofit.memory_model._checked import CHECKED_UNCERTAINTY, UNCHECKED_UNCERTAINTY, prior_uncertainty, unmodelled
-from autofit.memory_model._engine_settings import nccl_bytes, zero_engine
+from autofit.memory_model._engine_settings import as_launched, nccl_bytes, zero_engine
 from autofit.memory_model._logits import generation_bytes, logit_bytes
 from autofit.memory_model._offload import (
     engine_setup_bytes,
@@ -193,6 +193,7 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
     """One uncalibrated ledger per phase (train, step, and generation for grpo/rloo)."""
     shape = shape or ModelShape.from_model(candidate.model)
     device = device or candidate.device
+    candidate = as_launched(candidate)  # a DeepSpeed offload of the user's: the offload engine's ledger
     rho = reserved_factor(candidate, device)
     context = context_bytes(device) + nccl_bytes(candidate, device)
     phases = _phases(candidate, shape, device)

@@ -12,6 +12,8 @@ from autofit.memory_model._calibration import Calibration, predict_calibrated
 from autofit.memory_model._ledger import Ledger
 from autofit.memory_model._shape import ModelShape
 
+OFFLOAD_ENGINES = ("zero2-offload",)  # the optimizer-offload engine (``Candidate.offload``), not a sharding
+
 if TYPE_CHECKING:
     from autofit.rungs import LadderState
 
@@ -56,6 +58,10 @@ def base_candidate(spec: SearchSpec) -> Candidate:
         return candidate
     changes: Dict[str, Any] = dict(checkpointing=user.checkpointing, optim=user.optim, lora=user.lora,
                                    quantization=user.quantization, activation_offload=user.activation_offload)
+    if user.sharding in OFFLOAD_ENGINES:
+        changes["offload"] = user.sharding
+    elif user.sharding:
+        changes["sharding"] = user.sharding
     if user.micro_batch is not None and user.grad_accum is not None:
         changes.update(micro_batch=user.micro_batch, grad_accum=user.grad_accum)
     return candidate.replace(**changes)

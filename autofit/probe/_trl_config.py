@@ -7,7 +7,9 @@ message and exit code 2. TRL's parser reads the text from a private copy; its me
 The script's own parser is used (``trl.scripts.<algo>.make_parser()``: ScriptArguments or its GRPO/RLOO variant,
 the trainer's config class, ModelConfig, DatasetMixtureConfig), fresh for the file (TRL's parser keeps a file's
 values as its defaults), with the file's ``env:`` block undone afterwards. Keys no dataclass knows are TRL's error
-unless ``accelerate launch`` takes them (``num_processes``), as in TRL's command line. The GPU is hidden and
+unless ``accelerate launch`` takes them (``num_processes``), as in TRL's command line, and
+``accelerate_config`` (TRL's names: fsdp2, zero3, ..., or a path) is resolved as TRL's command line resolves it; what
+the launch says (its options and the accelerate config file, read) is reported as ``launch``. The GPU is hidden and
 ``--use_cpu`` given so that TRL's bf16 check passes on any machine; the file's own ``use_cpu`` is what is reported.
 """
 
@@ -55,6 +57,38 @@ def _accelerate_leftovers(unknown: List[str]) -> List[str]:
     return [item for item in rest if item.startswith("--")]
 
 
+def _resolved_launch(unknown: List[str]) -> List[str]:
+    """The launch arguments as TRL's command line hands them to ``accelerate launch``: ``--accelerate_config NAME``
+    (one of TRL's own, ``trl/accelerate_configs/NAME.yaml``, or a path) becomes ``--config_file PATH``."""
+    if "--accelerate_config" not in unknown:
+        return unknown
+    try:
+        from trl.cli.accelerate_config import resolve_accelerate_config_argument
+    except ImportError:  # an older TRL: its command line has no accelerate_config
+        return unknown
+    return list(resolve_accelerate_config_argument(list(unknown)))
+
+
+def _launch_settings(launch: List[str]) -> Dict[str, Any]:
+    """What the launch arguments tell ``accelerate launch``: its options as given (``num_processes``,
+    ``mixed_precision``, ...) and the accelerate config file they name, read (``config_file``)."""
+    if not launch:
+        return {}
+    try:
+        from accelerate.commands.launch import launch_command_parser
+    except ImportError:
+        return {}
+    known, _ = launch_command_parser().parse_known_args(launch + ["script.py"])
+    given = {key: value for key, value in vars(known).items()
+             if f"--{key}" in launch or f"--{key.replace('_', '-')}" in launch}
+    settings: Dict[str, Any] = {k: _plain(v) for k, v in given.items() if k != "config_file"}
+    if known.config_file:
+        with open(known.config_file) as handle:
+            loaded = yaml.safe_load(handle)
+        settings["config_file"] = {"path": str(known.config_file), "values": _plain(loaded or {})}
+    return settings
+
+
 def read(algo: str, path: str) -> Dict[str, Any]:
     """The file as TRL parses it for ``algo``."""
     with open(path) as handle:
@@ -70,7 +104,8 @@ def read(algo: str, path: str) -> Dict[str, Any]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    leftovers = _accelerate_leftovers(list(unknown))
+    launch = _resolved_launch(list(unknown))
+    leftovers = _accelerate_leftovers(launch)
     if leftovers:
         raise ValueError(f"Unknown arguments from config file: {leftovers}. Please remove them, add them to the "
                          "dataclass, or set `fail_with_unknown_args=False`.")
@@ -81,7 +116,7 @@ def read(algo: str, path: str) -> Dict[str, Any]:
     defaults = {item.name: _plain(_default(item)) for instance in parsed for item in dataclasses.fields(instance)
                 if item.name in written}
     return {"classes": classes, "fields": fields, "written": _plain(written), "accelerate": list(unknown),
-            "defaults": defaults}
+            "launch": _launch_settings(launch), "defaults": defaults}
 
 
 def _default(item: dataclasses.Field[Any]) -> Any:

@@ -85,6 +85,8 @@ def climb(base: LadderState, rungs: Sequence[Rung]) -> List[LadderState]:
 def _own_engine(candidate: Candidate) -> Optional[str]:
     """The engine configuration the user's own file gives (DeepSpeed or FSDP), in words, or None."""
     args = dict(candidate.user_args)
+    if (candidate.sharding or candidate.offload) and not candidate.rungs:  # the launch's (accelerate_config:, fsdp:)
+        return f"engine ({candidate.sharding or candidate.offload})"
     if args.get("deepspeed"):
         return "DeepSpeed configuration (deepspeed:)"
     if args.get("fsdp") or args.get("fsdp_config"):

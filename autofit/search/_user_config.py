@@ -34,6 +34,7 @@ from autofit.core import (
     visible_gpu_count,
 )
 from autofit.search._config_file import read_config_text
+from autofit.search._launch import LaunchEngine, launch_engine
 
 READ_TIMEOUT_S = 300
 READABLE_ALGOS = tuple(a.name for a in ALGORITHMS.values() if a.trl_command)  # the trainers `trl` has a command for
@@ -68,6 +69,11 @@ class UserConfig:
     script: Dict[str, Any] = field(default_factory=dict)
     written: Dict[str, Any] = field(default_factory=dict)
     defaults: Dict[str, Any] = field(default_factory=dict)  # the config classes' defaults of the keys written
+    launch: Dict[str, Any] = field(default_factory=dict)  # what the launch tells accelerate (``_trl_config``)
+
+    def engine(self) -> LaunchEngine:
+        """The engine, processes and machines of the user's launch (``autofit.search._launch``)."""
+        return launch_engine(self.training, self.written, self.launch)
 
     def wrote(self, key: str) -> bool:
         return key in self.written
@@ -97,6 +103,11 @@ class UserConfig:
             values["dtype"] = self.model["dtype"]
         if self.training.get("trust_remote_code"):
             values["trust_remote_code"] = True
+        engine = self.engine()
+        if engine.processes:  # the launch's num_processes, as accelerate launch takes it (--gpus overrides)
+            values["gpus"] = engine.processes
+        if engine.machines:
+            values["nodes"] = engine.machines
         passed = self.passed_through()
         if passed:
             values["training_args"] = passed
@@ -131,7 +142,7 @@ class UserConfig:
                         optim=self.training.get("optim") if self.wrote("optim") else None, lora=lora,
                         quantization=quantization,
                         activation_offload=bool(self.training.get("activation_offloading")),
-                        source=self.path)
+                        sharding=self.engine().sharding, source=self.path)
 
     def unmodelled(self) -> List[str]:
         """What the file sets that the memory model does not describe (its predictions say so, with a wider band)."""
@@ -141,7 +152,7 @@ class UserConfig:
         found += [what for key, what in UNMODELLED_MODEL.items() if self.model.get(key) not in (None, False, [], "")]
         if self.wrote("optim") and not optimizer_known(self.training.get("optim")):
             found.append(f"the optimizer {self.training.get('optim')} (two fp32 states assumed)")
-        return found + self.probed_as_written()
+        return found + list(self.engine().notes) + self.probed_as_written()
 
     def probed_as_written(self) -> List[str]:
         """The keys the file changes from TRL's defaults that the memory model does not describe
@@ -173,7 +184,7 @@ def with_config(values: Dict[str, Any]) -> Dict[str, Any]:
     from_file = user.option_values()
     _check_file_values(user, from_file, values)
     if "effective_batch" in from_file:  # the file's batch is per device, as in TRL: the effective batch is global
-        from_file["effective_batch"] *= _world_size(values)
+        from_file["effective_batch"] *= _world_size({**from_file, **values})
     merged = {**from_file, **values}
     if values.get("training_args") is not None:
         merged["training_args"] = {**user.passed_through(), **values["training_args"]}
@@ -253,7 +264,7 @@ def _parse(path: str, algo: str, text: str) -> UserConfig:
     fields = data["fields"]
     return UserConfig(path=path, algo=algo, text=text, training=fields.get("training", {}),
                       model=fields.get("model", {}), script=fields.get("script", {}), written=data.get("written", {}),
-                      defaults=data.get("defaults", {}))
+                      defaults=data.get("defaults", {}), launch=data.get("launch") or {})
 
 
 def _refusal(done: subprocess.CompletedProcess[str], data: Dict[str, Any], algo: str) -> str:
