@@ -16,7 +16,7 @@ quality cost for another).
 from __future__ import annotations
 
 import logging
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from autofit.rungs import FREE, FREE_UNDER_ADAPTERS, NEVER_DROPPED, QUALITY, SPEED, LadderState, Rung, climb
 from autofit.search._result import Fit
@@ -24,6 +24,7 @@ from autofit.search._result import Fit
 log = logging.getLogger(__name__)
 
 SearchLevel = Callable[[int, LadderState], List[Fit]]
+Faster = Callable[[Fit, Fit], bool]  # whether the first fit is faster than the second
 
 
 def droppable(state: LadderState, rungs: Sequence[Rung]) -> List[Rung]:
@@ -44,7 +45,8 @@ def droppable(state: LadderState, rungs: Sequence[Rung]) -> List[Rung]:
 
 
 def drop_unneeded(fit: Fit, levels: List[LadderState], rungs: Sequence[Rung], start: LadderState,
-                  search_level: SearchLevel) -> Tuple[Fit, List[str], List[Fit], List[str]]:
+                  search_level: SearchLevel, faster: Optional[Faster] = None
+                  ) -> Tuple[Fit, List[str], List[Fit], List[str]]:
     """The cheapest fit without rungs ``fit`` does not need, the names dropped, every other fit found on the way
     (fallbacks, should the best fail its verification), and why each speed rung was dropped or kept.
     Rebuilt levels are appended to ``levels`` (their index is the fit's level)."""
@@ -65,7 +67,7 @@ def drop_unneeded(fit: Fit, levels: List[LadderState], rungs: Sequence[Rung], st
         fits = search_level(index, rebuilt)
         if not fits:
             continue
-        if rung.cost == SPEED and not _better(fits[0], best, state.maximize):
+        if rung.cost == SPEED and not _better(fits[0], best, state.maximize, faster):
             others.extend(fits)
             reasons.append(f"{rung.name} kept: without it {fits[0].candidate.describe()} fits at "
                            f"{fits[0].result.tokens_per_second:,.0f} tok/s, with it {best.candidate.describe()} "
@@ -81,7 +83,7 @@ def drop_unneeded(fit: Fit, levels: List[LadderState], rungs: Sequence[Rung], st
     return best, dropped, others, reasons
 
 
-def _better(fit: Fit, than: Fit, maximize: str) -> bool:
+def _better(fit: Fit, than: Fit, maximize: str, faster: Optional[Faster] = None) -> bool:
     """Without a speed rung, a fit replaces the one with it when it is as large (micro-batch and length): the rung
     bought nothing and only recomputes or moves memory, whatever one timed step says (``undominated``); else when
     faster (when the length is maximized: longer, or as long and faster)."""
@@ -89,6 +91,8 @@ def _better(fit: Fit, than: Fit, maximize: str) -> bool:
         return fit.candidate.max_length > than.candidate.max_length
     if as_large(fit, than):
         return True
+    if faster is not None:  # measured, or the throughput model where the timings tie (``_speed_tie``)
+        return faster(fit, than)
     return fit.result.tokens_per_second > than.result.tokens_per_second
 
 
@@ -98,7 +102,8 @@ def as_large(fit: Fit, than: Fit) -> bool:
 
 
 def prune(primary: List[Fit], fallback: List[Fit], cost: str, levels: List[LadderState], rungs: Sequence[Rung],
-          start: LadderState, search_level: SearchLevel) -> Tuple[List[Fit], List[Fit], List[str]]:
+          start: LadderState, search_level: SearchLevel, faster: Optional[Faster] = None
+          ) -> Tuple[List[Fit], List[Fit], List[str]]:
     """The walk's fits of one cost class after pruning, the fallbacks, and a note per rung dropped. A quality class
     prunes its first fit; a speed class each fit whose level's last rung has an alternative."""
     if cost == FREE:
@@ -109,7 +114,7 @@ def prune(primary: List[Fit], fallback: List[Fit], cost: str, levels: List[Ladde
     pruned, extra = list(primary), []
     for index in targets:
         fit = primary[index]
-        best, dropped, others, reasons = drop_unneeded(fit, levels, rungs, start, search_level)
+        best, dropped, others, reasons = drop_unneeded(fit, levels, rungs, start, search_level, faster)
         extra.extend(others)
         notes.extend(reasons)
         if dropped:

@@ -36,6 +36,7 @@ from autofit.search._margin import best_margin_only_fit, evidence, within_margin
 from autofit.search._pruning import prune
 from autofit.search._refine import refine
 from autofit.search._result import Fit, Record, SearchReport, Skip, truncation_note, undominated
+from autofit.search._speed_tie import SpeedJudge
 from autofit.search._store import ProbeStore, measured_on
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class Search:
         self.report.notes.extend(getattr(self.store, "notes", []))
         self.report.notes.extend(unavailable)
         self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.options.predict else None)
+        self.judge = SpeedJudge(spec, self.guide, self.report.notes)  # ties of measured speed: the throughput model
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         self.failed_rungs = FailedRungs()  # rungs whose machinery could not run here (``autofit.rungs._failures``)
 
@@ -283,7 +285,8 @@ class Search:
             return primary, fallback
         try:
             primary, fallback, notes = prune(primary, fallback, self._class(self.levels[primary[0].level]),
-                                             self.levels, self.rungs, self.start, self._search_level)
+                                             self.levels, self.rungs, self.start, self._search_level,
+                                             self.judge.faster)
         except ProbeLimitReached:
             self.report.probe_limit_reached = True
             return primary, fallback
@@ -354,9 +357,7 @@ class Search:
 
     def _rank(self, fits: List[Fit]) -> List[Fit]:
         fits = undominated(fits)
-        if self.spec.options.maximize == "length":
-            return sorted(fits, key=lambda f: (f.candidate.max_length, f.result.tokens_per_second), reverse=True)
-        return sorted(fits, key=lambda f: f.result.tokens_per_second, reverse=True)
+        return self.judge.rank(fits)
 
     def _choose_over_margin(self, best: Optional[Fit]) -> bool:
         """A better fit the margin alone rejected is verified; the verification's evidence decides (``margin``)."""
