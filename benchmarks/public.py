@@ -1,7 +1,8 @@
 """The memory model against peaks measured on real GPUs and published for the Hugging Face stack
-(``shared/notes/public-measurements.md``): each run as its source states it, a TRL config file in
-``benchmarks/public/``, estimated the way ``autofit estimate --config FILE`` does, at the engine the source ran
-(``make bench-public``; the table between the "public" markers of docs/benchmarks.md). No probe, no GPU.
+(``shared/notes/public-measurements.md``): each run as its source launched it, engine included, a TRL config file in
+``benchmarks/public/``, estimated by nothing but ``autofit estimate --config FILE`` with the flags a user would type
+(``make bench-public``; the table between the "public" markers of docs/benchmarks.md). No probe, no GPU, no change
+to the candidate in this script: every figure is read from what the command prints.
 
 The published figure and what it measures are the source's; where our stack or our ledger cannot express a setting
 of the source, the row names it beside its error rather than fitting a coefficient to it.
@@ -10,81 +11,104 @@ of the source, the row names it beside its error rather than fitting a coefficie
 from __future__ import annotations
 
 import logging
+import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from autofit.core import Candidate, SearchOptions, format_size
-from autofit.memory_model import Ledger, base_candidate, phase_ledgers
-from autofit.search import estimate_question, with_config
 from benchmarks.page import chosen, table_main
 
 ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
 GB = 10**9
 GIB = 2**30
-H100_80GB = 85_017_493_504  # torch's total memory of an H100 80GB HBM3 (shared/notes/gpu-2026-11-22.md)
-A100_80GB = 85_198_045_184  # torch's total memory of an A100 80GB
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 @dataclass(frozen=True)
 class Published:
-    """One published run: its file (``benchmarks/public/``), the model's configuration folder (the hub is not
-    reachable here), the GPUs, the engine our ledger puts in the source's place, and what was measured."""
+    """One published run: its file (``benchmarks/public/``), the flags a user types, and what was measured."""
 
     key: str
     what: str
     config: str
-    model: str
-    gpus: int
-    card: int
-    engine: Optional[str]  # the sharding our ledger models for the source's engine (None: one GPU, plain)
-    measured: Tuple[float, float]  # bytes: the published figure (a range, or one value twice)
-    phase: Optional[str]  # the ledger's phase the figure is of (None: the peak)
-    reading: str  # what the figure is, in the source's words
+    flags: Tuple[str, ...]  # after ``autofit estimate --config FILE``
+    measured: Optional[Tuple[float, float]]  # bytes: the published figure (a range, or one value twice); None: none
+    phase: Optional[str]  # the phase the figure is of, as the estimate's "by phase" line names it (None: the peak)
+    reading: str  # what the figure is, in the source's words, and which meter it reads
     not_expressed: str  # the source's settings our stack or ledger does not express
+    card: Optional[float] = None  # bytes: a run published only as fitting or not (``measured`` None)
 
 
+LLAMA2_70B = ("--model", "benchmarks/models/Llama-2-70b-hf")
+LLAMA3_8B = ("--model", "benchmarks/models/Meta-Llama-3-8B")
 ROWS = (
-    Published("F1", "Llama-2-70B LoRA r=8 all-linear, FSDP full shard, 8 x H100, batch 8 x 4, 2048 tokens",
-              "F1.yaml", "Llama-2-70b-hf", 8, H100_80GB, "fsdp2", (72 * GB, 80 * GB), None,
-              "72-80 GB per GPU (90-98%, a chart; nvidia-smi style)",
-              "FSDP version 1 with flat parameters and every LoRA leaf its own unit (we model FSDP2); the 2024 TRL "
-              "and transformers loss with full-vocabulary fp32 logits (TRL 1.16 uses its chunked LM head); the "
-              "figure spans the whole run, the final save included"),
-    Published("F2", "Llama-2-70B QLoRA (NF4, nested), FSDP full shard, 2 GPUs, batch 2 x 2, 2048 tokens",
-              "F2.yaml", "Llama-2-70b-hf", 2, H100_80GB, "fsdp2", (35.6 * GB, 35.6 * GB), None,
-              "35.6 GB per GPU (tool and GPU not stated)",
-              "FSDP version 1 over bitsandbytes' 4-bit storage (we model FSDP2); the 2024 full-vocabulary fp32 "
-              "loss; reentrant checkpointing"),
-    Published("O1", "Llama-3-8B full SFT, DeepSpeed ZeRO-2, 1 x A100 80GB, batch 1, 128 tokens, after backward",
-              "O1.yaml", "Meta-Llama-3-8B", 1, A100_80GB, None, (61 * GIB, 61 * GIB), "backward",
-              "61 (GiB) after the backward pass; out of memory at the optimizer step",
-              "OpenRLHF's trainer (not TRL); its DeepSpeed settings are the file's (`deepspeed:`)"),
+    Published("F1", "Llama-2-70B LoRA r=8 all-linear, FSDP full shard (`fsdp:` + `fsdp_config:`), 8 x H100, "
+              "batch 8 x 4, 2048 tokens", "F1.yaml", ("--gpus", "8", "--gpu-memory", "H100", *LLAMA2_70B),
+              (72 * GB, 80 * GB), None,
+              "72-80 GB per GPU (90-98%), read off a GPU-memory chart: **nvidia-smi**",
+              "FSDP version 1 with flat parameters and every LoRA leaf its own unit (modelled as FSDP2, said by the "
+              "estimate); the 2024 TRL and transformers loss with full-vocabulary fp32 logits (TRL 1.16 uses its "
+              "chunked LM head); the figure spans the whole run, the final save included"),
+    Published("F2", "Llama-2-70B QLoRA (NF4, nested, bf16 quant storage), FSDP full shard (`fsdp:` + "
+              "`fsdp_config:`), 2 GPUs, batch 2 x 2, 2048 tokens", "F2.yaml",
+              ("--gpus", "2", "--gpu-memory", "H100", *LLAMA2_70B), (35.6 * GB, 35.6 * GB), None,
+              "35.6 GB per GPU (GPU and tool not stated; read as **nvidia-smi**)",
+              "FSDP version 1 over bitsandbytes' 4-bit storage (modelled as FSDP2 over the 4-bit bytes); the 2024 "
+              "full-vocabulary fp32 loss; reentrant checkpointing"),
+    Published("O1", "Llama-3-8B full SFT, DeepSpeed ZeRO-2 (`deepspeed:`), 1 x A100 80GB, batch 1, 128 tokens, "
+              "after the first backward", "O1.yaml", ("--gpu-memory", "A100-80GB", *LLAMA3_8B),
+              (61 * GIB, 61 * GIB), "first backward",
+              "61 (GiB) after the backward pass, out of memory at the optimizer step (tool not stated; read as "
+              "**nvidia-smi**, in GiB)",
+              "OpenRLHF's trainer (not TRL); compared with the estimate's nvidia-smi figure of that phase (the "
+              "estimate prints PyTorch's only at the peak)"),
+    Published("O1-offload", "O1 with its source's fix: `offload_optimizer: {device: cpu}` in its DeepSpeed block",
+              "O1-offload.yaml", ("--gpu-memory", "A100-80GB", *LLAMA3_8B), None, None,
+              "trains on the A100 80GB (no figure)", "OpenRLHF's trainer (not TRL); DeepSpeed's CPU Adam",
+              card=80 * GIB),
 )
 
 
-def candidate_of(row: Published) -> Candidate:
-    """The run's configuration as the estimate reads its file, at its engine."""
-    values = with_config({"config": str(ROOT / "public" / row.config), "model": str(ROOT / "models" / row.model),
-                          "gpus": row.gpus, "gpu_memory": row.card, "device": "cuda"})
-    candidate = base_candidate(estimate_question(SearchOptions(**values)))
-    return candidate if row.engine is None else candidate.replace(sharding=row.engine)
+def command(row: Published) -> Tuple[str, ...]:
+    """What a user types (from the repository's root)."""
+    return ("autofit", "estimate", "--config", f"benchmarks/public/{row.config}", *row.flags)
 
 
-def predict(row: Published) -> Dict[str, Ledger]:
-    """The run's ledgers by phase."""
-    return {ledger.phase: ledger for ledger in phase_ledgers(candidate_of(row), device="cuda")}
+def _size(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * UNITS[unit]
 
 
-# DeepSpeed's fp32 master weights exist from the engine's setup; Adam's two states only from the first step. The
-# ledger's steady-state phases hold all 12 bytes per parameter; the first backward, which O1 measured, 4 of them.
-ZERO_MASTER_SHARE = 4 / 12
+SIZE = r"([0-9.]+ [KMGT]?i?B)"
 
 
-def first_backward(ledger: Ledger) -> Tuple[float, float]:
-    """(nvidia-smi, PyTorch) of the train phase before the first optimizer step: no Adam states yet."""
-    adam = ledger.optimizer * (1 - ZERO_MASTER_SHARE)
-    return ledger.total - ledger.reserved_factor * adam, ledger.allocated - adam
+def read_estimate(printed: str) -> Dict[str, object]:
+    """The user's run as the estimate prints it: the peak (nvidia-smi and PyTorch), its phase, each phase's figure
+    (nvidia-smi), the verdict and the host memory it offloads."""
+    run = next(line for line in printed.splitlines() if line.startswith("your run ("))
+    phases_line = next(line for line in printed.splitlines() if line.startswith("your run by phase"))
+    found: Dict[str, object] = {
+        "peak": _size(re.search(r"nvidia-smi shows " + SIZE, run).group(1)),  # type: ignore[union-attr]
+        "allocated": _size(re.search(r"PyTorch allocates " + SIZE, run).group(1)),  # type: ignore[union-attr]
+        "phase": re.search(r"at its peak \(([^)]+)\)", run).group(1),  # type: ignore[union-attr]
+        "fits": "): fits in" in run,
+    }
+    host = re.search(r"host memory \(pinned RAM\) " + SIZE, run)
+    found["host"] = _size(host.group(1)) if host else 0.0
+    body = phases_line.split(": ", 1)[1]
+    found["phases"] = {m.group(1): _size(m.group(2)) for m in re.finditer(r"([a-z ]+?) " + SIZE + r"(?:, |$)", body)}
+    return found
+
+
+def estimate(row: Published) -> Dict[str, object]:
+    done = subprocess.run([sys.executable, "-m", "autofit.cli", *command(row)[1:]], cwd=REPO, capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command(row))}: exit {done.returncode}: {done.stderr.strip()}")
+    return read_estimate(done.stdout)
 
 
 def _gb(value: float) -> str:
@@ -92,31 +116,39 @@ def _gb(value: float) -> str:
 
 
 def table(_: Path) -> str:
-    lines = ["| run | configuration (as its source states it) | published | predicted: nvidia-smi (PyTorch) | "
-             "error | not expressed |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| run | configuration (as its source launched it) | command | published (meter) | "
+             "predicted: nvidia-smi (PyTorch) | error | not expressed |",
+             "|---|---|---|---|---|---|---|"]
     for row in chosen(ROWS):
-        ledgers = predict(row)
-        peak = max(ledgers.values(), key=lambda found: found.total)
-        ledger = ledgers[row.phase] if row.phase else peak
-        shown, allocated, where = ledger.total, ledger.allocated, ledger.phase
-        extra = ""
-        if row.phase == "backward" and "deepspeed" in dict(candidate_of(row).user_args):
-            (shown, allocated), where = first_backward(ledger), "first backward"
-            extra = (f"; step {format_size(peak.total)}: "
-                     + ("out of memory, as published" if peak.total > row.card else "fits, unlike the source"))
-        low, high = row.measured
-        middle = (low + high) / 2
-        error = (shown - middle) / middle
-        inside = " (inside the range)" if low <= shown <= high else ""
-        lines.append(f"| {row.key} | {row.what} | {row.reading} | {_gb(shown)} ({_gb(allocated)}) [{where}]{extra} "
-                     f"| {error:+.1%}{inside} | {row.not_expressed} |")
+        found = estimate(row)
+        phases: Dict[str, float] = found["phases"]  # type: ignore[assignment]
+        peak, allocated = float(found["peak"]), float(found["allocated"])  # type: ignore[arg-type]
+        if row.phase:
+            shown = f"{_gb(phases[row.phase])} [{row.phase}]; peak {_gb(peak)} ({_gb(allocated)}) [{found['phase']}]"
+            value = phases[row.phase]
+        else:
+            shown, value = f"{_gb(peak)} ({_gb(allocated)}) [{found['phase']}]", peak
+        if row.key == "O1":
+            shown += ": out of memory, as published" if not found["fits"] else ": fits, unlike the source"
+        if found["host"]:
+            shown += f"; host {_gb(float(found['host']))}"  # type: ignore[arg-type]
+        if row.measured is None:
+            verdict = "fits, as published" if found["fits"] else "does not fit, unlike the source"
+            error = verdict
+        else:
+            low, high = row.measured
+            middle = (low + high) / 2
+            error = f"{(value - middle) / middle:+.1%}" + (" (inside the range)" if low <= value <= high else "")
+        lines.append(f"| {row.key} | {row.what} | `{' '.join(command(row))}` | {row.reading} | {shown} | {error} "
+                     f"| {row.not_expressed} |")
     lines.append("")
-    lines.append("Predicted: `autofit estimate --config benchmarks/public/<run>.yaml` at the source's engine (our "
-                 "FSDP2 for its FSDP; O1's DeepSpeed configuration is its file's), uncalibrated; nvidia-smi = "
-                 "reserved memory plus the CUDA context (and NCCL's buffers with several GPUs), the figure the search "
-                 "holds against the budget; PyTorch = `max_memory_allocated`. Error against the published figure (a "
-                 "range's middle).")
+    lines.append("Predicted: what `autofit estimate --config FILE` prints for the file as its source launched it "
+                 "(engine keys included: `fsdp:`/`fsdp_config:`, `deepspeed:`), uncalibrated, read from its "
+                 "\"your run\" lines by this script and nothing else (`--model` names the model's configuration "
+                 "folder: the hub is not reachable here). nvidia-smi = reserved memory plus the CUDA context (and "
+                 "NCCL's buffers with several GPUs), the figure the search holds against the budget; PyTorch = "
+                 "`max_memory_allocated`. The error is against the published figure (a range's middle), in the "
+                 "meter the source reports where the estimate prints it.")
     return "\n".join(lines)
 
 

@@ -164,6 +164,7 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     lines += [f"note: {note}" for note in (*spec.notes, *notes)]
     if spec.baseline is not None:
         lines.append(your_run_line(spec, result))
+        lines.append(phases_line(result.levels[0].ledger))
     lines += vllm_lines(spec, shape)
     start = LadderState(base_candidate(spec))
     usable, left_out = usable_rungs(resolve_ladder(spec.ladder), spec.device, start)
@@ -276,6 +277,12 @@ def your_run_line(spec: SearchSpec, result: RungEstimate) -> str:
     return (f"your run ({spec.options.config} as written): {candidate.describe()} predicts {band} at its peak "
             f"({ledger.phase}): {verdict}{maybe}; {_views(ledger, spec.device)}"
             + (f"; host memory (pinned RAM) {format_size(ledger.host)} for what it offloads" if ledger.host else ""))
+
+
+def phases_line(ledger: Ledger) -> str:
+    """The user's run phase by phase (what nvidia-smi shows at each), for figures published by phase."""
+    return "your run by phase (nvidia-smi): " + ", ".join(
+        f"{phase.replace('_', ' ')} {format_size(total)}" for phase, total in ledger.phase_totals.items())
 
 
 def _views(ledger: Ledger, device: str) -> str:

@@ -147,6 +147,9 @@ class _Phase:
     terms: Dict[str, float]
 
 
+ZERO_MASTER_SHARE = 4 / 12  # of ZeRO's optimizer bytes per trainable parameter: the fp32 master weight
+
+
 def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase]:
     if candidate.unit.critic:  # PPO: a value model beside the policy, and the rollout (``_rollout``)
         return [_Phase(name, terms) for name, terms in rollout_phases(candidate, shape, device)]
@@ -171,6 +174,11 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
                         "gradients": state.gradients + state.step_gradients,
                         "optimizer": state.optimizer + max(state.step_temporaries, state.embedding_temporaries)}),
     ]
+    if zero and not candidate.offload:  # DeepSpeed's fp32 master weights exist from its setup, Adam's states from the
+        # first step: the first backward holds 4 of the 12 bytes per trainable parameter [D: DeepSpeed's optimizer
+        # state is created lazily by torch's and DeepSpeed's Adam at their first step]
+        phases.append(_Phase("first_backward", {**phases[1].terms,
+                                                "optimizer": state.optimizer * ZERO_MASTER_SHARE}))
     if candidate.offload:
         phases.append(_Phase("engine_setup", {"weights": engine_setup_bytes(candidate, shape, device)}))
     if candidate.is_rl and not candidate.vllm:  # with vLLM the trainer does not generate (``vllm``)
