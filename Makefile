@@ -29,7 +29,7 @@ TRAIN_FROM = $(if $(filter file,$(origin OUT)),$(if $(wildcard $(OUT)/best.yaml)
 TRAIN_OUT ?= $(TRAIN_FROM)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public
+.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -53,6 +53,7 @@ help:
 	@echo "  make bench-liger     Liger's kernels (a stand-in of their saved tensors) against the ledger, on the CPU meter"
 	@echo "  make bench-weightless  what a probe's checkpoint of a 7B to 72B model costs in disk, memory and time"
 	@echo "  make bench-public    the estimate against GPU peaks published for the Hugging Face stack"
+	@echo "  make bench-speed     the throughput model's speed ratios against measured ones, on the CPU meter"
 	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
 
 search: venv
@@ -152,7 +153,7 @@ bench: venv
 
 # Every benchmark target the README and docs name, in its quick mode (make gpu-check needs CUDA: not here).
 bench-quick: QUICK = 1
-bench-quick: bench bench-families
+bench-quick: bench bench-families bench-speed
 
 clean:
 	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY) $(FLOOR_VENV)
@@ -176,6 +177,12 @@ bench-activation-offload: venv
 # the ledger's saving against the measured one, the table between the "liger" markers of docs/benchmarks.md.
 bench-liger: venv
 	$(BIN)/python -m benchmarks.liger $(BENCH_WRITE)
+
+# The throughput model against measured speed on the CPU meter: each configuration's tok/s over its workload's
+# baseline (checkpointing, micro-batch, LoRA), predicted on this machine's measured rates against measured; the table
+# between the "speed" markers of docs/benchmarks.md (about 8 minutes on a busy 2-core machine; not part of bench).
+bench-speed: venv
+	$(BIN)/python -m benchmarks.speed $(BENCH_WRITE)
 
 # The memory model against peaks published for the Hugging Face stack (shared/notes/public-measurements.md), each run
 # as its source states it (benchmarks/public/*.yaml, read with --config): the table between the "public" markers of
