@@ -98,3 +98,18 @@ def test_a_tie_of_timings_goes_to_the_named_cards_prediction_and_a_clear_gap_to_
         assert judge.faster(fit(plain, 1000), fit(ckpt, 1050)) is tie_to_model  # 5%: within the noise
         assert judge.faster(fit(plain, 1000), fit(ckpt, 1500)) is False  # 50%: the timing decides
         assert len(notes) == int(tie_to_model) and all("on H100 predicts" in n for n in notes)
+
+
+def test_estimate_compares_cards(capsys):
+    from autofit.cli import main
+
+    assert main(["estimate", "--model", "Qwen/Qwen2.5-7B", "--algo", "grpo", "--gpu-memory", "H100,L4"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("autofit estimate: grpo Qwen/Qwen2.5-7B") == 2  # each card's whole estimate, then the comparison
+    table = out[out.index("cards compared"):].splitlines()
+    rows = {line.split()[0]: line.split() for line in table[2:]}
+    assert set(rows) == {"H100", "L4"}
+    assert float(rows["H100"][-1].replace(",", "")) > float(rows["L4"][-1].replace(",", ""))
+    # one card that is no card: refused as --gpu-memory alone would refuse it, naming it
+    assert main(["estimate", "--model", "Qwen/Qwen2.5-7B", "--gpu-memory", "H100,L5"]) == 2
+    assert "'L5' is not valid" in capsys.readouterr().err

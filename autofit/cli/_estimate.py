@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from autofit.cli._speed import level_speeds, speed_cell, speed_lines
+from autofit.cli._speed import comparison_lines, level_speeds, speed_cell, speed_lines
 from autofit.core import (
     DEFAULT_ALGO,
     ESTIMATE,
@@ -294,22 +294,31 @@ def _views(ledger: Ledger, device: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the estimate; 0, or 2 with a one-line message on bad input."""
+    """Print the estimate, for each card of ``--gpu-memory A,B`` and then their comparison; 0, or 2 with a one-line
+    message on bad input."""
     from autofit.memory_model import ensure_census
     from autofit.search import estimate_question, with_config
 
+    texts, compared = [], []
     try:
-        options = SearchOptions(**with_config(given_values(args, ESTIMATE)))
-        spec = estimate_question(options)
-        ensure_census(options.model, trust_remote_code=options.trust_remote_code)
-        ModelShape.from_model(options.model)
-        _check_plot_path(options.plot)
-        calibration, notes = load_calibration(options.from_dir, spec)
-        result = expected_rung(spec, spec.budget_bytes, calibration=calibration)
-        text = estimate_text(spec, calibration, notes, result)
-        if options.plot:
-            plot_levels(spec, result, options.plot)
-            text += f"\nplot: {options.plot}"
+        given = getattr(args, "gpu_memory", None)
+        cards = [part.strip() for part in given.split(",")] if isinstance(given, str) and "," in given else [given]
+        if len(cards) > 1 and getattr(args, "plot", None):
+            raise InputError(f"--plot draws one card's levels, not the {len(cards)} of --gpu-memory {given}")
+        for card in cards:  # each card read and refused as --gpu-memory alone would be
+            one = argparse.Namespace(**{**vars(args), "gpu_memory": card})
+            options = SearchOptions(**with_config(given_values(one, ESTIMATE)))
+            spec = estimate_question(options)
+            ensure_census(options.model, trust_remote_code=options.trust_remote_code)
+            ModelShape.from_model(options.model)
+            _check_plot_path(options.plot)
+            calibration, notes = load_calibration(options.from_dir, spec)
+            result = expected_rung(spec, spec.budget_bytes, calibration=calibration)
+            texts.append(estimate_text(spec, calibration, notes, result))
+            compared.append((str(card), spec, result))
+            if options.plot:
+                plot_levels(spec, result, options.plot)
+                texts[-1] += f"\nplot: {options.plot}"
     except (InputError, ValueError) as exc:
         print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -317,5 +326,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"autofit: error: the configuration of model '{one_line(args.model)}' cannot be estimated "
               f"({type(exc).__name__}: {one_line(exc)}): check its config.json", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(text)
+    if len(compared) > 1:
+        texts.append("\n".join(comparison_lines(compared)))
+    print("\n\n".join(texts))
     return EXIT_OK

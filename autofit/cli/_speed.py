@@ -6,7 +6,14 @@ from __future__ import annotations
 from typing import Any, List, Optional, Sequence
 
 from autofit.core import SearchSpec
-from autofit.memory_model import Card, ModelShape, SpeedEstimate, card_named, predict_speed
+from autofit.memory_model import (
+    PRIOR_SPEED_UNCERTAINTY,
+    Card,
+    ModelShape,
+    SpeedEstimate,
+    card_named,
+    predict_speed,
+)
 from autofit.rungs import rung_named
 
 
@@ -68,3 +75,29 @@ def _trade(faster: Any, slower: Any) -> str:
         if sentence:
             sentences.append(sentence)
     return ("; the faster trades " + "; ".join(sentences)) if sentences else ""
+
+
+def comparison_lines(compared: Sequence[Any]) -> List[str]:
+    """Where one run fits and how fast, card by card (``--gpu-memory H100,L4``): each card's expected level and the
+    fastest level predicted to fit it. ``compared``: (card as given, its question, its levels' estimate)."""
+    from autofit.core import format_size
+
+    rows = [("card", "budget", "expected level", "its peak", "fastest fit", "tok/s")]
+    for card, spec, result in compared:
+        expected = result.expected
+        levels = result.levels
+        shape = ModelShape.from_model(spec.options.model)
+        speeds = level_speeds(spec, shape, levels)
+        fitting = [(s, level) for s, level in zip(speeds or [], levels, strict=False) if level.ledger.fits(
+            spec.budget_bytes)]
+        fastest = max(fitting, key=lambda pair: pair[0].tokens_per_second) if fitting else None
+        rows.append((card, format_size(spec.budget_bytes),
+                     f"{expected.level} ({'+'.join(expected.rungs[-1:]) or 'baseline'})" if expected else "none fits",
+                     format_size(expected.ledger.total) if expected else "-",
+                     f"{fastest[1].level} ({'+'.join(fastest[1].rungs[-1:]) or 'baseline'})" if fastest else "-",
+                     speed_cell(fastest[0]) if fastest else "-" if speeds else "no card named"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["cards compared (the same run on each; tok/s of the fastest level predicted to fit, ± "
+             f"{PRIOR_SPEED_UNCERTAINTY:.0%}):"]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return lines

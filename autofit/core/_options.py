@@ -137,7 +137,9 @@ class SearchOptions:
     gpu_memory: Union[None, str, int] = option(
         help=f"budget per GPU: a size (24GiB; 80GB is 10^9 bytes, 74.51 GiB) or a card's name, its whole memory "
              f"({card_names()}); default the card's memory; required on CPU", kind=SIZE, doors=DOORS,
-        required=(ESTIMATE,), estimate_help=f"budget per GPU: a size (24GiB, 80GB) or a card's name ({card_names()})")
+        required=(ESTIMATE,),
+        estimate_help=f"budget per GPU: a size (24GiB, 80GB) or a card's name ({card_names()}); a card prints its "
+                      "predicted tokens/s; several, comma-separated (H100,L4), are compared")
     device: str = option("auto", help="auto, cuda or cpu (cpu: the simulated device meter)", kind=one_of(DEVICES),
                          doors=DOORS, estimate_help="cuda (a GPU with bf16 autocast and a CUDA context; auto is cuda "
                                                     "here) or cpu (the simulated meter)")
