@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import warnings
@@ -35,6 +36,7 @@ from autofit.core import (
     atomic_write_text,
     driver_version,
     first_gpu,
+    format_size,
     installed_versions,
     resolve_model,
 )
@@ -49,6 +51,24 @@ CONSTRAINT_MEANING = "peak bytes minus the budget: above 0 is out of memory"
 # (or a longer --probe-timeout), so those probes run again.
 REUSABLE = (Outcome.OK, Outcome.OOM, Outcome.INVALID)
 Steps = Union[int, str]  # a probe's optimizer steps, or a verification's ("auto" or a count)
+SIZES = ("micro_batch", "max_length")  # a probe's sizes: trial parameters where the question lets them vary
+# The sizes in the question (``SearchSpec.question_key``): "...|max_length|min_length|effective_batch|maximize|..."
+QUESTION_SIZES = re.compile(r"\|(\d+)\|(\d+)\|(\d+)\|(?:batch|length)\|")
+
+
+def fixed_sizes(question: str) -> Dict[str, int]:
+    """The probe sizes the question holds constant: ``max_length`` when its floor is the length itself (no shorter
+    length is ever probed), ``micro_batch`` when the effective batch is 1. They are the study's attributes, not
+    parameters of every trial: a constant parameter is credited with a share of the objective by optuna-dashboard's
+    parameter importance. A question this cannot read fixes nothing (every size a parameter, as before)."""
+    found = QUESTION_SIZES.search(question)
+    if not found:
+        return {}
+    length, floor, effective = (int(group) for group in found.groups())
+    fixed = {"max_length": length} if floor >= length else {}
+    if effective == 1:
+        fixed["micro_batch"] = 1
+    return fixed
 
 
 @contextlib.contextmanager
@@ -157,6 +177,7 @@ class ProbeStore:
         self.notes: List[str] = []
         self.fingerprint = fingerprint
         self.study = self._open(Path(out_dir) / STUDY_FILE, study_name)
+        self.fixed = fixed_sizes(question)
         self._label(question)
         self.budget_bytes = budget_bytes
         self.distributions: Dict[str, BaseDistribution] = {
@@ -224,6 +245,9 @@ class ProbeStore:
             self.study.set_user_attr("question", question)
         if "constraint" not in self.study.user_attrs:
             self.study.set_user_attr("constraint", CONSTRAINT_MEANING)
+        for name, value in self.fixed.items():  # the question's constants, once (a resumed study keeps its own)
+            if name not in self.study.user_attrs:
+                self.study.set_user_attr(name, value)
 
     @property
     def probes_total(self) -> int:
@@ -242,11 +266,15 @@ class ProbeStore:
         cached = None if fresh else self.lookup(candidate, kind, steps)
         if cached is not None:
             return cached, True
-        params = {"level": level, "micro_batch": candidate.micro_batch, "max_length": candidate.max_length}
+        params = {"level": level}
+        for size in SIZES:  # a size the question fixes is a study attribute; one that differs from it is a parameter
+            value = getattr(candidate, size)
+            if self.fixed.get(size) != value:
+                params[size] = value
         with deferred_interrupt():
             self.study.enqueue_trial(params, user_attrs={"key": candidate.key(), "kind": kind, "steps": steps,
                                                          "fingerprint": self.fingerprint})
-            trial = self.study.ask(fixed_distributions=self.distributions)
+            trial = self.study.ask(fixed_distributions={name: self.distributions[name] for name in params})
             trial.set_user_attr("candidate", candidate.to_dict())
             trial.set_user_attr("config", candidate.describe())  # flat attributes: what optuna-dashboard lists
             trial.set_user_attr("rungs", "+".join(candidate.rungs) or "baseline")
@@ -270,6 +298,11 @@ class ProbeStore:
                 over = max(over, 1)
             # Optuna's first format, a list: optuna-dashboard (0.21) reads only that, and Optuna reads both.
             trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [float(over)])
+            if result.outcome in (Outcome.OK, Outcome.OOM):  # what the dashboard's trial list says of it (its tag
+                # is the trial's state, Complete for both: an OOM is an infeasible trial, not a failed one)
+                trial.set_user_attr("feasible", "yes" if result.outcome is Outcome.OK else
+                                    f"no: out of memory at a peak of {format_size(result.peak_bytes)} (budget "
+                                    f"{format_size(self.budget_bytes)})")
         if result.outcome in (Outcome.OK, Outcome.OOM):
             self.study.tell(trial, result.tokens_per_second if result.fits else 0.0)
         else:
