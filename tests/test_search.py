@@ -541,7 +541,7 @@ def test_optuna_study_records_one_trial_per_probe(tmp_path):
         assert trial.user_attrs["kind"] == ("verify" if call.steps == spec.options.verify_steps else "probe")
         assert Candidate.from_dict(trial.user_attrs["candidate"]) == call.candidate
         assert trial.params["micro_batch"] == call.candidate.micro_batch
-        assert trial.params["max_length"] == call.candidate.max_length
+        assert trial.params.get("max_length", study.user_attrs["max_length"]) == call.candidate.max_length
         outcome = call.result.outcome
         if outcome is Outcome.OOM:
             assert trial.state is TrialState.COMPLETE
