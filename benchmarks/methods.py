@@ -212,6 +212,8 @@ def run_autofit(workload: Workload, budget: int, workdir: Path, verifier: Verifi
                      "uncertainty": s.uncertainty} for s in report.skipped],
         "margin": report.margin,
         "notes": list(report.notes),
+        # not timed: predicted slower than a measured fit (issue 37; benchmarks.search_speed compares old and new)
+        "speed_skipped": [describe(s.candidate) for s in getattr(report, "speed_skipped", [])],
     }
     if report.probes_run != runner.count:
         out.note = f"report.probes_run={report.probes_run} but the runner ran {runner.count} probes"

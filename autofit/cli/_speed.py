@@ -1,20 +1,56 @@
 """The estimate's speed: predicted tokens per second of each level on the named card, and the fastest configuration
-predicted to fit with what it trades against the next (``autofit.memory_model``'s throughput model)."""
+predicted to fit with what it trades against the next (``autofit.memory_model``'s throughput model). With
+``--from DIR``, the throughput model calibrated on that search's timed probes (best.json's "speed_model") when it was
+made for the same model, algorithm, device and card; on the CPU meter it also brings the machine's measured rates."""
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+import json
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple
 
-from autofit.core import SearchSpec
+from autofit.core import InputError, SearchSpec
 from autofit.memory_model import (
     PRIOR_SPEED_UNCERTAINTY,
     Card,
     ModelShape,
+    SpeedCalibration,
     SpeedEstimate,
+    base_candidate,
     card_named,
     predict_speed,
 )
 from autofit.rungs import rung_named
+
+SPEED_MODEL_KEY = "speed_model"  # best.json key of the calibrated throughput model (SpeedCalibration.to_dict())
+
+
+def load_speed_calibration(spec: SearchSpec) -> Tuple[Optional[SpeedCalibration], List[str]]:
+    """The throughput model calibrated by the search in ``--from DIR`` when it applies to ``spec`` (model, algo,
+    device, and the card named); else None, with a note saying why when a directory was given."""
+    from_dir = spec.options.from_dir
+    if not from_dir:
+        return None, []
+    path = Path(from_dir) / "best.json"
+    prior = f"tok/s from the uncalibrated throughput model (±{PRIOR_SPEED_UNCERTAINTY:.0%})"
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        data = None  # the memory model's loading names the unreadable file (autofit.cli._estimate)
+    stored = data.get(SPEED_MODEL_KEY) if isinstance(data, dict) else None
+    if not stored:
+        return None, [f"{path} has no calibrated throughput model ('{SPEED_MODEL_KEY}'): {prior}"] if data else []
+    try:
+        calibration = SpeedCalibration.from_dict(stored)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"--from {path}: its throughput model cannot be read ({type(exc).__name__}: {exc}): run the "
+                         "search again, or drop --from") from None
+    mismatch = calibration.mismatch(base_candidate(spec), estimate_card(spec))
+    if mismatch or calibration.points == 0:
+        return None, [f"{path}'s throughput model was calibrated for {mismatch or 'no timed probe'}: {prior}"]
+    return calibration, [f"tok/s calibrated on {calibration.points} timed probe(s) from {path} ({calibration.method}: "
+                         f"compute x{calibration.compute_scale:.3f}, per micro-batch x{calibration.fixed_scale:.3f}, "
+                         f"±{calibration.uncertainty:.0%})"]
 
 
 def estimate_card(spec: SearchSpec) -> Optional[Card]:
@@ -25,11 +61,20 @@ def estimate_card(spec: SearchSpec) -> Optional[Card]:
 
 
 def level_speeds(spec: SearchSpec, shape: ModelShape, levels: Sequence[Any]) -> Optional[List[SpeedEstimate]]:
-    """Each level's predicted speed, in order; None where no card is named."""
-    card = estimate_card(spec)
+    """Each level's predicted speed, in order (calibrated by ``--from DIR``'s search where it applies); None where no
+    card is named and no calibration brings the CPU meter's rates."""
+    calibration, _ = load_speed_calibration(spec)
+    card = estimate_card(spec) or (calibration.card_of() if calibration is not None else None)
     if card is None:
         return None
+    if calibration is not None:
+        return [calibration.predict(level.candidate, shape, card) for level in levels]
     return [predict_speed(level.candidate, shape, card) for level in levels]
+
+
+def _rates(card: Card) -> str:
+    flops = f"{card.flops / 1e12:,.0f} TFLOP/s" if card.flops >= 1e12 else f"{card.flops / 1e9:,.1f} GFLOP/s"
+    return f"{card.source}: {flops}, {card.bandwidth / 1e12:.2f} TB/s"
 
 
 def speed_cell(speed: SpeedEstimate) -> str:
@@ -39,16 +84,20 @@ def speed_cell(speed: SpeedEstimate) -> str:
 def speed_lines(spec: SearchSpec, levels: Sequence[Any], speeds: Optional[List[SpeedEstimate]]) -> List[str]:
     """The fastest level predicted to fit, and the trade against the next fastest; or how to get a speed."""
     budget = spec.budget_bytes
+    calibration, notes = load_speed_calibration(spec)
     if speeds is None:
+        lines = [f"note: {note}" for note in notes]
         if spec.device == "cuda":
-            return ["speed: name a card (--gpu-memory H100, L4, A100-80GB, ...) for tokens/s from its published peaks"]
-        return []
-    card = estimate_card(spec)
+            return lines + ["speed: name a card (--gpu-memory H100, L4, A100-80GB, ...) for tokens/s from its "
+                            "published peaks"]
+        return lines
+    card = estimate_card(spec) or (calibration.card_of() if calibration is not None else None)
     assert card is not None and budget is not None  # speeds come with a card; an estimate has a budget
     fitting = sorted(((s, level) for s, level in zip(speeds, levels, strict=True) if level.ledger.fits(budget)),
                      key=lambda pair: -pair[0].tokens_per_second)
-    lines = [f"speed on one {card.name} ({card.source}: {card.flops / 1e12:,.0f} TFLOP/s, "
-             f"{card.bandwidth / 1e12:.2f} TB/s): tok/s predicted ± {speeds[0].uncertainty:.0%}, uncalibrated"]
+    lines = [f"speed on one {card.name} ({_rates(card)}): tok/s predicted ± {speeds[0].uncertainty:.0%}, "
+             + ("calibrated" if calibration is not None else "uncalibrated")]
+    lines += [f"note: {note}" for note in notes]
     if not fitting:
         return lines
     best, level = fitting[0]

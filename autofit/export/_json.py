@@ -86,10 +86,23 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
             }
             for s in report.skipped
         ],
+        # not timed: predicted slower than a measured fit beyond the throughput model's band (not failures)
+        "skipped_by_speed": [
+            {
+                "rungs": list(s.candidate.rungs),
+                "candidate": s.candidate.describe(),
+                "predicted_tokens_per_second": round(s.predicted_tps, 1),
+                "than": s.than.describe(),
+                "than_predicted_tokens_per_second": round(s.than_predicted_tps, 1),
+                "band": round(s.band, 4),
+            }
+            for s in report.speed_skipped
+        ],
         "margin": round(report.margin, 4),
         "stopped": report.stopped,
         "versions": installed_versions(PACKAGES),
         "memory_model": report.calibration.to_dict() if report.calibration is not None else None,
+        "speed_model": report.speed_model.to_dict() if report.speed_model is not None else None,
         "prediction_error": prediction_error(report),
     }
     if report.fits:

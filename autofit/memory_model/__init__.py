@@ -16,6 +16,8 @@ and 5.1). One module per family of terms:
 - ``_logits``: TRL's fused LM head and the RL generation phase (2.5, 2.6);
 - ``_allocator``: the CUDA context and the caching allocator's overhead (2.7, 5.1);
 - ``_ledger``: the terms at each phase of a step and the predicted peak;
+- ``_throughput``, ``_cards``, ``_speed_calibration``: how fast a step runs on a card, and that model calibrated on
+  a search's timed steps;
 - ``_calibration``: a scale on the static part (what does not depend on the tokens) and one on the dynamic part
   (activations, LM-head buffers, generation), fitted by least squares on measured peaks;
 - ``_levels``: the ladder walked over predicted peaks (``autofit estimate``) and the search's grids;
@@ -90,11 +92,13 @@ from autofit.memory_model._parameters import (
 )
 from autofit.memory_model._rungs import custom_rungs, rung_band, rung_notes
 from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
+from autofit.memory_model._speed_calibration import SpeedCalibration, calibrate_speed
 from autofit.memory_model._throughput import PRIOR_SPEED_UNCERTAINTY, SpeedEstimate, measured_rates_card, predict_speed
 from autofit.memory_model._vllm import VLLM_MODES, vllm_lines, vllm_share
 
 __all__ = [
     "CARDS", "Card", "PRIOR_SPEED_UNCERTAINTY", "SpeedEstimate", "card_named", "measured_rates_card", "predict_speed",
+    "SpeedCalibration", "calibrate_speed",
     "UNMODELLED_ARGS", "optimizer_known", "unmodelled", "unmodelled_args",
     "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CALIBRATED_UNCERTAINTY_FLOOR", "CHECKED", "Calibration", "Census",
     "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES", "GEN_PREFILL_MLP_COPIES", "Ledger", "LevelEstimate",

@@ -55,6 +55,18 @@ class Skip:
 
 
 @dataclass
+class SpeedSkip:
+    """A candidate not timed: the throughput model predicts it slower than a measured fit by more than its band."""
+
+    level: int
+    candidate: Candidate
+    predicted_tps: float
+    than: Candidate  # the measured fit it would lose to
+    than_predicted_tps: float
+    band: float
+
+
+@dataclass
 class Fit:
     level: int
     candidate: Candidate
@@ -77,6 +89,8 @@ class SearchReport:
     margin: float = 0.0  # the fraction of the budget kept free when the choice was made
     stopped: Optional[str] = None  # why the search stopped without an answer about memory (autofit.search._faults)
     ladder_len: Optional[int] = None  # levels of the ladder itself; those after are rebuilt without a rung
+    speed_skipped: List[SpeedSkip] = field(default_factory=list)  # not timed (autofit.search._speed_skip)
+    speed_model: Optional[memory_model.SpeedCalibration] = None  # the throughput model calibrated on the timings
 
     @property
     def fits(self) -> bool:

@@ -8,7 +8,8 @@ Rules (see DESIGN.md, "The ladder"):
   reaches the top of the range (the largest micro-batch, or the full length); the fastest measured fit wins.
 - Within the quality class the first level that fits wins: its rungs change the training least.
 - A candidate the memory model puts over the budget even at the low end of its error band is not probed (a
-  whole level is passed over when its lightest candidate is); the skip is reported.
+  whole level is passed over when its lightest candidate is); nor, once a level of the free or speed class has a
+  fit, one the throughput model predicts slower than it beyond its band (``_speed_skip``). Skips are reported.
 - Fits are measured against the budget minus a margin: the headroom, or the memory model's measured error on this
   search's probes when that is larger (up to ``MAX_MARGIN``). A better fit rejected only by the margin is verified,
   and kept when the verification shows no drift or allocator retries that would break it (``autofit.search._margin``).
@@ -36,6 +37,7 @@ from autofit.search._margin import best_margin_only_fit, evidence, within_margin
 from autofit.search._pruning import prune
 from autofit.search._refine import refine
 from autofit.search._result import Fit, Record, SearchReport, Skip, truncation_note, undominated
+from autofit.search._speed_skip import SpeedGate
 from autofit.search._speed_tie import SpeedJudge
 from autofit.search._store import ProbeStore, measured_on
 
@@ -68,6 +70,7 @@ class Search:
         self.report.notes.extend(unavailable)
         self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.options.predict else None)
         self.judge = SpeedJudge(spec, self.guide, self.report.notes)  # ties of measured speed: the throughput model
+        self.speed = SpeedGate(spec, self.judge, self.report, self.store)  # what is predicted slower is not timed
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         self.failed_rungs = FailedRungs()  # rungs whose machinery could not run here (``autofit.rungs._failures``)
 
@@ -145,9 +148,8 @@ class Search:
         largest first.
 
         The memory model picks the first probe: the largest value predicted to fit. If it fits, the next value is
-        probed to confirm it is the largest (and the search climbs on if that fits too); if it does not, the
-        values below it are bisected. When memory grows with the value the answer is plain bisection's and the
-        model only saves probes.
+        probed to confirm it is the largest (climbing on if that fits too); else the values below it are bisected.
+        When memory grows with the value the answer is plain bisection's and the model only saves probes.
 
         ``top_apart``: the top value is the micro-batch without accumulation, which memory does not order with the
         others (from accumulation 2 on, gradients stay resident between micro-batches, so at short sequences
@@ -161,6 +163,8 @@ class Search:
             candidate = make(values[index])
             if self._ruled_out(level, candidate) is not None or self.failed_rungs.skipped(candidate):
                 return False
+            if self.speed.skips(level, candidate):  # not timed, predicted slower: a larger value may be faster
+                return True
             result = self._measure(level, candidate)
             if self.guide.fits(result):
                 fits.append(Fit(level, candidate, result))
@@ -185,18 +189,14 @@ class Search:
                 high = None
         while high is not None and high - low > 1:
             mid = (low + high) // 2
-            if fits_at(mid):
-                low = mid
-            else:
-                high = mid
+            low, high = (mid, high) if fits_at(mid) else (low, mid)
         if top_apart and self.guide.shape is not None and top not in tried:
             fits_at(top)
         return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
 
     def _size(self, candidate: Candidate) -> Tuple[int, int]:
-        if self.spec.options.maximize == "length":
-            return candidate.max_length, candidate.micro_batch
-        return candidate.micro_batch, candidate.max_length
+        size = candidate.micro_batch, candidate.max_length
+        return size[::-1] if self.spec.options.maximize == "length" else size
 
     # -- one level --------------------------------------------------------------------------------------------
     def _search_level(self, level: int, state: LadderState) -> List[Fit]:
@@ -251,6 +251,7 @@ class Search:
             self.report.margin = self.guide.margin()
             self.report.probes_run = self.store.probes_run
             self.report.probes_total = self.store.probes_total
+            self.speed.finish()
         return self.report
 
     def _walk(self, start: int) -> Tuple[List[Fit], List[Fit], int]:
@@ -258,6 +259,7 @@ class Search:
         primary: List[Fit] = []  # the best fit of each level
         fallback: List[Fit] = []  # smaller fits, in case a verification fails
         cost = None
+        self.speed.compare([], None)  # no measured fit to compare with yet (``_speed_skip``)
         for level in range(start, self.ladder_len):
             state = self.levels[level]
             if cost is not None and (self._class(state) != cost or cost == QUALITY or any(map(self._at_top, primary))):
@@ -277,6 +279,7 @@ class Search:
                 cost = cost or self._class(state)
                 primary.append(fits[0])
                 fallback.extend(fits[1:])
+                self.speed.compare(primary + fallback, cost)
         return primary, fallback, self.ladder_len
 
     def _prune(self, primary: List[Fit], fallback: List[Fit]) -> Tuple[List[Fit], List[Fit]]:
@@ -344,20 +347,16 @@ class Search:
         return 0.0, max(over, 1.0)
 
     def _fits_so_far(self, level: int) -> List[Fit]:
-        fits = [Fit(level, r.candidate, r.result) for r in self.report.records
-                if r.level == level and r.kind == "probe" and self.guide.fits(r.result)]
-        return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
+        return sorted((Fit(level, r.candidate, r.result) for r in self.report.records if r.level == level
+                       and r.kind == "probe" and self.guide.fits(r.result)), key=lambda f: self._size(f.candidate),
+                      reverse=True)
 
     def _class(self, state: LadderState) -> str:
-        """The cost class a level competes in. When the length is maximized, the free and speed rungs compete
-        together: the same training with a longer sequence is what the user asked for."""
-        if self.spec.options.maximize == "length" and state.cost == FREE:
-            return SPEED
-        return state.cost
+        """The cost class a level competes in (when the length is maximized, free and speed rungs compete together)."""
+        return SPEED if self.spec.options.maximize == "length" and state.cost == FREE else state.cost
 
     def _rank(self, fits: List[Fit]) -> List[Fit]:
-        fits = undominated(fits)
-        return self.judge.rank(fits)
+        return self.judge.rank(undominated(fits))
 
     def _choose_over_margin(self, best: Optional[Fit]) -> bool:
         """A better fit the margin alone rejected is verified; the verification's evidence decides (``margin``)."""

@@ -1,0 +1,208 @@
+"""How fast is autofit's answer, and how many candidates did it time (issue 37, item 3): the search of this checkout
+against the same search at an older commit (the code before "not timing what is predicted slower"), on ``make
+bench``'s workloads and budgets (``benchmarks.run.workloads``).
+
+For every workload and budget: autofit's answer's throughput in its 10-step verification as a share of the best
+verified fit (the fastest verification among the old code's answer, the new code's and the grid oracle's three
+fastest fits, ``benchmarks.methods.run_oracle``: the batch finders' answers are points of that grid), and the number
+of candidates each timed (probes, the verification aside). A configuration verified once under a budget is one
+measurement, shared by every method that chose it. The old code runs from a separate checkout
+(``git worktree add /tmp/old SHA``) in its own process, with that checkout first on the path.
+
+    .venv/bin/python -m benchmarks.search_speed --old /tmp/old [--only qwen2] [--write docs/benchmarks.md]
+    .venv/bin/python -m benchmarks.search_speed --quick          (make bench-quick: one small question, new code only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from benchmarks import methods
+from benchmarks.page import replace_between
+
+MARKER = "search-speed"
+GOAL = 0.97  # issue 37: autofit's answer at >= 97% of the best fit's verified throughput, on every row
+MiB = 2**20
+
+# Run in the old checkout's own interpreter: its Search, its runner, the same question.
+OLD_SEARCH = r"""
+import json, sys, time
+job = json.loads(sys.argv[1])
+from autofit.core import SearchOptions, SearchSpec
+from autofit.probe import ProcessRunner
+from autofit.rungs import resolve_ladder
+from autofit.search import Search
+
+class Counting:
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+    def run(self, candidate, steps, **plan):
+        result = self.inner.run(candidate, steps)
+        self.calls.append((candidate.describe(), steps, result.outcome.value, result.tokens_per_second))
+        return result
+    def __getattr__(self, name):
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+options = SearchOptions(**job["options"])
+spec = SearchSpec.plan(options, device="cpu", gpu_bytes=job["budget"])
+runner = Counting(ProcessRunner(job["factory"], job["budget"], job["out_dir"], job["timeout"]))
+started = time.perf_counter()
+report = Search(spec, runner, resolve_ladder(None)).run()
+chosen = report.chosen.candidate.describe() if report.chosen else None
+print(json.dumps({"chosen": chosen, "calls": runner.calls, "wall_s": time.perf_counter() - started,
+                  "verified_ok": bool(report.verified and report.verified.fits),
+                  "verified_tps": report.verified.tokens_per_second if report.verified else 0.0}))
+"""
+
+
+def run_old(workload: methods.Workload, budget: int, workdir: Path, old_tree: Path, log: methods.Log) -> Dict:
+    """autofit as it was at ``old_tree``'s commit, on the same question, in a process of its own."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    length = "max_completion_length" if workload.algo in ("grpo", "rloo", "ppo") else "max_length"
+    options = {"model": workload.model, "algo": workload.algo, "device": "cpu", "gpu_memory": budget,
+               "effective_batch": workload.effective_batch, "out_dir": str(workdir), "probe_steps": methods.PROBE_STEPS,
+               "verify_steps": methods.VERIFY_STEPS, "probe_timeout_s": methods.PROBE_TIMEOUT_S,
+               length: workload.max_length}
+    if workload.num_generations is not None:
+        options["num_generations"] = workload.num_generations
+    if workload.prompt_length is not None:
+        options["max_prompt_length"] = workload.prompt_length
+    job = {"options": options, "budget": budget, "factory": workload.factory, "out_dir": str(workdir),
+           "timeout": methods.PROBE_TIMEOUT_S}
+    env = dict(os.environ, PYTHONPATH=str(old_tree))
+    done = subprocess.run([sys.executable, "-c", OLD_SEARCH, json.dumps(job)], cwd=old_tree, env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the old search failed: {done.stderr[-2000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for describe, steps, outcome, tps in out["calls"]:
+        log(f"  autofit-old {describe} x{steps}: {outcome} {tps:,.0f} tok/s")
+    return out
+
+
+def compare(workload: methods.Workload, budget: int, budget_dir: Path, grid: List[methods.GridPoint],
+            old_tree: Optional[Path], log: methods.Log) -> Dict:
+    """One question: the new search, the old one, the oracle; shares of the best verified throughput."""
+    verifier = methods.Verifier(workload, budget, budget_dir / "verify", log)
+    new = methods.run_autofit(workload, budget, budget_dir / "new", verifier, log)
+    old = run_old(workload, budget, budget_dir / "old", old_tree, log) if old_tree else None
+    oracle = methods.run_oracle(grid, budget, verifier) if grid else None
+    verified: Dict[str, float] = {}  # one measurement per configuration under this budget
+    for method in (new, oracle):
+        if method is not None and method.status == "found" and method.verified_ok:
+            verified.setdefault(method.chosen.split(" [")[0], method.verified_tps)
+    new_tps = verified.get(new.chosen.split(" [")[0], 0.0)
+    old_tps = None
+    if old is not None and old["chosen"] and old["verified_ok"]:
+        old_tps = verified.setdefault(old["chosen"], old["verified_tps"])
+    best = max(verified.values(), default=0.0)
+    records = new.detail.get("records", [])
+    fits = [p for p in grid if methods.grid_fits(p, budget)] if grid else []
+    return {
+        "budget_bytes": budget, "best_tps": best,
+        "new": {"chosen": new.chosen, "tps": new_tps, "timed": sum(r["kind"] == "probe" for r in records),
+                "skipped_by_speed": new.detail.get("speed_skipped", [])},
+        "old": None if old is None else {"chosen": old["chosen"], "tps": old_tps,
+                                         "timed": sum(steps == methods.PROBE_STEPS for _, steps, _, _ in old["calls"])},
+        "oracle": oracle.chosen if oracle is not None else None,
+        "grid_fits": len(fits), "grid_fit_levels": len({p.level for p in fits}),
+    }
+
+
+def share(tps: Optional[float], best: float) -> str:
+    if not tps or not best:
+        return "-"
+    mark = "" if tps / best >= GOAL else " ✗"
+    return f"{tps / best:.0%} ({tps:,.0f}){mark}"
+
+
+def table(rows: List[Dict], caption: str) -> str:
+    lines = [caption, "",
+             "| question | fits in the grid (levels) | old: answer | old: share of best | old: timed | new: answer | "
+             "new: share of best | new: timed | not timed (predicted slower) |",
+             "|---|---:|---|---:|---:|---|---:|---:|---|"]
+    for row in rows:
+        old, new = row["old"], row["new"]
+        lines.append(
+            f"| {row['name']} | {row['grid_fits']} ({row['grid_fit_levels']}) | {old['chosen'] if old else 'not run'} "
+            f"| {share(old['tps'], row['best_tps']) if old else '-'} | {old['timed'] if old else '-'} "
+            f"| {new['chosen']} | {share(new['tps'], row['best_tps'])} | {new['timed']} "
+            f"| {', '.join(new['skipped_by_speed']) or '-'} |")
+    met = [r for r in rows if r["new"]["tps"] and r["best_tps"] and r["new"]["tps"] / r["best_tps"] >= GOAL]
+    saved = [r for r in rows if r["old"] and r["new"]["timed"] < r["old"]["timed"]]
+    lines += ["", f"New code at >= {GOAL:.0%} of the best verified fit on {len(met)} of {len(rows)} questions; fewer "
+              f"candidates timed than the old code on {len(saved)}."]
+    return "\n".join(lines)
+
+
+def run(root: Path, old_tree: Optional[Path], only: Optional[List[str]], quick: bool, log: methods.Log) -> List[Dict]:
+    from benchmarks.run import budget_bytes, quick_workload, workloads
+
+    chosen = [quick_workload()] if quick else [w for w in workloads() if not only or w.name in only]
+    os.environ["AUTOFIT_CACHE"] = str(root / "cache")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as make bench: one thread per probe
+    rows = []
+    for workload in chosen:
+        group = root / workload.name
+        levels = methods.levels_of(workload, 2**40, group / "levels", log)
+
+        def budgets_for(peak: int, w: methods.Workload = workload) -> List[int]:
+            return [budget_bytes(peak, fraction) for _, fraction in w.budgets]
+
+        grid = methods.run_grid(workload, levels, group / "grid", log, budgets_for)
+        for label, fraction in workload.budgets:
+            budget = budget_bytes(grid[0].result.peak_bytes, fraction)
+            log(f"== {workload.name}/{label}: {budget / MiB:.1f} MiB")
+            row = compare(workload, budget, group / label, grid, old_tree, log)
+            row["name"] = f"{workload.name} / {label} ({budget / MiB:.1f} MiB)"
+            rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--old", help="a checkout of the older commit (git worktree add /tmp/old SHA)")
+    parser.add_argument("--only", action="append", help="only this workload of make bench (repeatable)")
+    parser.add_argument("--write", help=f"replace the {MARKER} table in this markdown file")
+    parser.add_argument("--quick", action="store_true", help="one small question, new code only (CI); never written")
+    args = parser.parse_args(argv)
+    if args.quick and (args.write or args.only):
+        parser.error("--quick measures one small question: drop --write and --only")
+    old = Path(args.old).resolve() if args.old else None
+    if old is not None and not (old / "autofit" / "__init__.py").is_file():
+        parser.error(f"--old {args.old}: not a checkout of autofit (no autofit/__init__.py there)")
+
+    def log(line: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="autofit-search-speed-") as folder:
+        rows = run(Path(folder), old, args.only, args.quick, log)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout.strip()
+    old_commit = subprocess.run(["git", "-C", str(old), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=False).stdout.strip() if old else "not run"
+    caption = (f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()}-core CPU meter, load average "
+               f"{os.getloadavg()[0]:.1f} at the end, {(time.perf_counter() - started) / 60:.1f} min: new = "
+               f"commit {commit or '?'} (this checkout), old = commit {old_commit}"
+               + (f"; workloads {', '.join(args.only)} only" if args.only else "") + ".")
+    body = table(rows, caption)
+    print(body)
+    if args.write:
+        path = Path(args.write)
+        path.write_text(replace_between(path.read_text(), f"<!-- {MARKER}:begin -->", f"<!-- {MARKER}:end -->", body))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
