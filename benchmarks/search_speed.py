@@ -198,7 +198,10 @@ def main(argv=None) -> int:
                + (f"; workloads {', '.join(args.only)} only" if args.only else "") + ".")
     body = table(rows, caption)
     print(body)
-    if args.write:
+    if args.write and old is None:
+        print(f"no --old checkout: the table is printed, not written to {args.write} (its old column would be empty)",
+              file=sys.stderr)
+    elif args.write:
         path = Path(args.write)
         path.write_text(replace_between(path.read_text(), f"<!-- {MARKER}:begin -->", f"<!-- {MARKER}:end -->", body))
     return 0

@@ -74,7 +74,8 @@ def level_speeds(spec: SearchSpec, shape: ModelShape, levels: Sequence[Any]) -> 
 
 def _rates(card: Card) -> str:
     flops = f"{card.flops / 1e12:,.0f} TFLOP/s" if card.flops >= 1e12 else f"{card.flops / 1e9:,.1f} GFLOP/s"
-    return f"{card.source}: {flops}, {card.bandwidth / 1e12:.2f} TB/s"
+    bandwidth = f"{card.bandwidth / 1e12:.2f} TB/s" if card.bandwidth >= 1e12 else f"{card.bandwidth / 1e9:,.1f} GB/s"
+    return f"{card.source}: {flops}, {bandwidth}"
 
 
 def speed_cell(speed: SpeedEstimate) -> str:
