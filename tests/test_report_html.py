@@ -340,7 +340,7 @@ def test_an_unreadable_study_record_is_left_out_of_the_report_with_a_warning(sea
 
 def test_grpo_phases_are_drawn_in_the_order_a_step_goes_and_the_chosen_fit_is_marked_once():
     """Issue 31, item 7: GRPO's phases were drawn in the order their peaks were recorded; the chosen fit was marked
-    twice on the throughput figure (its probe and its verification)."""
+    twice on the throughput figure (its probe and its verification), then (issue 36) at its verification only."""
     from autofit.report import _plots as plots
 
     recorded = {"load": 5.0, "forward_backward": 90.0, "optimizer_step": 60.0, "generation": 70.0, "scoring": 40.0,
@@ -351,9 +351,14 @@ def test_grpo_phases_are_drawn_in_the_order_a_step_goes_and_the_chosen_fit_is_ma
 
     fits = [("mb=2x4", 100.0, 10.0), ("mb=4x2", 200.0, 20.0), ("mb=4x2", 205.0, 19.0)]  # probe, then verification
     figure = plots.throughput_figure(fits, "mb=4x2", 2**30)
-    stars = [c for c in figure.axes[0].collections if c.get_label().startswith("chosen")]
-    assert len(stars) == 1 and len(stars[0].get_offsets()) == 1
-    assert list(stars[0].get_offsets()[0]) == [205.0 / 2**20, 19.0]  # the verification's measurement
+    stars = [c for c in figure.axes[0].containers if c.get_label().startswith("chosen")]
+    assert len(stars) == 1 and len(figure.axes[0].containers) == 2  # one point per configuration
+    (marker, _, (across, up)) = stars[0].lines
+    # issue 36, item 4: not at its verification alone (which made the chosen fit look slower than the one it beat)
+    # but at the mean of its probe and its verification, the bars their range
+    assert (marker.get_xdata()[0], marker.get_ydata()[0]) == (202.5 / 2**20, 19.5)
+    assert sorted(y for segment in up.get_segments() for _, y in segment) == [19.0, 20.0]
+    assert sorted(x for segment in across.get_segments() for x, _ in segment) == [200.0 / 2**20, 205.0 / 2**20]
 
 
 def test_oom_crosses_of_different_levels_at_one_batch_do_not_hide_each_other():

@@ -12,6 +12,7 @@ from autofit.core import atomic_write_text, format_size
 from autofit.memory_model import TERM_GROUPS
 from autofit.report import _plots as plots
 from autofit.report._data import ReportData, gather
+from autofit.report._why import Run, why
 from autofit.search import STUDY_FILE
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,8 @@ h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 2rem; border-botto
 table { border-collapse: collapse; font-size: 0.85rem; }
 td, th { padding: 0.2rem 0.6rem; border-bottom: 1px solid #eee; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; } .OOM { color: #b00; } .OK { color: #070; }
+td.num, th { white-space: nowrap; } svg { max-width: 100%; height: auto; }
+.caption { color: #555; font-size: 0.9rem; margin-top: 0; }
 code { background: #f4f4f4; padding: 0 0.2rem; } .answer { font-size: 1.05rem; background: #f6f8fa; padding: 0.8rem; }
 """
 
@@ -79,19 +82,28 @@ def figures_section(data: ReportData) -> List[str]:
                   if p.level == level and p.outcome in ("OK", "OOM") and p.peak_bytes]
         series.append({"label": data.level_label(level), "points": points, "curve": data.curves.get(level, [])})
     parts.append(plots.svg(plots.peaks_figure(series, data.axis.replace("_", "-"), budget, margin)))
+    parts.append("<p class='caption'>Dots: probes that fitted; crosses: out of memory (each level's a little aside, "
+                 "stopped where they ran out). Lines: the memory model calibrated on the level's own probes.</p>")
     verified = (best.get("verified") or {}).get("phase_peaks") or {}
     if verified:
         parts += ["<h2>The chosen configuration, phase by phase</h2>",
-                  plots.svg(plots.phases_figure(verified, budget, margin))]
+                  plots.svg(plots.phases_figure(verified, budget, margin)),
+                  "<p class='caption'>The peak of each phase of a step, measured in its verification run.</p>"]
     if data.ledger:
         parts += [f"<h2>The memory model's ledger for it (at its peak phase, {_e(data.ledger_phase)})</h2>",
                   plots.svg(plots.ledger_figure([("chosen", data.ledger)], budget, "Predicted peak by term")),
                   _ledger_table(data)]
-    fits = [(p.candidate.describe(), p.peak_bytes, p.tokens_per_second) for p in data.probes
-            if p.outcome == "OK" and p.tokens_per_second > 0]
-    if fits:
+    runs = [Run(p.candidate.describe(), tuple(p.candidate.rungs), p.kind, p.peak_bytes, p.tokens_per_second)
+            for p in data.probes if p.outcome == "OK" and p.tokens_per_second > 0]
+    if runs:
         chosen = _verified(best)["candidate"] if best.get("fits") else None
-        parts += ["<h2>Throughput against peak</h2>", plots.svg(plots.throughput_figure(fits, chosen, budget))]
+        parts += ["<h2>Throughput against peak</h2>",
+                  plots.svg(plots.throughput_figure([(r.label, r.peak, r.speed) for r in runs], chosen, budget)),
+                  "<p class='caption'>One point per configuration that fitted: the mean of its timed runs (its "
+                  "probe, and for the chosen one its verification, a longer run), the bars their range. Timings "
+                  "on a busy machine vary from run to run.</p>"]
+        if chosen is not None:
+            parts.append(f"<p>{_e(why(best, runs, chosen))}</p>")
     return parts
 
 

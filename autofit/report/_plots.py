@@ -12,6 +12,8 @@ COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da
           "#64b5cd"]
 
 
+LEGEND_SIZE = 9  # points: 12 px in the page (7 drew 9 px letters, too small to read)
+CURVE_REACH = 3.0  # the peak axis shows the model's curves up to this many budgets; above, they end at the top, marked
 OOM_DODGE = 2**0.06  # the factor between two levels' OOM crosses on the x axis (a log axis: the same gap everywhere)
 
 
@@ -72,9 +74,7 @@ def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float]
                 axes.scatter([x * shift for x, _ in points], [peak / scale for _, peak in points], marker=marker,
                              color=color, label=plain(f"{level['label']} ({outcome})"), zorder=3)
     _budget_lines(axes, budget, margin, scale, unit)
-    measured = [peak for level in series for _, peak, _ in level["points"]]
-    if budget and measured:  # the curves run far past the budget at large batches: keep the budget's region in view
-        axes.set_ylim(top=max(1.5 * budget, 1.1 * max(measured)) / scale)
+    _peak_axis_top(axes, series, budget, scale, unit)
     xs = sorted({x for level in series for x, *_ in list(level["points"]) + list(level["curve"])})
     # divisors of the batch: a log axis, each labelled
     if len(xs) > 1 and all(b >= 1.5 * a for a, b in zip(xs, xs[1:], strict=False)):
@@ -86,9 +86,27 @@ def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float]
         axes.xaxis.set_major_formatter(ScalarFormatter())
     axes.set_xlabel(axis_name)
     axes.set_ylabel(f"peak ({unit})")
-    axes.set_title("Measured peak per ladder level (lines: the memory model calibrated on the level's probes)")
-    axes.legend(fontsize=7, loc="best")
+    axes.set_title("Measured peak per ladder level")
+    entries = len(axes.get_legend_handles_labels()[0])
+    figure.legend(fontsize=LEGEND_SIZE, loc="outside lower center", ncol=min(3, max(entries, 1)), frameon=False)
     return figure
+
+
+def _peak_axis_top(axes, series: Sequence[Dict], budget: Optional[float], scale: float, unit: str) -> None:
+    """The top of the peak axis: every measurement and the model's curves, up to ``CURVE_REACH`` budgets (they run
+    far past the budget at large batches); a curve cut there ends at the top with its value written."""
+    measured = [peak for level in series for _, peak, _ in level["points"]]
+    if not budget or not measured:
+        return
+    curves = [y for level in series for _, y in level["curve"]]
+    top = max(1.5 * budget, 1.1 * max(measured), min(1.05 * max(curves, default=0.0), CURVE_REACH * budget))
+    axes.set_ylim(top=top / scale)
+    for index, level in enumerate(series):
+        over = sorted((x, y) for x, y in level["curve"] if y > top)
+        if over:
+            x, y = over[0]
+            axes.annotate(f"{y / scale:,.0f} {unit}", (x, top / scale), xytext=(0, -4), textcoords="offset points",
+                          ha="right", va="top", fontsize=LEGEND_SIZE, color=COLORS[index % len(COLORS)])
 
 
 # The order a step goes through the phases a probe records (autofit.probe._instrument); GRPO and RLOO generate and
@@ -107,8 +125,8 @@ def phases_figure(phase_peaks: Dict[str, float], budget: Optional[float], margin
     axes.invert_yaxis()  # in the order the step goes through them
     _budget_lines(axes, budget, margin, scale, unit, vertical=True)
     axes.set_xlabel(f"peak ({unit})")
-    axes.set_title("The chosen configuration's peak by phase (verification run)")
-    axes.legend(fontsize=7, loc="lower right")
+    axes.set_title("The chosen configuration's peak by phase")
+    axes.legend(fontsize=LEGEND_SIZE, loc="lower right")
     return figure
 
 
@@ -127,26 +145,38 @@ def ledger_figure(rows: Sequence[Tuple[str, Dict[str, float]]], budget: Optional
     _budget_lines(axes, budget, 0.0, scale, unit, vertical=True)
     axes.set_xlabel(f"predicted peak ({unit})")
     axes.set_title(title, fontsize=10)
-    figure.legend(fontsize=7, loc="outside lower center", ncol=5, frameon=False)
+    figure.legend(fontsize=LEGEND_SIZE, loc="outside lower center", ncol=4, frameon=False)
     return figure
 
 
-def throughput_figure(fits: Sequence[Tuple[str, float, float]], chosen: Optional[str], budget: Optional[float]):
-    """tokens/s against peak for every fit; ``fits``: (label, peak, tokens/s)."""
+def throughput_figure(runs: Sequence[Tuple[str, float, float]], chosen: Optional[str], budget: Optional[float]):
+    """tokens/s against peak, one point per configuration that fitted: the mean of its timed runs (its probe, and
+    for the chosen one its verification), the bars their range. ``runs``: (label, peak, tokens/s)."""
     unit, scale = unit_for(budget)
     figure, axes = _figure()
-    others = [(peak, speed) for label, peak, speed in fits if label != chosen]
-    if others:
-        axes.scatter([p / scale for p, _ in others], [s for _, s in others], color=COLORS[0], label="fits")
-    mine = [(peak, speed) for label, peak, speed in fits if label == chosen][-1:]  # its verification: marked once
-    if mine:
-        axes.scatter([p / scale for p, _ in mine], [s for _, s in mine], color=COLORS[3], marker="*", s=160,
-                     label=plain(f"chosen: {chosen}"), zorder=3)
+    by_label: Dict[str, List[Tuple[float, float]]] = {}
+    for label, peak, speed in runs:
+        by_label.setdefault(label, []).append((peak / scale, speed))
+    for label, points in by_label.items():
+        peaks, speeds = [p for p, _ in points], [s for _, s in points]
+        x, y = sum(peaks) / len(peaks), sum(speeds) / len(speeds)
+        mine = label == chosen
+        color = COLORS[3] if mine else COLORS[0]
+        axes.errorbar([x], [y], xerr=[[x - min(peaks)], [max(peaks) - x]], yerr=[[y - min(speeds)], [max(speeds) - y]],
+                      fmt="*" if mine else "o", markersize=14 if mine else 7, color=color, capsize=4, zorder=3,
+                      label=plain(f"chosen: {label}" if mine else "another fit"))
+        right = budget is not None and x > 0.9 * budget / scale  # beside the budget line: the label to the left
+        axes.annotate(plain(label), (x, y), xytext=(-8 if right else 8, 6), textcoords="offset points",
+                      ha="right" if right else "left", fontsize=LEGEND_SIZE, color=color)
     _budget_lines(axes, budget, 0.0, scale, unit, vertical=True)
+    axes.margins(x=0.25, y=0.25)  # room for each point's label beside it
     axes.set_xlabel(f"peak ({unit})")
     axes.set_ylabel("tokens/s")
-    axes.set_title("Throughput against peak, every configuration that fitted")
-    axes.legend(fontsize=7, loc="best")
+    axes.set_title("Tokens/s against peak, each configuration that fitted")
+    handles, labels = axes.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))  # one entry for every other fit
+    figure.legend(unique.values(), unique.keys(), fontsize=LEGEND_SIZE, loc="outside lower center",
+                  ncol=len(unique), frameon=False)
     return figure
 
 

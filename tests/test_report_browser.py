@@ -1,0 +1,91 @@
+"""report.html as users see it (issue 36, item 4): drawn from a real search's output (tests/data/report-search: the
+best.json and study of `autofit search --model tiny-qwen2 --device cpu --gpu-memory 143MiB --max-length 64
+--verify-steps 3`, where micro-batch 1x8 fits, 2x4 runs out and checkpointing's 2x4 fits and wins) with this code,
+then laid out by headless Chromium at 1280 px: every figure's text inside its figure, no cell wrapped, no figure
+text under 12 px. Without Chromium the test is skipped, saying so; AUTOFIT_REQUIRE_BROWSER=1 (CI: .ci/run) makes
+that a failure. `make report-shot` writes the screenshot to look at."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autofit import cli
+
+try:
+    import report_browser
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests import report_browser
+
+SEARCHED = Path(__file__).parent / "data" / "report-search"
+
+
+def executable() -> str:
+    found = report_browser.browser()
+    if found is None:
+        message = ("no Chromium on PATH (apt-get install chromium, or make browser): report.html was not laid "
+                   "out in a browser")
+        if os.environ.get("AUTOFIT_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report-search")
+    for name in ("best.json", "study.journal"):
+        shutil.copy(SEARCHED / name, out / name)
+    assert cli.main(["report", str(out)]) == 0
+    return out, json.loads((out / "best.json").read_text())
+
+
+def test_report_at_1280_px_has_every_title_whole_and_no_cell_wrapped(drawn):
+    browser = executable()
+    out, _ = drawn
+    result = report_browser.check(out / "report.html", out / "report-1280.png", executable=browser)
+    assert result["figures"] == 4
+    assert result["problems"] == []
+    assert result["smallest_text_px"] >= report_browser.MIN_TEXT_PX
+    assert (out / "report-1280.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_check_finds_a_title_cut_off_and_a_unit_wrapped(tmp_path):
+    """The check can fail: the first figure's title of the report before issue 36 (cut off at the SVG's edge),
+    a 7-point legend, and a table cell too narrow for its unit."""
+    browser = executable()
+    from autofit.report import _plots as plots
+
+    figure, axes = plots._figure()
+    axes.plot([1, 2], [1, 2], label="a line")
+    axes.set_title("Measured peak per ladder level (lines: the memory model calibrated on the level's probes)")
+    axes.legend(fontsize=7)
+    page = tmp_path / "report.html"
+    page.write_text("<!DOCTYPE html><html><body>" + plots.svg(figure)
+                    + "<table style='width:4rem'><tr><td>295.24 MiB of 300.00 MiB</td></tr></table></body></html>")
+    result = report_browser.check(page, executable=browser)
+    assert any("Measured peak per ladder level" in p and "runs out of the figure" in p for p in result["problems"])
+    assert any("wraps onto" in p for p in result["problems"])
+    assert result["smallest_text_px"] < report_browser.MIN_TEXT_PX
+
+
+def test_the_chosen_fit_stands_at_its_probe_and_its_verification(drawn):
+    """The throughput figure draws each configuration once, with the range of its timed runs, and the page says the
+    rule that chose it, with the probe's timing it compared."""
+    out, best = drawn
+    page = html.unescape((out / "report.html").read_text())
+    chosen = [r for r in best["candidates"] if r["kind"] == "verify"][-1]
+    probe = next(r for r in best["candidates"] if r["kind"] == "probe" and r["candidate"] == chosen["candidate"])
+    assert f"chosen: {chosen['candidate']}" in page and "another fit" in page
+    why = re.search(r"<p>(Why this one: [^<]*)</p>", page)
+    assert why, "the page says why the winner won"
+    text = why.group(1)
+    assert "fastest fit by its probe's timing wins" in text and "cheapest cost class with a fit is speed" in text
+    assert f"its probe's {probe['tokens_per_second']:,.0f} tokens/s is the timing that was compared" in text
+    assert f"Its verification ({chosen['tokens_per_second']:,.0f} tokens/s" in text
