@@ -29,7 +29,7 @@ TRAIN_FROM = $(if $(filter file,$(origin OUT)),$(if $(wildcard $(OUT)/best.yaml)
 TRAIN_OUT ?= $(TRAIN_FROM)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed
+.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed browser report-shot
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -55,6 +55,8 @@ help:
 	@echo "  make bench-public    the estimate against GPU peaks published for the Hugging Face stack"
 	@echo "  make bench-speed     the throughput model's speed ratios against measured ones, on the CPU meter"
 	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
+	@echo "  make report-shot [REPORT=dir]  draw dir's report.html again, lay it out in headless Chromium at 1280 px,"
+	@echo "                   check that every title is whole and no cell wraps, and write dir/report-1280.png"
 
 search: venv
 	$(if $(MODEL)$(CONFIG),,$(error MODEL=... or CONFIG=... is required, e.g. make search MODEL=Qwen/Qwen2.5-0.5B))
@@ -88,10 +90,29 @@ demo: venv
 # ruff and mypy first (seconds); the floor environment and the PPO overlay install (network and disk) while the main
 # lane runs (CPU); then the PPO and floor lanes run side by side.
 # Then every benchmark in its quick mode (one small workload each), so that none breaks unseen.
-test: venv lint
+test: venv lint browser
 	$(MAKE) -j2 test-main $(FLOOR_VENV)/.installed $(PPO_OVERLAY)/.installed
 	$(MAKE) -j2 --output-sync=target test-ppo test-floor
 	$(MAKE) bench-quick
+
+# Chromium, for tests/test_report_browser.py (report.html laid out at 1280 px): installed with apt-get where it is
+# missing and apt-get can (root: CI); elsewhere one line says so, and the test skips saying the same (.ci/run sets
+# AUTOFIT_REQUIRE_BROWSER=1: there a missing browser fails the test).
+BROWSERS = chromium chromium-browser google-chrome
+browser:
+	@if (for b in $(BROWSERS); do command -v $$b >/dev/null 2>&1 && exit 0; done; exit 1); then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& { apt-get install -y -q chromium >/dev/null 2>&1 \
+		     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; then \
+		echo "make browser: installed chromium with apt-get (report.html's layout check)"; \
+	else echo "make browser: no Chromium, and apt-get cannot install it here: report.html is not checked in a browser"; fi
+
+# A search's report.html as users see it: drawn again by this code, laid out by headless Chromium at 1280 px, checked
+# (every figure's text inside its figure, no table cell wrapped, no figure text under 12 px) and saved as a PNG.
+REPORT ?= $(DEMO_OUT)
+report-shot: venv browser
+	$(BIN)/autofit report $(REPORT)
+	$(BIN)/python tests/report_browser.py $(REPORT)
 
 # Two pytest workers: most of a probe's time is process start, imports and waiting on its subprocesses, so two
 # workers on this 2-core machine take about 12 minutes where one takes 17.
