@@ -39,7 +39,8 @@ def test_the_table_says_what_and_why():
     assert {kind for kind, _ in TABLE.values()} == set(KINDS)
     for key, (kind, why) in TABLE.items():
         assert kind == "no-memory" or why, key  # every key that matters says why
-    assert classify("lora_modules_to_save")[0] == "probed"
+    assert classify("lora_modules_to_save")[0] == "modelled"  # issue 39 item 2: probed as written and counted
+    assert classify("model_revision")[0] == "probed"
     assert classify("output_dir")[0] == "not-probed"
     assert "| `per_device_train_batch_size` | modelled |" in markdown()
 

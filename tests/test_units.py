@@ -197,7 +197,10 @@ def test_expandable_segments():
     assert applied.cost == FREE and applied.rungs == ("expandable-segments",)
     assert ExpandableSegments().apply(state(device="cpu")) is None
     assert ExpandableSegments().apply(applied) is None
-    assert ExpandableSegments().apply(state(env=((ALLOC_ENV, "backend:native"),))) is None
+    # the user's allocator setting (their file's env:): the rung adds its option to theirs (issue 39)
+    merged = ExpandableSegments().apply(state(env=((ALLOC_ENV, "backend:native"),)))
+    assert dict(merged.candidate.env) == {ALLOC_ENV: "backend:native,expandable_segments:True"}
+    assert ExpandableSegments().apply(state(env=((ALLOC_ENV, "backend:cudaMallocAsync"),))) is None
 
 
 def test_micro_batch_rung():

@@ -7,7 +7,15 @@ Nothing here imports another part of autofit: every other package builds on it.
 """
 
 from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, Algorithm, algorithm, algorithm_names, ppo_available
-from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, LoraSettings, ProbeSettings
+from autofit.core._candidate import (
+    LENGTH_FIELD,
+    RL_ALGOS,
+    Candidate,
+    LoraSettings,
+    ProbeSettings,
+    QuantSettings,
+    runnable_attention,
+)
 from autofit.core._compat import checkpointing_field, exempt_phases, installed, installed_versions, vllm_installed
 from autofit.core._device import (
     GpuInfo,
@@ -72,6 +80,7 @@ __all__ = [
     "BAD_FORK", "DEVICES", "DISTURBED_RETRY_WAIT_S", "ENGINE_FAILURE", "FACTORIES", "GROUP_ALGOS", "INFRASTRUCTURE",
     "KERNEL_FAILURE", "LENGTH_FIELD", "PHASE_FILE", "PID_FILE", "RL_ALGOS", "USER", "BuildTimeout", "Candidate",
     "FactoryMisuse", "GpuInfo", "InputError", "LoraSettings", "NoCudaDeviceError", "Outcome", "ProbeResult",
+    "QuantSettings", "runnable_attention",
     "ProbeSettings", "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir", "clip",
     "checkpointing_field", "classify_exception", "classify_exit", "disturbed", "error_origin", "exclusive",
     "exempt_phases", "first_gpu", "format_size", "free_bytes", "installed", "installed_versions", "needs_own_code",

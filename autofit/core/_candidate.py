@@ -36,10 +36,48 @@ class LoraSettings:
     alpha: int = 32
     dropout: float = 0.0
     target_modules: Union[str, Tuple[str, ...]] = LORA_TARGETS  # "all-linear", or module names as peft takes them
+    # ModelConfig's lora_modules_to_save: modules trained whole beside the adapters (peft's copy of each)
+    modules_to_save: Tuple[str, ...] = ()
+    use_rslora: bool = False  # ModelConfig's use_rslora: the adapters' scaling alpha/sqrt(r) (no memory of its own)
 
     def __post_init__(self) -> None:
         if isinstance(self.target_modules, list):  # from JSON, or a user's file
             object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        if not isinstance(self.modules_to_save, tuple):
+            object.__setattr__(self, "modules_to_save", tuple(self.modules_to_save or ()))
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """bitsandbytes' 4-bit settings, as ModelConfig names them (``bnb_4bit_quant_type``, ``use_bnb_nested_quant``,
+    ``bnb_4bit_quant_storage``). A candidate without them runs the quantization rung's own: nf4 with nested
+    quantization, packed in uint8."""
+
+    quant_type: str = "nf4"
+    nested: bool = True
+    storage: str = "uint8"
+
+
+# Attention kernels transformers runs on any device; the others need CUDA and, some, a package of their own.
+PORTABLE_ATTENTION = ("eager", "sdpa")
+ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn",),
+                      "flash_attention_3": ("flash_attn_interface", "flash_attn_3")}
+KERNELS_PACKAGE = "kernels"  # a kernels-hub name ("kernels-community/flash-attn") loads through it
+
+
+def runnable_attention(name: Optional[str], device: str) -> Tuple[Optional[str], Optional[str]]:
+    """(the attention the probes load the model with, None: transformers' default, sdpa; why it is not ``name``, the
+    user's ModelConfig ``attn_implementation``, or None when the probes run it as written)."""
+    if not name or name == "sdpa":
+        return None, None
+    if name in PORTABLE_ATTENTION:
+        return name, None
+    if device != "cuda":
+        return None, f"{name} needs a CUDA GPU"
+    packages = ATTENTION_PACKAGES.get(name, (KERNELS_PACKAGE,) if "/" in name else ())
+    if packages and not any(importlib.util.find_spec(package) is not None for package in packages):
+        return None, f"{name} needs the {packages[0]} package, which is not installed"
+    return name, None
 
 
 @dataclass(frozen=True)
@@ -70,6 +108,10 @@ class Candidate:
     optim: Optional[str] = None  # None: the TRL config's default
     lora: Optional[LoraSettings] = None
     quantization: Optional[str] = None  # None, "8bit" or "4bit"
+    bnb: Optional[QuantSettings] = None  # the 4-bit settings of the user's file; None: the rung's (QuantSettings())
+    # The attention kernel the probes load the model with (ModelConfig's attn_implementation where this machine runs
+    # it); None: transformers' default (sdpa)
+    attn_implementation: Optional[str] = None
     # The dtype the weights are loaded in (``model_init_kwargs["dtype"]``): None is TRL's default, float32.
     dtype: Optional[str] = None
     trust_remote_code: bool = False  # the model's own code runs (``--trust-remote-code``)
@@ -159,6 +201,10 @@ class Candidate:
             args["use_liger_kernel"] = True
             args["liger_kernel_config"] = {**(user_config if isinstance(user_config, dict) else {}),
                                            "fused_linear_cross_entropy": False}
+        if self.attn_implementation is not None:  # as TRL's scripts pass ModelConfig's attn_implementation
+            user_init = args.get("model_init_kwargs")
+            args["model_init_kwargs"] = {**(user_init if isinstance(user_init, dict) else {}),
+                                         "attn_implementation": self.attn_implementation}
         if self.trust_remote_code:  # a TRL config field: TRL passes it on to the model, config and tokenizer loading
             args["trust_remote_code"] = True
         if self.num_generations is not None:
@@ -204,6 +250,8 @@ class Candidate:
             target_modules=list(self.lora.target_modules) if isinstance(self.lora.target_modules, tuple)
             else self.lora.target_modules,
             task_type="SEQ_CLS" if self.unit.sequence_classifier else "CAUSAL_LM",
+            modules_to_save=list(self.lora.modules_to_save) or None,
+            use_rslora=self.lora.use_rslora,
         )
 
     def quantization_config(self) -> Any:
@@ -216,11 +264,13 @@ class Candidate:
         if self.quantization == "8bit":
             return BitsAndBytesConfig(load_in_8bit=True)  # type: ignore[no-untyped-call]
         compute = torch.float32 if self.device == "cpu" else torch.bfloat16
+        bnb = self.bnb or QuantSettings()
         return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
             load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
+            bnb_4bit_quant_type=bnb.quant_type,
+            bnb_4bit_use_double_quant=bnb.nested,
             bnb_4bit_compute_dtype=compute,
+            bnb_4bit_quant_storage=bnb.storage,
         )
 
     # -- identity and storage ---------------------------------------------------------------------------------
@@ -240,15 +290,21 @@ class Candidate:
         data["rungs"] = tuple(data.get("rungs", ()))
         if data.get("lora") is not None:
             data["lora"] = LoraSettings(**data["lora"])
+        if data.get("bnb") is not None:
+            data["bnb"] = QuantSettings(**data["bnb"])
         return cls(**data)
 
     def key(self) -> str:
         """Stable identity of what is measured (the rung names that led here do not change the measurement)."""
         data = self.to_dict()
         data.pop("rungs")
-        for late in ("dtype", "offload"):  # added after studies were stored: keep their keys
-            if data.get(late) is None:
+        for late in ("dtype", "offload", "bnb", "attn_implementation"):  # added after studies were stored: keep
+            if data.get(late) is None:                                    # their keys
                 data.pop(late)
+        if data.get("lora"):
+            for late, unset in (("modules_to_save", []), ("use_rslora", False)):
+                if data["lora"].get(late) in (unset, ()):
+                    data["lora"].pop(late)
         for flag in ("trust_remote_code", "activation_offload", "liger", "sharding", "vllm", "vllm_utilization"):
             if not data.get(flag):
                 data.pop(flag, None)
@@ -278,5 +334,8 @@ class Candidate:
         if self.quantization:
             parts.append(f"q{self.quantization}")
         if self.lora:
-            parts.append(f"lora{self.lora.r}")
+            parts.append(f"lora{self.lora.r}" + ("+" + ",".join(self.lora.modules_to_save)
+                                                 if self.lora.modules_to_save else ""))
+        if self.attn_implementation:
+            parts.append(self.attn_implementation)
         return " ".join(parts)

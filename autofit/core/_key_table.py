@@ -54,6 +54,13 @@ _MODELLED = {
     "use_peft": "LoRA", "lora_r": "LoRA", "lora_alpha": "LoRA", "lora_dropout": "LoRA",
     "lora_target_modules": "LoRA",
     "load_in_4bit": "the 4-bit base", "load_in_8bit": "the 8-bit base",
+    "bnb_4bit_quant_type": "the 4-bit quant type, probed as written (nf4 or fp4: the same bytes)",
+    "bnb_4bit_quant_storage": "the 4-bit storage dtype, probed as written (uint8 or a float: the same packed bytes)",
+    "use_bnb_nested_quant": "nested quantization, probed as written (0.516 or 0.5625 B per 4-bit weight)",
+    "lora_modules_to_save": "modules trained whole beside LoRA, probed as written (peft's copy: weights, gradients, "
+                            "optimizer states)",
+    "attn_implementation": "the attention kernel (eager keeps the scores), probed as written where this machine runs "
+                           "it; else sdpa, said before any probe; best.yaml keeps yours",
     "model_name_or_path": "the model's shapes",
     "trust_remote_code": "the model's own code",
 }
@@ -94,13 +101,12 @@ _PROBED = {
     "top_entropy_quantile": "the entropy mask (GRPO)",
     "vllm_max_model_length": "vLLM", "vllm_tensor_parallel_size": "vLLM", "vllm_enable_sleep_mode": "vLLM",
     "vllm_model_impl": "vLLM",
-    "bnb_4bit_quant_type": "the 4-bit quant type (nf4 or fp4: the same bytes)",
-    "bnb_4bit_quant_storage": "the 4-bit storage dtype", "use_bnb_nested_quant": "nested quantization",
-    "lora_modules_to_save": "fully trained extra modules beside LoRA",
-    "lora_target_parameters": "LoRA on parameters", "use_dora": "DoRA adapters", "use_rslora": "rsLoRA's scaling",
+    "lora_target_parameters": "LoRA on parameters", "use_dora": "DoRA adapters",
     "lora_task_type": "the adapter's task",
-    "attn_implementation": "the attention kernel",
-    "model_revision": "the model's revision (its configuration may differ)",
+    "model_revision": "the model's revision: the probes build the configuration autofit read, not that revision's "
+                      "(named where it is not main; best.yaml keeps it)",
+    "env": "the file's env block: every probe's environment, as TRL sets it (the ledger reads the allocator's "
+           "expandable segments)",
     "chat_template_path": "the chat template (the probes' rows are synthetic)",
     "eos_token": "special tokens", "pad_token": "special tokens",
     "truncation_mode": "truncation (the probes' rows are full length)",
@@ -135,7 +141,7 @@ _NO_MEMORY = (
     "vllm_group_port", "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
     "vllm_structured_outputs_regex", "chat_template_kwargs", "log_completions",
     "log_completions_hub_repo", "log_multimodal", "log_unique_prompts", "num_completions_to_print",
-    "reward_funcs", "reward_model_name_or_path", "ignore_bias_buffers", "past_index", "ray_scope",
+    "reward_funcs", "reward_model_name_or_path", "ignore_bias_buffers", "use_rslora", "past_index", "ray_scope",
     "mp_parameters", "tpu_metrics_debug", "use_legacy_prediction_loop", "_n_gpu",
 )
 

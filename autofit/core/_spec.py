@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 from autofit.core._algorithms import ALGORITHMS, algorithm
-from autofit.core._candidate import LoraSettings
+from autofit.core._candidate import LoraSettings, QuantSettings
 from autofit.core._compat import checkpointing_field
 from autofit.core._errors import InputError
 from autofit.core._options import AUTO_VERIFY, DEVICES, SearchOptions, ladder_names
@@ -56,11 +56,19 @@ class Baseline:
     # ``autofit.rungs._engines`` ("fsdp2", "zero3", ...; "zero2-offload" is the optimizer-offload engine)
     sharding: Optional[str] = None
     source: str = ""  # the file, for messages
+    # ModelConfig's and the file's settings the probes run as written: the 4-bit settings, the attention kernel (as
+    # written: ``runnable_attention`` says what a probe here loads), the ``env:`` block
+    bnb: Optional[QuantSettings] = None
+    attn_implementation: Optional[str] = None
+    env: Tuple[Tuple[str, str], ...] = ()
 
     def key(self) -> str:
         """What the baseline measures (not where it came from): part of the study's name."""
         data = asdict(self)
         data.pop("source")
+        for late in ("bnb", "attn_implementation", "env"):  # added after studies were stored: keep their names
+            if not data.get(late):
+                data.pop(late)
         return json.dumps(data, sort_keys=True, default=str)
 
 

@@ -138,7 +138,7 @@ def user_yaml(user: UserConfig, candidate: Candidate, exported: Dict[str, Any], 
             env = CommentedMap()
             document["env"] = env
         for key, value in candidate.env:
-            if env.get(key) != value:
+            if env.get(key) is None or str(env.get(key)) != value:  # TRL sets str(value): `1` is "1", as written
                 was, reason = env.get(key), why(f"env.{key}")
                 _set(env, key, value, f"autofit: {'was ' + _show(was) if was is not None else 'added'}; {reason}")
                 changes.append({"key": f"env.{key}", "was": was, "now": value, "why": reason, "added": was is None})

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from autofit.core import Candidate, algorithm, format_size, one_line, resolve_model
+from autofit.core import Candidate, QuantSettings, algorithm, format_size, one_line, resolve_model
 from autofit.export._engine import engine_comments, exported_engine
 from autofit.export._user_yaml import user_yaml
 from autofit.export._words import why
@@ -56,14 +56,35 @@ def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) 
             lora_dropout=candidate.lora.dropout,
             lora_target_modules=targets(candidate.lora.target_modules),
         )
+        if candidate.lora.modules_to_save:
+            args["lora_modules_to_save"] = list(candidate.lora.modules_to_save)
+        if candidate.lora.use_rslora:
+            args["use_rslora"] = True
     if candidate.dtype is not None:
         args["dtype"] = candidate.dtype  # TRL's ModelConfig --dtype (the scripts pass it as model_init_kwargs)
     if candidate.quantization == "8bit":
         args["load_in_8bit"] = True
-    elif candidate.quantization == "4bit":
-        args.update(load_in_4bit=True, bnb_4bit_quant_type="nf4", use_bnb_nested_quant=True)
+    elif candidate.quantization == "4bit":  # the file's settings as written, else the rung's (nf4 + nested)
+        bnb = candidate.bnb or QuantSettings()
+        args.update(load_in_4bit=True, bnb_4bit_quant_type=bnb.quant_type, use_bnb_nested_quant=bnb.nested)
+        if bnb.storage != QuantSettings().storage:
+            args["bnb_4bit_quant_storage"] = bnb.storage
     if observed and observed.get("attn_implementation"):
         args["attn_implementation"] = observed["attn_implementation"]
+    return args
+
+
+def training_args(candidate: Candidate) -> Dict[str, Any]:
+    """The candidate's training arguments as best.yaml writes them: the attention kernel is ModelConfig's
+    ``attn_implementation`` there (TRL's script puts it in ``model_init_kwargs``), not a second copy."""
+    args = candidate.training_args()
+    init = args.get("model_init_kwargs")
+    if candidate.attn_implementation is not None and isinstance(init, dict):
+        init = {k: v for k, v in init.items() if k != "attn_implementation"}
+        if init:
+            args["model_init_kwargs"] = init
+        else:
+            args.pop("model_init_kwargs")
     return args
 
 
@@ -119,7 +140,7 @@ def user_file(report: SearchReport) -> Tuple[str, List[Dict[str, Any]]]:
     assert fit is not None and report.verified is not None and spec.options.config
     observed = report.verified.observed or fit.result.observed or {}
     candidate = as_trained(fit.candidate, observed)
-    exported = {**model_args(candidate, observed), **candidate.training_args()}
+    exported = {**model_args(candidate, observed), **training_args(candidate)}
     return user_yaml(read_user_config(spec.options.config, spec.options.algo), candidate, exported,
                      lambda key: why(key, candidate, spec.max_length, spec.options.maximize), _header(report))
 
@@ -152,7 +173,7 @@ def yaml_text(report: SearchReport) -> str:
         return user_file(report)[0]
     candidate = as_trained(fit.candidate, report.verified.observed or fit.result.observed)
     defaults = fit.result.config_defaults or report.verified.config_defaults
-    train = {k: v for k, v in candidate.training_args().items() if k not in defaults or defaults[k] != v}
+    train = {k: v for k, v in training_args(candidate).items() if k not in defaults or defaults[k] != v}
     lines = _header(report)
     observed = report.verified.observed or fit.result.observed or {}
     for key, value in {**model_args(candidate, observed), **train}.items():

@@ -134,9 +134,15 @@ class Census:
                              f"'{ALL_LINEAR}' or names among {known}")
         return chosen
 
-    def modules_to_save(self) -> List[ParamGroup]:
-        """Trained whole next to the adapters: a reward model's score head (peft SEQ_CLS)."""
-        return [p for p in self.params if p.kind == SCORE_HEAD]
+    def modules_to_save(self, names: Tuple[str, ...] = ()) -> List[ParamGroup]:
+        """Trained whole next to the adapters (peft keeps the original frozen and trains a copy): a reward model's
+        score head (peft SEQ_CLS) and the modules ModelConfig's ``lora_modules_to_save`` names (a module whose name
+        is, or ends with ``.`` + , one of them, as peft matches). A tied LM head named is a copy of the embedding of
+        its own (peft copies the module, and the copy is no longer tied)."""
+        saved = [p for p in self.params if p.kind == SCORE_HEAD or (p.kind != SCORE_HEAD and _named(p.name, names))]
+        if self.tied and "lm_head" in names:
+            saved += [p for p in self.params if p.kind == "embedding"][:1]
+        return saved
 
     def for_reward(self) -> Census:
         """The sequence-classification model: the LM head replaced by ``score`` (hidden x 1, no bias), which is the
@@ -212,9 +218,16 @@ def analytic_census(shape: ModelShape) -> Census:
                   attn_implementation="eager" if shape.eager_attention else "sdpa")
 
 
-def lora_tensors(census: Census, r: int, targets: Any = ALL_LINEAR) -> List[Tuple[int, int]]:
+def _named(param: str, names: Tuple[str, ...]) -> bool:
+    """Whether the parameter belongs to a module of ``names`` (peft's rule for ``modules_to_save``)."""
+    module = param.rsplit(".", 1)[0]
+    return any(module == n or module.endswith("." + n) for n in names)
+
+
+def lora_tensors(census: Census, r: int, targets: Any = ALL_LINEAR, saved: Tuple[str, ...] = ()
+                 ) -> List[Tuple[int, int]]:
     """(numel, count) of every trainable tensor of a LoRA model: A (r x d_in) and B (d_out x r) per adapted layer,
-    and the modules trained whole (a reward model's score head)."""
+    and the modules trained whole (a reward model's score head, ``saved``: ModelConfig's lora_modules_to_save)."""
     tensors: List[Tuple[int, int]] = []
     all_linear = targets is None or (isinstance(targets, str) and targets.lower() == ALL_LINEAR)
     if all_linear and census.lora_per_rank:  # as peft built it (mixture-of-experts conversions included)
@@ -222,7 +235,7 @@ def lora_tensors(census: Census, r: int, targets: Any = ALL_LINEAR) -> List[Tupl
     else:
         for g in census.lora_modules(targets):
             tensors += [(r * g.d_in, g.count), (r * g.d_out, g.count)]
-    tensors += [(p.numel, p.count) for p in census.modules_to_save()]
+    tensors += [(p.numel, p.count) for p in census.modules_to_save(saved)]
     return tensors
 
 

@@ -199,7 +199,7 @@ def _ledger(phase: _Phase, rho: float, context: float, totals: Dict[str, float],
 def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, device: Optional[str] = None
                   ) -> List[Ledger]:
     """One uncalibrated ledger per phase (train, step, and generation for grpo/rloo)."""
-    shape = shape or ModelShape.from_model(candidate.model)
+    shape = (shape or ModelShape.from_model(candidate.model)).with_attention(candidate.attn_implementation)
     device = device or candidate.device
     candidate = as_launched(candidate)  # a DeepSpeed offload of the user's: the offload engine's ledger
     rho = reserved_factor(candidate, device)

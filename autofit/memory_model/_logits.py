@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from autofit.core import Candidate
 from autofit.memory_model._activations import DEFAULT_PROMPT_LENGTH, sequence_length
+from autofit.memory_model._parameters import head_trained
 from autofit.memory_model._shape import ModelShape
 
 # trl-facts "Gotcha, fused LM head": TRL 1.16 SFT/GRPO/RLOO never build the full logits; the kernel allocates a
@@ -73,7 +74,7 @@ def logit_bytes(candidate: Candidate, shape: ModelShape, device: str, act_bytes:
     logits = fused_head_buffer_bytes(n_logit, act_bytes)
     logits += n_logit * shape.hidden * FUSED_HEAD_GRAD_ACCUM_BYTES  # fp32 grad of the hidden states
     cast_copy = 0.0
-    if candidate.lora is None:  # the LM head (or the tied embedding) is trained
+    if head_trained(candidate):  # the LM head (or the tied embedding) is trained
         logits += shape.vocab * shape.hidden * FUSED_HEAD_GRAD_ACCUM_BYTES
         cast_copy = shape.vocab * shape.hidden * weight_bytes
     tile_temporaries = 0.0

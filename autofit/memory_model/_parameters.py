@@ -27,6 +27,10 @@ AUTOCAST_WEIGHT_COPY_BYTES = 2
 
 # 2.3: NF4 with double quantization = 4 bits + 0.127 bit of absmax per weight = 4.127 bits ~ 0.516 B/param [M].
 NF4_BYTES_PER_PARAM = 0.516
+# 2.3 without nested quantization (``use_bnb_nested_quant: false``, TRL's default): 4 bits + one fp32 absmax per
+# block of 64 weights = 0.5625 B/param [D: bitsandbytes' 4-bit blocksize 64]. The storage dtype
+# (``bnb_4bit_quant_storage``: uint8, or bf16 as QLoRA under FSDP packs it) holds the same packed bytes.
+NF4_PLAIN_BYTES_PER_PARAM = 0.5 + 4 / 64
 # 2.3: LLM.int8 = 1 B/param (the per-row scales are negligible and ignored) [M].
 INT8_BYTES_PER_PARAM = 1.0
 # 2.3: one linear layer at a time is dequantized to the compute dtype for its matmul (transient) [D].
@@ -124,8 +128,27 @@ def trainable_tensors(shape: ModelShape, candidate: Candidate) -> List[Tensors]:
     """Every trainable tensor, grouped by size: what the gradients and the optimizer states are made of."""
     census = census_for(shape, candidate.algo)
     if candidate.lora is not None:
-        return [Tensors(n, c) for n, c in lora_tensors(census, candidate.lora.r, candidate.lora.target_modules)]
+        adapters = lora_tensors(census, candidate.lora.r, candidate.lora.target_modules)
+        return [Tensors(n, c) for n, c in adapters] + saved_tensors(shape, candidate)
     return [Tensors(p.numel, p.count, p.kind == "embedding") for p in census.params]
+
+
+def head_trained(candidate: Candidate) -> bool:
+    """Whether the LM head (or the tied embedding) is trained: a full fine-tune, or LoRA with ``lm_head`` in
+    ``lora_modules_to_save`` (TRL's fused head then accumulates its weight's gradient as for a full fine-tune [V: CPU
+    meter, tiny-qwen2, +V·h·4 B])."""
+    return candidate.lora is None or "lm_head" in candidate.lora.modules_to_save
+
+
+def saved_tensors(shape: ModelShape, candidate: Candidate) -> List[Tensors]:
+    """The modules ModelConfig's ``lora_modules_to_save`` names, trained whole beside the adapters: peft's trained
+    copy of each (its weights, gradients and optimizer states are the module's size, in the weights' dtype)."""
+    if candidate.lora is None or not candidate.lora.modules_to_save:
+        return []
+    census = census_for(shape, candidate.algo)
+    own = census.modules_to_save()  # a reward model's score head: counted with the adapters
+    return [Tensors(p.numel, p.count, p.kind == "embedding")
+            for p in census.modules_to_save(candidate.lora.modules_to_save) if p not in own]
 
 
 def optimizer_state_bytes(tensors: Iterable[Any], optim: Optional[str], param_bytes: int) -> float:
@@ -192,6 +215,12 @@ def weight_bytes(candidate: Candidate, shape: ModelShape) -> int:
     return dtype_bytes(dtype)
 
 
+def four_bit_bytes(candidate: Candidate) -> float:
+    """Bytes per quantized weight of a 4-bit base: with nested quantization (the rung's, or the file's
+    ``use_bnb_nested_quant: true``) or without (TRL's default); nf4 and fp4 take the same."""
+    return NF4_BYTES_PER_PARAM if candidate.bnb is None or candidate.bnb.nested else NF4_PLAIN_BYTES_PER_PARAM
+
+
 def compute_bytes(candidate: Candidate, shape: ModelShape, device: str) -> int:
     """Bytes per activation element: bf16 autocast on CUDA (TRL's ``bf16=True``); the weights' dtype on the CPU."""
     return CUDA_COMPUTE_BYTES if device == "cuda" else weight_bytes(candidate, shape)
@@ -222,7 +251,7 @@ def state_bytes(candidate: Candidate, shape: ModelShape, device: str) -> StateBy
 
     # -- weights (2.1, 2.3) ------------------------------------------------------------------------------------
     if quant == "4bit":
-        weights = counts.linear * NF4_BYTES_PER_PARAM + (counts.total - counts.linear) * w_bytes
+        weights = counts.linear * four_bit_bytes(candidate) + (counts.total - counts.linear) * w_bytes
     elif quant == "8bit":
         weights = counts.linear * INT8_BYTES_PER_PARAM + (counts.total - counts.linear) * w_bytes
     else:
@@ -230,15 +259,24 @@ def state_bytes(candidate: Candidate, shape: ModelShape, device: str) -> StateBy
     if quant is not None:
         weights += DEQUANT_TRANSIENT_LAYERS * census_for(shape, candidate.algo).largest_quantized * act_bytes
     tensors = trainable_tensors(shape, candidate)
+    saved = saved_tensors(shape, candidate)
+    if saved:
+        tensors = tensors[:len(tensors) - len(saved)]
     trainable = sum(t.numel * t.count for t in tensors)
+    # lora_modules_to_save's copies: in the weights' dtype (TRL casts a quantized model's trainable ones to bf16)
+    s_bytes = QLORA_ADAPTER_BYTES if quant is not None else w_bytes
+    s_count = sum(t.numel * t.count for t in saved)
     if lora is not None:
         t_bytes = QLORA_ADAPTER_BYTES if quant is not None else max(LORA_ADAPTER_BYTES, w_bytes)
-        weights += trainable * t_bytes  # the adapters (and a reward model's score head) on top of the base
+        weights += trainable * t_bytes + s_count * s_bytes  # the adapters (and a reward model's score head) and
+        #                                                     the modules trained whole, on top of the base
     else:
         t_bytes = w_bytes
     autocast_copy = 0.0
     if device == "cuda" and t_bytes == 4:  # fp32 trainable weights under bf16 autocast: a cached bf16 copy
         autocast_copy = AUTOCAST_WEIGHT_COPY_BYTES * (counts.linear if lora is None else trainable)
+    if device == "cuda" and s_bytes == 4:
+        autocast_copy += AUTOCAST_WEIGHT_COPY_BYTES * sum(t.numel * t.count for t in saved if not t.embedding)
     if lora is not None and lora.target_modules == "all-linear":
         # peft wraps fused experts (and routers): W + BA is materialized at each forward and kept for the backward
         autocast_copy += census_for(shape, candidate.algo).wrapped * max(act_bytes, w_bytes)
@@ -253,8 +291,10 @@ def state_bytes(candidate: Candidate, shape: ModelShape, device: str) -> StateBy
     # -- reference model (2.6): beta > 0 and no PEFT; reloaded from the path in the same dtype --------------------
     reference = counts.total * w_bytes if candidate.is_rl and _beta(candidate) > 0 and lora is None else 0.0
     return StateBytes(
-        weights=weights, autocast_copy=autocast_copy, gradients=trainable * t_bytes,
-        optimizer=optimizer_state_bytes(tensors, candidate.optim, t_bytes),
-        step_temporaries=optimizer_step_temporary_bytes(tensors, candidate.optim, t_bytes),
+        weights=weights, autocast_copy=autocast_copy, gradients=trainable * t_bytes + s_count * s_bytes,
+        optimizer=optimizer_state_bytes(tensors, candidate.optim, t_bytes)
+        + optimizer_state_bytes(saved, candidate.optim, s_bytes),
+        step_temporaries=optimizer_step_temporary_bytes(tensors, candidate.optim, t_bytes)
+        + optimizer_step_temporary_bytes(saved, candidate.optim, s_bytes),
         embedding_temporaries=embedding_temporaries, reference=reference, trainable_bytes=t_bytes,
     )

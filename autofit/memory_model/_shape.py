@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from autofit.memory_model._census import Census, analytic_census, cached_census
@@ -130,6 +130,14 @@ class ModelShape:
         from autofit.core import resolve_model
 
         return cls.from_config(resolve_model(name).config)
+
+    def with_attention(self, name: Optional[str]) -> ModelShape:
+        """The shape as loaded with ModelConfig's ``attn_implementation`` (None: the configuration's own): eager
+        materializes the attention scores; sdpa, flash and flex attention do not. Softcapped attention (gemma2) is
+        eager whatever is asked (transformers picks it)."""
+        if name is None:
+            return self
+        return replace(self, eager_attention=name == "eager" or self.attention_softcap)
 
     @property
     def q_dim(self) -> int:

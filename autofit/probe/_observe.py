@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any, Dict, Iterable, Optional
 
 from autofit.core import Candidate, FactoryMisuse
@@ -33,8 +34,11 @@ def peft_settings(model) -> Optional[Dict[str, Any]]:
     targets = getattr(config, "target_modules", None)
     if isinstance(targets, (set, list, tuple)):
         targets = sorted({str(name).rsplit(".", 1)[-1] for name in targets})
+    saved = getattr(config, "modules_to_save", None)
     return {"r": getattr(config, "r", None), "lora_alpha": getattr(config, "lora_alpha", None),
-            "lora_dropout": getattr(config, "lora_dropout", None), "target_modules": targets}
+            "lora_dropout": getattr(config, "lora_dropout", None), "target_modules": targets,
+            "modules_to_save": sorted(str(name) for name in saved) if saved else [],
+            "use_rslora": bool(getattr(config, "use_rslora", False))}
 
 
 def quantization_settings(model) -> Optional[Dict[str, Any]]:
@@ -43,7 +47,8 @@ def quantization_settings(model) -> Optional[Dict[str, Any]]:
     if config is None:
         return None
     data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    keys = ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant")
+    keys = ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+            "bnb_4bit_quant_storage")
     return {key: _plain(data[key]) for key in keys if key in data}
 
 
@@ -59,8 +64,9 @@ def longest_row(dataset, tokenizer=None) -> Optional[int]:
     return max(lengths) if lengths else None
 
 
-def describe_trainer(trainer) -> Dict[str, Any]:
-    """Plain data (it goes to JSON) about what ``trainer`` runs."""
+def describe_trainer(trainer, candidate: Optional[Candidate] = None) -> Dict[str, Any]:
+    """Plain data (it goes to JSON) about what ``trainer`` runs: with ``candidate``, also the environment variables
+    it asked for as this process sees them (the user's ``env:`` block and the rungs')."""
     args = trainer.args
     seen: Dict[str, Any] = {"args": {key: _plain(getattr(args, key)) for key in ARG_KEYS if hasattr(args, key)}}
     seen["args"]["checkpointing"] = bool(getattr(args, "activation_checkpointing", None)
@@ -70,6 +76,9 @@ def describe_trainer(trainer) -> Dict[str, Any]:
     base = getattr(trainer.model, "get_base_model", lambda: trainer.model)()
     attention = getattr(getattr(base, "config", None), "_attn_implementation", None)
     seen["attn_implementation"] = attention if isinstance(attention, str) else None
+    seen["trainable_parameters"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    if candidate is not None and candidate.env:
+        seen["env"] = {key: os.environ.get(key) for key, _ in candidate.env}
     try:
         seen["longest_row"] = longest_row(getattr(trainer, "train_dataset", None),
                                           getattr(trainer, "processing_class", None))

@@ -89,7 +89,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             with fill, build_deadline(candidate.probe.build_timeout_s if candidate.probe is not None else None):
                 trainer = factory(candidate)
             check_trainer(trainer, candidate)
-            observed = describe_trainer(trainer)
+            observed = describe_trainer(trainer, candidate)
             for step in active:
                 step.after_build(trainer, candidate, observed)
             if hasattr(meter, "track"):  # weights loaded from disk bypass the dispatch mode

@@ -15,7 +15,10 @@ class ExpandableSegments(RungBase):
 
     def apply(self, state: LadderState):
         candidate = state.candidate
-        if candidate.device != "cuda" or ALLOC_ENV in dict(candidate.env):
-            return None
-        env = tuple(sorted(dict(candidate.env, **{ALLOC_ENV: "expandable_segments:True"}).items()))
+        given = dict(candidate.env).get(ALLOC_ENV, "")  # the user's env: block's, kept where the rung is not chosen
+        if candidate.device != "cuda" or "expandable_segments:True" in given or "backend:cudaMallocAsync" in given:
+            return None  # already on, or CUDA's own allocator, which has no expandable segments
+        kept = [part for part in given.split(",") if part and not part.startswith("expandable_segments:")]
+        value = ",".join(kept + ["expandable_segments:True"])  # the rung's key wins; the user's other options stay
+        env = tuple(sorted(dict(candidate.env, **{ALLOC_ENV: value}).items()))
         return state.with_rung(self, candidate_changes={"env": env})

@@ -36,7 +36,7 @@ from autofit.core import (
     vllm_installed,
 )
 from autofit.rungs import resolve_ladder
-from autofit.search._user_config import read_user_config
+from autofit.search._user_config import probe_notes, read_user_config
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ def question(options: SearchOptions, factory: Optional[str] = None) -> SearchSpe
     if colocated and budget is not None:  # vLLM is estimated: the trainer measures what it leaves
         budget = int(budget * (1 - options.vllm_gpu_memory_utilization))
     spec = SearchSpec.plan(options, device=device, gpu_bytes=gpu_bytes, budget_bytes=budget, ranks=ranks,
-                           factory=factory, notes=tuple(notes) + _config_notes(options),
+                           factory=factory, notes=tuple(notes) + _config_notes(options)
+                           + tuple(probe_notes(options.config, options.algo, device)),
                            baseline=_baseline(options, ranks))
     check_model_sizes(spec, config)
     if options.use_vllm is not None and not vllm_installed():

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from autofit.core import (
     ALGORITHMS,
@@ -132,7 +132,7 @@ class UserConfig:
             lora = LoraSettings(r=int(self.model.get("lora_r") or 16), alpha=int(self.model.get("lora_alpha") or 32),
                                 dropout=float(self.model.get("lora_dropout") or 0.0),
                                 target_modules=tuple(targets) if isinstance(targets, list)
-                                else (targets or "all-linear"))
+                                else (targets or "all-linear"), **lora_as_written(self.model))
         quantization = "4bit" if self.model.get("load_in_4bit") else "8bit" if self.model.get("load_in_8bit") else None
         checkpointing = self.training.get("activation_checkpointing")
         if checkpointing is None:
@@ -142,7 +142,7 @@ class UserConfig:
                         optim=self.training.get("optim") if self.wrote("optim") else None, lora=lora,
                         quantization=quantization,
                         activation_offload=bool(self.training.get("activation_offloading")),
-                        sharding=self.engine().sharding, source=self.path)
+                        sharding=self.engine().sharding, source=self.path, **as_written(self))
 
     def unmodelled(self) -> List[str]:
         """What the file sets that the memory model does not describe (its predictions say so, with a wider band)."""
@@ -173,6 +173,66 @@ class UserConfig:
             elif kind[0] == PROBED_KEY:  # ModelConfig's: the probes build the model from the candidate, without it
                 found.append(f"{kind[1]} ({key}: {value!r}, not in the probes: neither measured nor modelled)")
         return found
+
+
+# ModelConfig's 4-bit keys (TRL's ``get_quantization_config`` passes them to BitsAndBytesConfig; its compute dtype
+# is ModelConfig's ``dtype``, which the candidate carries already).
+BNB_KEYS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")
+# The environment variables of PyTorch's allocators: the CPU meter counts live tensors, never the allocator's
+# segments, so on the CPU they change nothing a probe measures.
+ALLOCATOR_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+
+
+def lora_as_written(model: Dict[str, Any]) -> Dict[str, Any]:
+    """LoRA's ModelConfig keys the probes run as written: ``lora_modules_to_save`` (modules trained whole, which the
+    ledger counts) and ``use_rslora``."""
+    saved = model.get("lora_modules_to_save")
+    return {"modules_to_save": tuple(saved) if isinstance(saved, list) else ((saved,) if saved else ()),
+            "use_rslora": bool(model.get("use_rslora"))}
+
+
+def as_written(user: UserConfig) -> Dict[str, Any]:
+    """The Baseline's settings the probes run as the file writes them: the 4-bit settings (where the file loads in
+    4 bits or writes one of their keys: the quantization rung then uses them too), the attention kernel (a probe
+    here loads what ``runnable_attention`` says), the ``env:`` block (every probe's environment, as TRL sets it
+    before the launch)."""
+    from autofit.core import QuantSettings
+
+    settings: Dict[str, Any] = {}
+    model = user.model
+    if model.get("load_in_4bit") or any(user.wrote(key) for key in BNB_KEYS):
+        settings["bnb"] = QuantSettings(quant_type=str(model.get("bnb_4bit_quant_type") or "nf4"),
+                                        nested=bool(model.get("use_bnb_nested_quant")),
+                                        storage=str(model.get("bnb_4bit_quant_storage") or "uint8"))
+    if model.get("attn_implementation") not in (None, "", "sdpa"):  # sdpa: transformers' default, the same study
+        settings["attn_implementation"] = str(model["attn_implementation"])
+    env = user.written.get("env")
+    if isinstance(env, dict) and env:  # TRL sets each as str(value)
+        settings["env"] = tuple(sorted((str(key), str(value)) for key, value in env.items()))
+    return settings
+
+
+def probe_notes(path: Optional[str], algo: str, device: str) -> List[str]:
+    """What the probes on this ``device`` cannot run as the file writes it, one line each, said before any probe:
+    an attention kernel this machine has not (the probes load sdpa; best.yaml keeps the user's), an allocator
+    setting on the CPU meter (it reaches every probe and changes nothing the meter counts)."""
+    from autofit.core import runnable_attention
+
+    if not path:
+        return []
+    user = read_user_config(path, algo)
+    notes = []
+    attention = user.model.get("attn_implementation")
+    probed, why = runnable_attention(attention, device)
+    if why is not None:
+        notes.append(f"{path}: attn_implementation {attention} is not probed here ({why}): the probes load "
+                     f"{probed or 'sdpa'} instead (it keeps no attention scores either: what is measured and "
+                     f"predicted is sdpa's peak); best.yaml keeps {attention}")
+    allocator = [key for key, _ in as_written(user).get("env", ()) if key in ALLOCATOR_ENV]
+    if allocator and device == "cpu":
+        notes.append(f"{path}: env {', '.join(allocator)} reaches every probe, but the CPU meter counts live tensors, "
+                     "not the CUDA allocator's segments: it changes nothing measured here")
+    return notes
 
 
 def with_config(values: Dict[str, Any]) -> Dict[str, Any]:

@@ -17,7 +17,12 @@ def _load(candidate: Candidate, auto_class, **kwargs):
     quantization = candidate.quantization_config()
     if quantization is not None:
         kwargs["quantization_config"] = quantization
-    return auto_class.from_pretrained(probe_kit.model_path(candidate), **kwargs)
+    return auto_class.from_pretrained(probe_kit.model_path(candidate), **kwargs, **_attention(candidate))
+
+
+def _attention(candidate: Candidate) -> dict:
+    """ModelConfig's attn_implementation as TRL's scripts pass it (the other trainers get it in model_init_kwargs)."""
+    return {"attn_implementation": candidate.attn_implementation} if candidate.attn_implementation else {}
 
 
 def build_trainer(candidate: Candidate):
@@ -28,7 +33,8 @@ def build_trainer(candidate: Candidate):
     policy = _load(candidate, AutoModelForCausalLM)
     ref_policy = None if candidate.lora is not None else _load(candidate, AutoModelForCausalLM)
     reward_model = _load(candidate, AutoModelForSequenceClassification, num_labels=1)
-    value_model = AutoModelForSequenceClassification.from_pretrained(probe_kit.model_path(candidate), num_labels=1)
+    value_model = AutoModelForSequenceClassification.from_pretrained(probe_kit.model_path(candidate), num_labels=1,
+                                                                     **_attention(candidate))
     if candidate.checkpointing:
         for model in (policy, value_model):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
