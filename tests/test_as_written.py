@@ -142,3 +142,49 @@ def test_the_files_4bit_settings_env_and_attention_reach_the_probe(tmp_path):
                                                "bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": False,
                                                "bnb_4bit_quant_storage": "bfloat16"}
     assert mm.predict(as_file).total == pytest.approx(result.peak_bytes, rel=0.05)
+
+
+FILE = """\
+model_name_or_path: tiny-qwen2
+use_peft: true
+lora_r: 8
+lora_modules_to_save: [embed_tokens, lm_head]
+load_in_4bit: true
+bnb_4bit_quant_type: fp4
+attn_implementation: flash_attention_2
+per_device_train_batch_size: 2
+max_length: 64
+env:
+  PYTORCH_ALLOC_CONF: expandable_segments:True
+  AUTOFIT_MARK: 1
+"""
+
+
+def test_a_file_through_the_door_is_the_first_levels_candidate_and_best_yaml_keeps_it(tmp_path):
+    """TRL's own parser reads the file; the search's first level runs its settings; best.yaml keeps them unchanged."""
+    from autofit.core import SearchOptions
+    from autofit.export._user_yaml import user_yaml
+    from autofit.memory_model import base_candidate
+    from autofit.search import question, read_user_config, with_config
+
+    path = tmp_path / "sft.yaml"
+    path.write_text(FILE)
+    spec = question(SearchOptions(**with_config({"config": str(path), "device": "cpu", "gpu_memory": "1GiB"})))
+    first = base_candidate(spec)
+    assert first.lora.modules_to_save == SAVED and first.quantization == "4bit"
+    assert first.bnb == QuantSettings(quant_type="fp4", nested=False)  # TRL's default: no nested quantization
+    assert dict(first.env) == {"PYTORCH_ALLOC_CONF": "expandable_segments:True", "AUTOFIT_MARK": "1"}
+    assert first.attn_implementation is None  # flash attention needs CUDA: the probes load sdpa, and say so
+    said = [note for note in spec.notes if "flash_attention_2 is not probed here" in note]
+    assert len(said) == 1 and "best.yaml keeps flash_attention_2" in said[0]
+    assert any("PYTORCH_ALLOC_CONF reaches every probe" in note for note in spec.notes)
+    notes = " ".join(spec.notes)
+    assert "lora_modules_to_save" not in notes and "bnb_4bit_quant_type" not in notes  # no longer "not probed"
+    assert spec.baseline.key() != spec.baseline.__class__(**{**spec.baseline.__dict__, "env": ()}).key()
+    user = read_user_config(str(path), "sft")
+    exported = {**model_args(first), **training_args(first)}
+    text, changes = user_yaml(user, first, exported, lambda key: "why", ["# header"])
+    changed = {change["key"] for change in changes}
+    assert not changed & {"lora_modules_to_save", "bnb_4bit_quant_type", "use_bnb_nested_quant", "attn_implementation",
+                          "env.PYTORCH_ALLOC_CONF", "env.AUTOFIT_MARK"}, changes
+    assert "attn_implementation: flash_attention_2\n" in text and "  AUTOFIT_MARK: 1\n" in text
