@@ -1,8 +1,9 @@
 """The memory model against peaks measured on real GPUs and published for the Hugging Face stack
 (``shared/notes/public-measurements.md``): each run as its source launched it, engine included, a TRL config file in
-``benchmarks/public/``, estimated by nothing but ``autofit estimate --config FILE`` with the flags a user would type
-(``make bench-public``; the table between the "public" markers of docs/benchmarks.md). No probe, no GPU, no change
-to the candidate in this script: every figure is read from what the command prints.
+``benchmarks/public/``, estimated by nothing but ``autofit estimate --config FILE --json`` with the flags a user would
+type (``make bench-public``; the table between the "public" markers of docs/benchmarks.md). No probe, no GPU, no
+change to the candidate and no arithmetic on the ledger in this script: every figure, a phase's included, is read
+from what the command prints.
 
 The published figure and what it measures are the source's; where our stack or our ledger cannot express a setting
 of the source, the row names it beside its error rather than fitting a coefficient to it.
@@ -10,13 +11,13 @@ of the source, the row names it beside its error rather than fitting a coefficie
 
 from __future__ import annotations
 
+import json
 import logging
-import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from benchmarks.page import chosen, table_main
 
@@ -24,7 +25,6 @@ ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 GB = 10**9
 GIB = 2**30
-UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Published:
     config: str
     flags: Tuple[str, ...]  # after ``autofit estimate --config FILE``
     measured: Optional[Tuple[float, float]]  # bytes: the published figure (a range, or one value twice); None: none
-    phase: Optional[str]  # the phase the figure is of, as the estimate's "by phase" line names it (None: the peak)
+    phase: Optional[str]  # the phase the figure is of, as the estimate's JSON names it (None: the peak)
     reading: str  # what the figure is, in the source's words, and which meter it reads
     not_expressed: str  # the source's settings our stack or ledger does not express
     card: Optional[float] = None  # bytes: a run published only as fitting or not (``measured`` None)
@@ -60,11 +60,11 @@ ROWS = (
               "full-vocabulary fp32 loss; reentrant checkpointing"),
     Published("O1", "Llama-3-8B full SFT, DeepSpeed ZeRO-2 (`deepspeed:`), 1 x A100 80GB, batch 1, 128 tokens, "
               "after the first backward", "O1.yaml", ("--gpu-memory", "A100-80GB", *LLAMA3_8B),
-              (61 * GIB, 61 * GIB), "first backward",
+              (61 * GIB, 61 * GIB), "first_backward",
               "61 (GiB) after the backward pass, out of memory at the optimizer step (tool not stated; read as "
               "**nvidia-smi**, in GiB)",
-              "OpenRLHF's trainer (not TRL); compared with the estimate's nvidia-smi figure of that phase (the "
-              "estimate prints PyTorch's only at the peak)"),
+              "OpenRLHF's trainer (not TRL); compared with the estimate's nvidia-smi figure of that phase (its "
+              "PyTorch figure beside it)"),
     Published("O1-offload", "O1 with its source's fix: `offload_optimizer: {device: cpu}` in its DeepSpeed block",
               "O1-offload.yaml", ("--gpu-memory", "A100-80GB", *LLAMA3_8B), None, None,
               "trains on the A100 80GB (no figure)", "OpenRLHF's trainer (not TRL); DeepSpeed's CPU Adam",
@@ -73,37 +73,23 @@ ROWS = (
 
 
 def command(row: Published) -> Tuple[str, ...]:
-    """What a user types (from the repository's root)."""
-    return ("autofit", "estimate", "--config", f"benchmarks/public/{row.config}", *row.flags)
+    """What a user types (from the repository's root): the estimate as one JSON document (``--json``)."""
+    return ("autofit", "estimate", "--config", f"benchmarks/public/{row.config}", *row.flags, "--json")
 
 
-def _size(text: str) -> float:
-    number, unit = text.split()
-    return float(number) * UNITS[unit]
-
-
-SIZE = r"([0-9.]+ [KMGT]?i?B)"
-
-
-def read_estimate(printed: str) -> Dict[str, object]:
-    """The user's run as the estimate prints it: the peak (nvidia-smi and PyTorch), its phase, each phase's figure
-    (nvidia-smi), the verdict and the host memory it offloads."""
-    run = next(line for line in printed.splitlines() if line.startswith("your run ("))
-    phases_line = next(line for line in printed.splitlines() if line.startswith("your run by phase"))
-    found: Dict[str, object] = {
-        "peak": _size(re.search(r"nvidia-smi shows " + SIZE, run).group(1)),  # type: ignore[union-attr]
-        "allocated": _size(re.search(r"PyTorch allocates " + SIZE, run).group(1)),  # type: ignore[union-attr]
-        "phase": re.search(r"at its peak \(([^)]+)\)", run).group(1),  # type: ignore[union-attr]
-        "fits": "): fits in" in run,
+def read_estimate(printed: str) -> Dict[str, Any]:
+    """The user's run as ``autofit estimate --json`` prints it (docs/cli.md's schema): the peak (nvidia-smi and
+    PyTorch), its phase, each phase's two figures by its ledger name, the verdict and the host memory it offloads."""
+    run = json.loads(printed)["estimates"][0]["your_run"]
+    return {
+        "peak": run["nvidia_smi"]["bytes"], "allocated": run["pytorch"]["bytes"], "phase": run["phase"],
+        "fits": run["fits"], "host": run["host"]["bytes"],
+        "phases": {phase["phase"]: (phase["nvidia_smi"]["bytes"], phase["pytorch"]["bytes"], phase["label"])
+                   for phase in run["phases"]},
     }
-    host = re.search(r"host memory \(pinned RAM\) " + SIZE, run)
-    found["host"] = _size(host.group(1)) if host else 0.0
-    body = phases_line.split(": ", 1)[1]
-    found["phases"] = {m.group(1): _size(m.group(2)) for m in re.finditer(r"([a-z ]+?) " + SIZE + r"(?:, |$)", body)}
-    return found
 
 
-def estimate(row: Published) -> Dict[str, object]:
+def estimate(row: Published) -> Dict[str, Any]:
     done = subprocess.run([sys.executable, "-m", "autofit.cli", *command(row)[1:]], cwd=REPO, capture_output=True,
                           text=True, check=False)
     if done.returncode != 0:
@@ -121,17 +107,18 @@ def table(_: Path) -> str:
              "|---|---|---|---|---|---|---|"]
     for row in chosen(ROWS):
         found = estimate(row)
-        phases: Dict[str, float] = found["phases"]  # type: ignore[assignment]
-        peak, allocated = float(found["peak"]), float(found["allocated"])  # type: ignore[arg-type]
+        phases = found["phases"]
+        peak, allocated = float(found["peak"]), float(found["allocated"])
         if row.phase:
-            shown = f"{_gb(phases[row.phase])} [{row.phase}]; peak {_gb(peak)} ({_gb(allocated)}) [{found['phase']}]"
-            value = phases[row.phase]
+            smi, torch, label = phases[row.phase]
+            shown = f"{_gb(smi)} ({_gb(torch)}) [{label}]; peak {_gb(peak)} ({_gb(allocated)}) [{found['phase']}]"
+            value = smi
         else:
             shown, value = f"{_gb(peak)} ({_gb(allocated)}) [{found['phase']}]", peak
         if row.key == "O1":
             shown += ": out of memory, as published" if not found["fits"] else ": fits, unlike the source"
         if found["host"]:
-            shown += f"; host {_gb(float(found['host']))}"  # type: ignore[arg-type]
+            shown += f"; host {_gb(float(found['host']))}"
         if row.measured is None:
             verdict = "fits, as published" if found["fits"] else "does not fit, unlike the source"
             error = verdict
@@ -142,13 +129,14 @@ def table(_: Path) -> str:
         lines.append(f"| {row.key} | {row.what} | `{' '.join(command(row))}` | {row.reading} | {shown} | {error} "
                      f"| {row.not_expressed} |")
     lines.append("")
-    lines.append("Predicted: what `autofit estimate --config FILE` prints for the file as its source launched it "
-                 "(engine keys included: `fsdp:`/`fsdp_config:`, `deepspeed:`), uncalibrated, read from its "
-                 "\"your run\" lines by this script and nothing else (`--model` names the model's configuration "
+    lines.append("Predicted: what `autofit estimate --config FILE --json` prints for the file as its source launched "
+                 "it (engine keys included: `fsdp:`/`fsdp_config:`, `deepspeed:`), uncalibrated, read from its "
+                 "`your_run` (the same figures as the text's \"your run\" lines: its peak, and a phase's from \"your "
+                 "run at each phase\") by this script and nothing else (`--model` names the model's configuration "
                  "folder: the hub is not reachable here). nvidia-smi = reserved memory plus the CUDA context (and "
                  "NCCL's buffers with several GPUs), the figure the search holds against the budget; PyTorch = "
                  "`max_memory_allocated`. The error is against the published figure (a range's middle), in the "
-                 "meter the source reports where the estimate prints it.")
+                 "meter the source reports.")
     return "\n".join(lines)
 
 

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from autofit.cli._speed import comparison_lines, level_speeds, speed_cell, speed_lines
+from autofit.cli._estimate_facts import CardEstimate, card_estimate, parameters_line, phase_label
+from autofit.cli._estimate_json import estimate_json
+from autofit.cli._speed import comparison_lines, speed_cell, speed_lines
 from autofit.core import (
-    DEFAULT_ALGO,
     ESTIMATE,
     RL_ALGOS,
     InputError,
@@ -34,21 +35,19 @@ from autofit.memory_model import (
     Ledger,
     ModelShape,
     RungEstimate,
-    base_candidate,
     expected_rung,
     prior_uncertainty,
-    rung_notes,
-    sizes_are_exact,
-    unchecked_reason,
-    vllm_lines,
 )
-from autofit.rungs import LadderState, resolve_ladder, usable_rungs
+
+__all__ = ["estimate_text", "load_calibration", "parameters_line", "render_text", "run"]
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 MEMORY_MODEL_KEY = "memory_model"  # best.json key of a calibrated model (Calibration.to_dict())
 
 # Columns of the table: (header, ledger terms summed into it).
 COLUMNS: Tuple[Tuple[str, Tuple[str, ...]], ...] = tuple((header, terms) for header, _, terms in TERM_GROUPS)
+OUTSIDE_TENSORS = ("allocator", "cuda_context")  # what nvidia-smi shows beyond PyTorch's allocated peak
+TENSOR_COLUMNS = tuple((header, terms) for header, terms in COLUMNS if not set(terms) & set(OUTSIDE_TENSORS))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -117,16 +116,6 @@ def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optiona
     return calibration, [note]
 
 
-def parameters_line(shape: ModelShape, algo: str = DEFAULT_ALGO) -> str:
-    """The parameter count of the model ``algo`` trains (a reward model: the score head instead of the LM head)."""
-    census = shape.parameters().for_algo(algo)
-    where = "counted from the model" if census.source == "meta" else "computed from the configuration"
-    if census.source != "meta" and sizes_are_exact(shape):
-        where += " (exact for this family)"
-    experts = f", {census.experts:,} of them in {shape.experts} experts per layer" if shape.experts else ""
-    return f"{census.total:,} parameters {where}{experts}"
-
-
 def _unit(budget: float) -> Tuple[str, float]:
     return ("GiB", 2**30) if budget >= 2 * 2**30 else ("MiB", 2**20)
 
@@ -138,11 +127,14 @@ def _fits_cell(ledger, budget: int) -> str:
 
 def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, notes: Sequence[str] = (),
                   result: Optional[RungEstimate] = None) -> str:
-    """The report printed by ``autofit estimate``: one row per ladder level (the level's largest micro-batch
-    predicted to fit, else its smallest), the ledger's terms at the predicted peak, the band and the verdict."""
-    budget = spec.budget_bytes
-    assert budget is not None  # an estimate's question always has one (estimate_question)
-    result = result or expected_rung(spec, budget, calibration=calibration)
+    """The report printed by ``autofit estimate`` for one card (``render_text`` of its ``card_estimate``)."""
+    return render_text(card_estimate(spec, calibration, notes, result))
+
+
+def render_text(facts: CardEstimate) -> str:
+    """One row per ladder level (the level's largest micro-batch predicted to fit, else its smallest), the ledger's
+    terms at the predicted peak, the band and the verdict; the user's run at each phase; the expected level."""
+    spec, result, budget, shape = facts.spec, facts.result, facts.budget, facts.shape
     length_name = "max_completion_length" if spec.options.algo in RL_ALGOS else "max_length"
     lines = [
         f"autofit estimate: {spec.options.algo} {spec.options.model} on {spec.device}, budget "
@@ -153,28 +145,22 @@ def estimate_text(spec: SearchSpec, calibration: Optional[Calibration] = None, n
         + f", {length_name} {spec.max_length}"
         + (f", prompt {spec.options.max_prompt_length}" if spec.options.algo in RL_ALGOS else ""),
     ]
-    shape = ModelShape.from_model(spec.options.model)
-    if calibration is None:
+    if facts.calibration is None:
         lines.append(f"memory model: analytic prior, uncalibrated "
                      f"(±{prior_uncertainty(shape, spec.options.algo):.0%}), "
                      f"{parameters_line(shape, spec.options.algo)}")
-    unchecked = unchecked_reason(shape, spec.options.algo)
-    if unchecked and calibration is None:
-        lines.append(f"note: {unchecked}: the band is widened; a search's probes calibrate it")
-    lines += [f"note: {note}" for note in (*spec.notes, *notes)]
+    lines += [f"note: {note}" for note in facts.question_notes()]
+    unit, scale = _unit(budget)
     if spec.baseline is not None:
         lines.append(your_run_line(spec, result))
-        lines.append(phases_line(result.levels[0].ledger))
-    lines += vllm_lines(spec, shape)
-    start = LadderState(base_candidate(spec))
-    usable, left_out = usable_rungs(resolve_ladder(spec.ladder), spec.device, start)
-    lines += [f"note: {note}" for note in left_out + rung_notes(usable)]
-    unit, scale = _unit(budget)
+        lines += phase_lines(facts.run_phases, unit, scale)
+    lines += facts.vllm
+    lines += [f"note: {note}" for note in (*facts.left_out, *facts.ladder_notes)]
     host = any(level.ledger.host for level in result.levels)  # an offloading level: its host memory, a column
     header = (["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in COLUMNS]
               + ["peak", "±", "phase", "fits"])
     header += ["host"] if host else []
-    speeds = level_speeds(spec, shape, result.levels)
+    speeds = facts.speeds
     header += ["tok/s"] if speeds else []
     rows = []
     for index, level in enumerate(result.levels):
@@ -274,15 +260,37 @@ def your_run_line(spec: SearchSpec, result: RungEstimate) -> str:
     else:
         verdict = f"does not fit: {format_size(ledger.total - budget)} over {format_size(budget)}"
     maybe = " (the budget lies inside the band)" if ledger.verdict(budget) == "maybe" else ""
-    return (f"your run ({spec.options.config} as written): {candidate.describe()} predicts {band} at its peak "
+    where = spec.options.config or (spec.baseline.source if spec.baseline else "")
+    return (f"your run ({where} as written): {candidate.describe()} predicts {band} at its peak "
             f"({ledger.phase}): {verdict}{maybe}; {_views(ledger, spec.device)}"
             + (f"; host memory (pinned RAM) {format_size(ledger.host)} for what it offloads" if ledger.host else ""))
 
 
-def phases_line(ledger: Ledger) -> str:
-    """The user's run phase by phase (what nvidia-smi shows at each), for figures published by phase."""
-    return "your run by phase (nvidia-smi): " + ", ".join(
-        f"{phase.replace('_', ' ')} {format_size(total)}" for phase, total in ledger.phase_totals.items())
+def phase_lines(ledgers: Sequence[Ledger], unit: str, scale: float) -> List[str]:
+    """The user's run at each phase of its step, in order, by term: PyTorch's allocated peak of the phase (what
+    ``torch.cuda.max_memory_allocated`` reports) and what nvidia-smi shows (reserved + CUDA context), so a figure
+    published for one phase (after the backward, at the step) reads straight off it."""
+    if not ledgers:
+        return []
+    cuda = any(ledger.cuda_context for ledger in ledgers)
+    figures = (["PyTorch", "+alloc", "+ctx", "nvidia-smi"] if cuda else ["live tensors"])
+    header = ["phase"] + [name for name, _ in TENSOR_COLUMNS] + figures + [""]
+    peak = max(ledgers, key=lambda ledger: ledger.total).phase
+    rows = []
+    for ledger in ledgers:
+        cells = [phase_label(ledger.phase)]
+        cells += [f"{sum(getattr(ledger, term) for term in terms) / scale:.2f}" for _, terms in TENSOR_COLUMNS]
+        cells += ([f"{ledger.allocated / scale:.2f}", f"{ledger.allocator / scale:.2f}",
+                   f"{ledger.cuda_context / scale:.2f}"] if cuda else [])
+        rows.append(cells + [f"{ledger.total / scale:.2f}", "peak" if ledger.phase == peak else ""])
+    widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
+    meters = ("PyTorch = max_memory_allocated; nvidia-smi = PyTorch + the allocator's reserve + the CUDA context"
+              if cuda else "the simulated meter counts live tensors")
+    lines = [f"your run at each phase ({unit}, {meters}):"]
+    lines += ["  " + "  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
+                               for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
+              for row in [header] + rows]
+    return lines
 
 
 def _views(ledger: Ledger, device: str) -> str:
@@ -299,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
     from autofit.memory_model import ensure_census
     from autofit.search import estimate_question, with_config
 
-    texts, compared = [], []
+    estimates: List[CardEstimate] = []
     try:
         given = getattr(args, "gpu_memory", None)
         cards = [part.strip() for part in given.split(",")] if isinstance(given, str) and "," in given else [given]
@@ -307,18 +315,16 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--plot draws one card's levels, not the {len(cards)} of --gpu-memory {given}")
         for card in cards:  # each card read and refused as --gpu-memory alone would be
             one = argparse.Namespace(**{**vars(args), "gpu_memory": card})
-            options = SearchOptions(**with_config(given_values(one, ESTIMATE)))
+            options = SearchOptions(**with_config({**getattr(args, "launch", {}), **given_values(one, ESTIMATE)}))
             spec = estimate_question(options)
             ensure_census(options.model, trust_remote_code=options.trust_remote_code)
             ModelShape.from_model(options.model)
             _check_plot_path(options.plot)
             calibration, notes = load_calibration(options.from_dir, spec)
             result = expected_rung(spec, spec.budget_bytes, calibration=calibration)
-            texts.append(estimate_text(spec, calibration, notes, result))
-            compared.append((str(card), spec, result))
+            estimates.append(card_estimate(spec, calibration, notes, result, card=str(card), plot=options.plot))
             if options.plot:
                 plot_levels(spec, result, options.plot)
-                texts[-1] += f"\nplot: {options.plot}"
     except (InputError, ValueError) as exc:
         print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -326,7 +332,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"autofit: error: the configuration of model '{one_line(args.model)}' cannot be estimated "
               f"({type(exc).__name__}: {one_line(exc)}): check its config.json", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if len(compared) > 1:
-        texts.append("\n".join(comparison_lines(compared)))
+    if getattr(args, "as_json", False):
+        print(estimate_json(estimates))
+        return EXIT_OK
+    texts = [render_text(facts) + (f"\nplot: {facts.plot}" if facts.plot else "") for facts in estimates]
+    if len(estimates) > 1:
+        texts.append("\n".join(comparison_lines([(facts.card, facts.spec, facts.result) for facts in estimates])))
     print("\n\n".join(texts))
     return EXIT_OK
