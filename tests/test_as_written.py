@@ -59,6 +59,10 @@ def test_best_yaml_writes_the_files_values_not_the_rungs():
         ("fp4", False, "bfloat16")
     assert args["lora_modules_to_save"] == list(SAVED)
     assert "model_init_kwargs" not in training_args(candidate)  # ModelConfig's attn_implementation says it once
+    from autofit.export._json import _peft_dict, _quantization_dict
+
+    assert _quantization_dict(candidate)["bnb_4bit_use_double_quant"] is False  # best.json says the same
+    assert _peft_dict(candidate)["modules_to_save"] == list(SAVED)
     rung = model_args(lora().replace(quantization="4bit"))  # the quantization rung's own
     assert (rung["bnb_4bit_quant_type"], rung["use_bnb_nested_quant"]) == ("nf4", True)
     assert "bnb_4bit_quant_storage" not in rung and "lora_modules_to_save" not in rung
@@ -79,6 +83,14 @@ def test_the_ledger_counts_the_saved_modules_and_the_nested_quantization():
     storage = mm.predict(plain.replace(quantization="4bit", bnb=QuantSettings(nested=False, storage="bfloat16")))
     assert unnested.weights > nested.weights and storage.weights == unnested.weights
     assert saved.key() != plain.key() and plain.key() == lora().key()
+
+
+def test_model_revision_is_named_where_it_is_not_main():
+    for revision, named in (("v2.0", True), ("main", False)):
+        file = UserConfig(path="sft.yaml", algo="sft", text="", model={"model_revision": revision},
+                          written={"model_revision": revision}, defaults={"model_revision": "main"})
+        notes = file.probed_as_written()
+        assert any("model_revision" in note and revision in note for note in notes) is named, notes
 
 
 def test_attention_is_probed_where_this_machine_runs_it_and_said_where_not(tmp_path, monkeypatch):

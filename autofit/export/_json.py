@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from autofit import memory_model
-from autofit.core import RL_ALGOS, Candidate, first_gpu, installed_versions
+from autofit.core import RL_ALGOS, Candidate, QuantSettings, first_gpu, installed_versions
 from autofit.export._engine import engine_data, host_memory_data
 from autofit.export._words import trades
 from autofit.export._write import as_trained, model_args, targets, user_file
@@ -19,15 +19,22 @@ PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate",
 def _peft_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
     if candidate.lora is None:
         return None
-    return {"type": "lora", "r": candidate.lora.r, "lora_alpha": candidate.lora.alpha,
+    peft = {"type": "lora", "r": candidate.lora.r, "lora_alpha": candidate.lora.alpha,
             "lora_dropout": candidate.lora.dropout, "target_modules": targets(candidate.lora.target_modules)}
+    if candidate.lora.modules_to_save:  # the file's lora_modules_to_save, trained whole
+        peft["modules_to_save"] = list(candidate.lora.modules_to_save)
+    if candidate.lora.use_rslora:
+        peft["use_rslora"] = True
+    return peft
 
 
 def _quantization_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
     if candidate.quantization == "8bit":
         return {"load_in_8bit": True}
-    if candidate.quantization == "4bit":
-        return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
+    if candidate.quantization == "4bit":  # the file's settings as probed, else the rung's (nf4 + nested)
+        bnb = candidate.bnb or QuantSettings()
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": bnb.quant_type, "bnb_4bit_use_double_quant": bnb.nested,
+                "bnb_4bit_quant_storage": bnb.storage}
     return None
 
 
