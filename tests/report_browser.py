@@ -2,9 +2,9 @@
 measures the laid-out page, and a screenshot to look at.
 
 What is measured, after layout: every text of every figure lies inside its figure (a title cut off at the SVG's
-edge is outside it), every figure and table inside the window's width, every cell of a table on one line (a unit
-wrapped onto a line of its own is two), and the smallest font of the figures as drawn (a legend at 7 pt drew 9.3 px
-letters).
+edge is outside it), every figure and table inside the window's width, every number and header of a table on one
+line (a unit wrapped onto a line of its own is two; text such as a configuration may wrap between words), and the
+smallest font of the figures as drawn (a legend at 7 pt drew 9.3 px letters).
 
 Used by tests/test_report_browser.py and by ``make report-shot`` (``python tests/report_browser.py DIR [PNG]``:
 checks DIR/report.html and writes the screenshot).
@@ -54,7 +54,7 @@ SCRIPT = """
   });
   document.querySelectorAll("table").forEach((table, index) => {
     if (box(table).right > W + slack) problems.push(`table ${index + 1} runs beyond the ${W} px window`);
-    table.querySelectorAll("td, th").forEach((cell) => {
+    table.querySelectorAll("td.num, th").forEach((cell) => {  // a number and its unit, a header: one line
       const range = document.createRange();
       range.selectNodeContents(cell);
       const lines = new Set(Array.from(range.getClientRects()).filter((r) => r.width > 0)

@@ -24,7 +24,7 @@ h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 2rem; border-botto
 table { border-collapse: collapse; font-size: 0.85rem; }
 td, th { padding: 0.2rem 0.6rem; border-bottom: 1px solid #eee; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; } .OOM { color: #b00; } .OK { color: #070; }
-td.num, th { white-space: nowrap; } svg { max-width: 100%; height: auto; }
+td.num, th, .nb { white-space: nowrap; } svg { max-width: 100%; height: auto; }
 .caption { color: #555; font-size: 0.9rem; margin-top: 0; }
 code { background: #f4f4f4; padding: 0 0.2rem; } .answer { font-size: 1.05rem; background: #f6f8fa; padding: 0.8rem; }
 """
@@ -121,6 +121,12 @@ def _speed(record: dict) -> str:
     return format(speed, ",.0f") if record.get("outcome") == "OK" and speed > 0 else "-"
 
 
+def _rungs(rungs: List[str]) -> str:
+    """Rung names joined by '+', each kept whole: a long list wraps after a '+', never inside a name
+    ("micro-" / "batch")."""
+    return "+<wbr>".join(f"<span class='nb'>{_e(rung)}</span>" for rung in rungs) or "baseline"
+
+
 def probes_section(data: ReportData) -> List[str]:
     head = ("<tr><th>#</th><th>kind</th><th>rungs</th><th>configuration</th><th>outcome</th><th>peak</th>"
             "<th>predicted</th><th>tokens/s</th></tr>")
@@ -129,7 +135,7 @@ def probes_section(data: ReportData) -> List[str]:
         outcome = record["outcome"]
         rows.append(
             f"<tr><td>{_e(index)}</td><td>{_e(record['kind'])}</td>"
-            f"<td>{_e('+'.join(record['rungs']) or 'baseline')}</td>"
+            f"<td>{_rungs(record['rungs'])}</td>"
             f"<td>{_e(record['candidate'])}</td><td class='{_e(outcome)}'>{_e(outcome)}</td>"
             f"<td class='num'>{_e(_size(record.get('peak_bytes')))}</td>"
             f"<td class='num'>{_e(_size(record.get('predicted_bytes')))}</td>"
@@ -138,7 +144,7 @@ def probes_section(data: ReportData) -> List[str]:
     parts = ["<h2>Every probe of this run</h2>", f"<table>{head}{''.join(rows)}</table>"]
     if skipped:
         parts.append("<p>Not probed (the memory model's low end is over the budget): " + ", ".join(
-            f"{_e(s['candidate'])} [{_e('+'.join(s['rungs']) or 'baseline')}] "
+            f"{_e(s['candidate'])} [{_rungs(s['rungs'])}] "
             f"predicted {_e(_size(s['predicted_bytes']))}"
             for s in skipped) + ".</p>")
     parts.append(f"<p>The study holds {_e(len(data.probes))} probes in all. Browse them with "
