@@ -56,7 +56,7 @@ help:
 	@echo "  make bench-speed     the throughput model's speed ratios against measured ones, on the CPU meter"
 	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
 	@echo "  make report-shot [REPORT=dir]  draw dir's report.html again, lay it out in headless Chromium at 1280 px,"
-	@echo "                   check that every title is whole and no cell wraps, and write dir/report-1280.png"
+	@echo "                   check that every title is whole and no number wraps, and write dir/report-1280.png"
 
 search: venv
 	$(if $(MODEL)$(CONFIG),,$(error MODEL=... or CONFIG=... is required, e.g. make search MODEL=Qwen/Qwen2.5-0.5B))
@@ -108,7 +108,7 @@ browser:
 	else echo "make browser: no Chromium, and apt-get cannot install it here: report.html is not checked in a browser"; fi
 
 # A search's report.html as users see it: drawn again by this code, laid out by headless Chromium at 1280 px, checked
-# (every figure's text inside its figure, no table cell wrapped, no figure text under 12 px) and saved as a PNG.
+# (every figure's text inside its figure, no number or header wrapped, no figure text under 12 px) and saved as a PNG.
 REPORT ?= $(DEMO_OUT)
 report-shot: venv browser
 	$(BIN)/autofit report $(REPORT)
