@@ -2,7 +2,9 @@
 rung it expects to be needed first. No probe runs and torch is never imported in this process, so it answers in a
 fraction of a second, for a GPU this machine does not have (the first time a model is estimated, its parameters are
 counted from the model built on the meta device in a separate process: a few seconds, then cached). Its options are
-``SearchOptions``' (the estimate door's), resolved by ``autofit.search.estimate_question``.
+``SearchOptions``' (the estimate door's), resolved by ``autofit.search.estimate_question``. With ``--config`` it
+prints the user's run at each phase of its step, both meters; ``--json`` prints the same as one JSON document
+(``_estimate_json``). Both are drawn from one ``CardEstimate`` per card (``_estimate_facts``).
 """
 
 from __future__ import annotations
