@@ -17,6 +17,7 @@ GPU_CHECK_OUT ?= /tmp/autofit-gpu-check
 # User targets (make help): search, estimate and train a model of yours; the CLI underneath, one engine.
 MODEL ?=
 CONFIG ?=
+ACCELERATE_CONFIG ?=
 ALGO ?= sft
 GPU_MEMORY ?=
 FACTORY ?=
@@ -37,6 +38,7 @@ help:
 	@echo "                   probe real training and write OUT/best.yaml, OUT/best.json (ARGS: more autofit search options)"
 	@echo "  make search CONFIG=sft.yaml [ALGO=sft] [GPU_MEMORY=24GiB]"
 	@echo "                   your TRL config file as the starting point; OUT/best.yaml is that file with the changes"
+	@echo "  make search CONFIG=sft.yaml ACCELERATE_CONFIG=fsdp.yaml   with the accelerate config your launch runs (also estimate)"
 	@echo "  make estimate MODEL=meta-llama/Llama-3.1-8B ALGO=sft GPU_MEMORY=80GB [FROM=dir]"
 	@echo "                   the memory model's prediction per ladder level, no probe"
 	@echo "  make train ALGO=sft DATASET=trl-lib/Capybara [OUT=dir] [TRAIN_OUT=dir]"
@@ -60,12 +62,12 @@ help:
 
 search: venv
 	$(if $(MODEL)$(CONFIG),,$(error MODEL=... or CONFIG=... is required, e.g. make search MODEL=Qwen/Qwen2.5-0.5B))
-	$(BIN)/autofit search $(strip $(if $(MODEL),--model $(MODEL)) $(if $(CONFIG),--config $(CONFIG))) --algo $(ALGO) $(if $(GPU_MEMORY),--gpu-memory $(GPU_MEMORY)) $(if $(FACTORY),--factory $(FACTORY)) --out $(OUT) $(ARGS)
+	$(BIN)/autofit search $(strip $(if $(MODEL),--model $(MODEL)) $(if $(CONFIG),--config $(CONFIG)) $(if $(ACCELERATE_CONFIG),--accelerate-config $(ACCELERATE_CONFIG))) --algo $(ALGO) $(if $(GPU_MEMORY),--gpu-memory $(GPU_MEMORY)) $(if $(FACTORY),--factory $(FACTORY)) --out $(OUT) $(ARGS)
 
 estimate: venv
 	$(if $(MODEL)$(CONFIG),,$(error MODEL=... or CONFIG=... is required))
 	$(if $(GPU_MEMORY),,$(error GPU_MEMORY=... is required, e.g. GPU_MEMORY=24GiB))
-	$(BIN)/autofit estimate $(strip $(if $(MODEL),--model $(MODEL)) $(if $(CONFIG),--config $(CONFIG))) --algo $(ALGO) --gpu-memory $(GPU_MEMORY) $(if $(FROM),--from $(FROM)) $(ARGS)
+	$(BIN)/autofit estimate $(strip $(if $(MODEL),--model $(MODEL)) $(if $(CONFIG),--config $(CONFIG)) $(if $(ACCELERATE_CONFIG),--accelerate-config $(ACCELERATE_CONFIG))) --algo $(ALGO) --gpu-memory $(GPU_MEMORY) $(if $(FROM),--from $(FROM)) $(ARGS)
 
 train: venv
 	$(if $(DATASET),,$(error DATASET=... is required, e.g. DATASET=trl-lib/Capybara))

@@ -82,3 +82,26 @@ def test_a_deepspeed_block_that_offloads_the_optimizer_is_modelled_as_offload(tm
     line = out.split("your run", 1)[1].splitlines()[0]
     assert "host memory (pinned RAM)" in line and "fits in" in line
     assert "that offloads (its host buffers are not modelled)" not in out
+
+
+def test_an_accelerate_plugin_maps_onto_the_engine_and_the_launchs_options_override_it():
+    from autofit.search._launch import launch_engine
+
+    v1 = {"path": "fsdp.yaml", "values": {"distributed_type": "FSDP", "num_processes": 4, "fsdp_config": {
+        "fsdp_version": 1, "fsdp_sharding_strategy": 2, "fsdp_auto_wrap_policy": "NO_WRAP"}}}
+    engine = launch_engine({}, {}, {}, v1)
+    assert engine.sharding == "fsdp2" and engine.processes == 4 and not engine.checkpointing
+    said = " ".join(engine.notes)  # what the ledger does not model is said, never silently dropped
+    assert "version 1" in said and "shard_grad_op" in said and "NO_WRAP" in said
+    launched = launch_engine({}, {}, {"use_deepspeed": True, "zero_stage": 3, "offload_optimizer_device": "cpu",
+                                      "offload_param_device": "cpu", "num_processes": 2}, v1)
+    assert launched.sharding == "zero3-offload" and launched.processes == 2  # accelerate's options over its file
+    no_shard = launch_engine({}, {}, {}, {"path": "x.yaml", "values": {"distributed_type": "FSDP", "fsdp_config": {
+        "fsdp_sharding_strategy": "NO_SHARD", "fsdp_activation_checkpointing": True}, "mixed_precision": "fp16"}})
+    assert no_shard.sharding is None and no_shard.checkpointing and no_shard.mixed_precision == "fp16"
+    megatron = launch_engine({}, {}, {}, {"path": "m.yaml", "values": {"distributed_type": "MEGATRON_LM"}})
+    assert megatron.sharding is None and "Megatron-LM of accelerate config m.yaml is not modelled" in megatron.notes[0]
+    partial = launch_engine({}, {}, {}, {"path": "p.yaml", "values": {"distributed_type": "DEEPSPEED",
+                                                                      "deepspeed_config": {"zero_stage": 3,
+                                                                      "offload_param_device": "cpu"}}})
+    assert partial.sharding == "zero3" and "offloading only the parameters" in partial.notes[0]

@@ -1,5 +1,7 @@
-"""``autofit search``: the command line. Exit codes: 0 a fitting config was written, 2 bad input (the user's trainer
-factory failing included), 3 nothing fits, 4 probes cannot run here (not a memory answer), 130 interrupted."""
+"""``autofit search``: the command line, and ``autofit search|estimate [options] -- <your launch>`` (the launch after
+``--`` is read by ``autofit.cli._launch_command`` before argparse sees the line). Exit codes: 0 a fitting config was
+written, 2 bad input (the user's trainer factory failing included), 3 nothing fits, 4 probes cannot run here (not a
+memory answer), 130 interrupted."""
 
 from __future__ import annotations
 
@@ -55,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     """``autofit search``, ``estimate`` and ``report``; the first two take their options from ``SearchOptions``."""
     from autofit.cli import _estimate as estimate
 
-    parser = _Parser(prog="autofit", description="Find the best TRL training configuration that fits your GPU.")
+    parser = _Parser(prog="autofit", description="Find the best TRL training configuration that fits your GPU.",
+                     epilog="autofit search|estimate [options] -- <your launch>: the command you run (trl sft --config "
+                            "F.yaml ..., accelerate launch [...] trl sft --config F.yaml ...), read as TRL and "
+                            "accelerate read it; the options before -- override it (docs/cli.md)")
     parser.add_argument("--version", action="version", version=f"autofit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     search = commands.add_parser("search", help="probe real training runs and write the best config that fits",
@@ -112,8 +117,32 @@ def report_command(args) -> int:
     return EXIT_OK
 
 
+def _launch(args: argparse.Namespace, launch: Optional[List[str]]) -> Optional[str]:
+    """Read the launch after ``--`` into ``args.launch`` (the options it sets); the one-line refusal, or None."""
+    from autofit.cli._launch_command import read_launch
+    from autofit.core import InputError, one_line
+
+    args.launch = {}
+    if launch is None:
+        return None
+    if args.command not in ("search", "estimate"):
+        return f"autofit {args.command} takes no launch after --"
+    try:
+        args.launch = read_launch(launch)
+    except InputError as exc:
+        return one_line(exc)
+    return None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    from autofit.cli._launch_command import split_launch
+
+    own, launch = split_launch(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
+    refused = _launch(args, launch)
+    if refused:
+        print(f"autofit: error: {refused}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.command == "estimate":
         from autofit.cli import _estimate as estimate
 
@@ -129,7 +158,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     out_dir = args.out_dir or FIELDS["out_dir"].default
     try:
-        options = SearchOptions(**with_config(given_values(args, SEARCH)))
+        options = SearchOptions(**with_config({**args.launch, **given_values(args, SEARCH)}))
         payload = prepare_factory(options.factory) if options.factory else None
         spec = question(options, factory=payload.identity if payload else None)
         report = run_search(spec, factory=payload)

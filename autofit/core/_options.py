@@ -13,14 +13,34 @@ memory, the GPUs present) or the ladder is resolved later, into a ``SearchSpec``
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from autofit.core._algorithms import DEFAULT_ALGO, algorithm, algorithm_names, or_list
 from autofit.core._errors import InputError
-from autofit.core._sizes import card_names, parse_size
+from autofit.core._kinds import (
+    ARGS,
+    BETA,
+    FLAG,
+    FOLDER,
+    FRACTION,
+    GENERATIONS,
+    GPUS,
+    HEADROOM,
+    LADDER,
+    POSITIVE_INT,
+    PROBE_STEPS,
+    SECONDS,
+    SIZE,
+    TEXT,
+    VERIFY_STEPS,
+    WORDS,
+    Kind,
+    one_of,
+)
+from autofit.core._kinds import AUTO_VERIFY as AUTO_VERIFY  # re-exported: the spec's verification plan reads it
+from autofit.core._sizes import card_names
 
 SEARCH, ESTIMATE, FIT = "search", "estimate", "fit"
 DOORS = (SEARCH, ESTIMATE, FIT)
@@ -29,84 +49,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")  # TRL's ModelConfig.dtype c
 MAXIMIZE = ("batch", "length")
 VLLM_MODES = ("colocate", "server")
 GROUP_ALGOS = algorithm_names(groups=True)  # algorithms that sample num_generations completions per prompt
-AUTO_VERIFY = "auto"
-MIN_BUDGET_BYTES = 2**20
 RL_GROUP = or_list(algorithm_names(rl=True), "and")
-
-
-@dataclass(frozen=True)
-class Kind:
-    """What one option accepts: ``accepts`` checks a value, ``parse`` turns the command line's text into one (None:
-    the text itself), ``phrase`` ends the one-line message of a value it refuses."""
-
-    phrase: str
-    accepts: Callable[[Any], bool]
-    parse: Optional[Callable[[str], Any]] = None
-    explain: Optional[Callable[[Any], Optional[str]]] = None  # a refusal's own words, where ``phrase`` says too little
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _gpu_count(text: str) -> Union[int, str]:
-    return "all" if text.strip().lower() == "all" else int(text)
-
-
-def _verify_steps(text: str) -> Union[int, str]:
-    return AUTO_VERIFY if text == AUTO_VERIFY else int(text)
-
-
-def _size(value: Any) -> bool:
-    if isinstance(value, str):
-        try:
-            return parse_size(value) >= MIN_BUDGET_BYTES
-        except InputError:
-            return False
-    return _is_int(value) and value >= MIN_BUDGET_BYTES
-
-
-def _which_card(value: Any) -> Optional[str]:
-    """The words of a card name that fits several cards ("A100": 40 or 80 GB)."""
-    if isinstance(value, str):
-        try:
-            parse_size(value)
-        except InputError as exc:
-            if "cards of different sizes" in str(exc):
-                return str(exc).split(": ", 1)[1]
-    return None
-
-
-def one_of(choices: Sequence[str]) -> Kind:
-    return Kind(f"accepted are {', '.join(choices)}", lambda v: v in choices)
-
-
-TEXT = Kind("a non-empty string is accepted", lambda v: isinstance(v, str) and bool(v))
-FLAG = Kind("True or False is accepted", lambda v: isinstance(v, bool))
-POSITIVE_INT = Kind("a positive integer is accepted", lambda v: _is_int(v) and v >= 1, int)
-PROBE_STEPS = Kind("a probe needs at least 2 optimizer steps", lambda v: _is_int(v) and v >= 2, int)
-GENERATIONS = Kind("GRPO/RLOO need at least 2 completions per prompt to compare them",
-                   lambda v: _is_int(v) and v >= 2, int)
-SECONDS = Kind("a positive, finite number of seconds is accepted", lambda v: _is_number(v) and 0 < v < math.inf,
-               float)
-FRACTION = Kind("a fraction between 0 and 1 is accepted", lambda v: _is_number(v) and 0 < v < 1, float)
-HEADROOM = Kind("use a fraction from 0 to 0.5, e.g. 0.03", lambda v: _is_number(v) and 0 <= v < 0.5, float)
-BETA = Kind("a finite number, 0 or more, is accepted", lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
-            float)
-SIZE = Kind("give a size with a unit, e.g. '24GiB' or '1.5GiB', a GPU's name (H100, A100-80GB, L4, RTX4090, ...) or "
-            "an integer number of bytes, not below 1 MiB", _size, explain=_which_card)
-GPUS = Kind("a positive number of GPUs or 'all' is accepted", lambda v: v == "all" or (_is_int(v) and v >= 1),
-            _gpu_count)
-VERIFY_STEPS = Kind("use a positive integer or 'auto'", lambda v: v == AUTO_VERIFY or (_is_int(v) and v >= 1),
-                    _verify_steps)
-LADDER = Kind("rung names are accepted, comma-separated (or a list in fit())",
-              lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(n, str) for n in v)))
-FOLDER = Kind("a folder path is accepted", lambda v: isinstance(v, (str, Path)) and str(v) != "")
-ARGS = Kind("a dict of config fields is accepted", lambda v: isinstance(v, dict))
 
 
 def option(default: Any = MISSING, *, help: str, kind: Kind, doors: Iterable[str] = (SEARCH, FIT),
@@ -132,6 +75,13 @@ class SearchOptions:
         help="your TRL config file (as trl sft --config FILE reads it): its run is where the search starts, and "
              "best.yaml is that file with the changes fitting needed; flags given here override it", kind=TEXT,
         doors=DOORS, metavar="FILE")
+    accelerate_config: Optional[str] = option(
+        help="your accelerate config file, as accelerate launch --config_file FILE reads it (or one of TRL's names: "
+             "zero3, fsdp2, ...): its engine (DeepSpeed, FSDP), mixed precision, processes and machines are your "
+             "run's; it wins over --config's accelerate_config", kind=TEXT, doors=DOORS, metavar="FILE")
+    launch_args: Optional[Tuple[str, ...]] = option(
+        help="the words of your launch after its config file (autofit search -- trl sft --config F.yaml --flag v): "
+             "TRL's parser reads them over the file, as trl does; only the -- door sets them", kind=WORDS, doors=())
     factory: Optional[str] = option(help="probe your own trainer: a function that builds it from a candidate (see "
                                          "autofit.fit)", kind=TEXT, doors=(SEARCH,), metavar="MODULE:FUNCTION")
     gpu_memory: Union[None, str, int] = option(
@@ -213,8 +163,6 @@ class SearchOptions:
                                      metavar="DIR")
     plot: Optional[str] = option(help="also draw the ledger of every level against the budget (.svg, .png or .pdf)",
                                  kind=TEXT, doors=(ESTIMATE,), metavar="FILE")
-    as_json: bool = option(False, help="print the whole estimate as one JSON document on stdout (schema: docs/cli.md)",
-                           kind=FLAG, doors=(ESTIMATE,), flags=("--json",))
 
     def __post_init__(self) -> None:
         for spec in fields(self):
@@ -224,6 +172,7 @@ class SearchOptions:
         if self.model is None:
             raise InputError("--model is required: a hub id or a local folder (or model_name_or_path in --config)")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
+        object.__setattr__(self, "launch_args", tuple(self.launch_args) if self.launch_args else None)
         self.check()
 
     def check(self) -> None:

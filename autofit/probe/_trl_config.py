@@ -11,18 +11,22 @@ unless ``accelerate launch`` takes them (``num_processes``), as in TRL's command
 ``accelerate_config`` (TRL's names: fsdp2, zero3, ..., or a path) is resolved as TRL's command line resolves it; what
 the launch says (its options and the accelerate config file, read) is reported as ``launch``. The GPU is hidden and
 ``--use_cpu`` given so that TRL's bf16 check passes on any machine; the file's own ``use_cpu`` is what is reported.
+Words after ``FILE`` are the launch's own flags, read over the file as ``trl <algo> --config FILE ...`` reads them.
+Where DeepSpeed is not installed (a planning laptop), a ``deepspeed`` training argument is read as written without
+building transformers' DeepSpeed config (which needs the package): the estimate models it; the search says it needs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import yaml
 
@@ -89,17 +93,22 @@ def _launch_settings(launch: List[str]) -> Dict[str, Any]:
     return settings
 
 
-def read(algo: str, path: str) -> Dict[str, Any]:
-    """The file as TRL parses it for ``algo``."""
+def read(algo: str, path: str, extra: Sequence[str] = ()) -> Dict[str, Any]:
+    """The file as TRL parses it for ``algo``, with the launch's flags ``extra`` over it; ``path`` is a private copy
+    (rewritten without the ``deepspeed`` key where DeepSpeed is not installed)."""
     with open(path) as handle:
         written = yaml.safe_load(handle)  # what TRL's parser loads (PyYAML, YAML 1.1)
     if not isinstance(written, dict):
         raise ValueError(f"Config file {path} must contain a YAML mapping.")
+    unbuilt = written.get("deepspeed") if importlib.util.find_spec("deepspeed") is None else None
+    if unbuilt:  # TrainingArguments would import deepspeed to build its config: read the rest, keep it as written
+        with open(path, "w") as handle:
+            yaml.safe_dump({key: value for key, value in written.items() if key != "deepspeed"}, handle)
     module = importlib.import_module(f"trl.scripts.{SCRIPTS[algo]}")
     parser = module.make_parser()
     saved = dict(os.environ)
     try:
-        *parsed, unknown = parser.parse_args_and_config(args=["--config", path, "--use_cpu"],
+        *parsed, unknown = parser.parse_args_and_config(args=["--config", path, "--use_cpu", *extra],
                                                         return_remaining_strings=True)
     finally:
         os.environ.clear()
@@ -113,8 +122,11 @@ def read(algo: str, path: str) -> Dict[str, Any]:
     fields = {name: {f.name: _plain(getattr(instance, f.name)) for f in dataclasses.fields(instance)}
               for name, instance in zip(("script", "training", "model", "datasets"), parsed, strict=False)}
     fields["training"]["use_cpu"] = bool(written.get("use_cpu", False))  # ours was only for the parse
+    if unbuilt:
+        fields["training"]["deepspeed"] = _plain(unbuilt)
+    flagged = {word[2:].split("=", 1)[0].replace("-", "_") for word in extra if word.startswith("--")}
     defaults = {item.name: _plain(_default(item)) for instance in parsed for item in dataclasses.fields(instance)
-                if item.name in written}
+                if item.name in written or item.name in flagged}
     return {"classes": classes, "fields": fields, "written": _plain(written), "accelerate": list(unknown),
             "launch": _launch_settings(launch), "defaults": defaults}
 
@@ -129,7 +141,7 @@ def _default(item: dataclasses.Field[Any]) -> Any:
 
 
 def main(argv: List[str]) -> int:
-    algo, path = argv
+    algo, path, *extra = argv
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import warnings
@@ -140,7 +152,7 @@ def main(argv: List[str]) -> int:
         copy = Path(folder) / "config.yaml"
         copy.write_text(text, encoding="utf-8")
         try:
-            print(json.dumps(read(algo, str(copy))))
+            print(json.dumps(read(algo, str(copy), extra)))
             return 0
         except SystemExit as exc:  # argparse refused a value: its message went to stderr, one line starting "error:"
             return int(exc.code or 2)

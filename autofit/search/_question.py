@@ -36,6 +36,7 @@ from autofit.core import (
     vllm_installed,
 )
 from autofit.rungs import resolve_ladder
+from autofit.search._launch_run import check_engine_installed, launch_baseline, launch_notes
 from autofit.search._user_config import probe_notes, read_user_config
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ def question(options: SearchOptions, factory: Optional[str] = None) -> SearchSpe
                            + tuple(probe_notes(options.config, options.algo, device)),
                            baseline=_baseline(options, ranks))
     check_model_sizes(spec, config)
+    check_engine_installed(options, spec.baseline)
     if options.use_vllm is not None and not vllm_installed():
         spec = dataclasses.replace(spec, notes=spec.notes + tuple(_vllm_notes(spec)))
     elif options.algo in GROUP_ALGOS and not vllm_installed():
@@ -103,16 +105,17 @@ def estimate_question(options: SearchOptions) -> SearchSpec:
 
 
 def _baseline(options: SearchOptions, ranks: int) -> Optional[Baseline]:
-    """The user's run from ``--config``, where the ladder starts."""
+    """The user's run from ``--config`` (or ``--accelerate-config`` alone), where the ladder starts."""
     if not options.config:
-        return None
-    return read_user_config(options.config, options.algo).baseline(options.effective_batch // (ranks * options.nodes))
+        return launch_baseline(options)
+    return read_user_config(options.config, options.algo).at_door(options.accelerate_config).baseline(
+        options.effective_batch // (ranks * options.nodes))
 
 
 def _config_notes(options: SearchOptions) -> Tuple[str, ...]:
     if not options.config:
-        return ()
-    unmodelled = read_user_config(options.config, options.algo).unmodelled()
+        return launch_notes(options)
+    unmodelled = read_user_config(options.config, options.algo).at_door(options.accelerate_config).unmodelled()
     if not unmodelled:
         return ()
     return (f"{options.config} sets what the memory model does not describe ({'; '.join(unmodelled)}): its "

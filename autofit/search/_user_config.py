@@ -2,6 +2,10 @@
 for the search: the options it sets (a flag given at the door overrides the file, as on TRL's command line), the
 training arguments passed through to every probe, and the baseline, the user's own run that the ladder starts from.
 
+The launch's own flags after the file (``autofit search -- trl sft --config F --flag v``) are read by TRL's parser over
+the file and folded into its text (``autofit.search._launch_flags``); an accelerate config given at the door
+(``--accelerate-config``) is the launch's, over the file's ``accelerate_config`` (``autofit.search._accelerate_file``).
+
 The file is read once, by autofit, in the search's process, with limits (``autofit.search._config_file``: a regular
 file or a pipe's content, its size, its YAML aliases, no key twice), and that text is what TRL's parser and the export
 read: ``--config <(cat sft.yaml)`` works. TRL's parser imports torch, so it runs in a process of its own
@@ -10,13 +14,14 @@ read: ``--config <(cat sft.yaml)`` works. TRL's parser imports torch, so it runs
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from autofit.core import (
     ALGORITHMS,
@@ -33,8 +38,11 @@ from autofit.core import (
     one_line,
     visible_gpu_count,
 )
+from autofit.search._accelerate_file import read_accelerate_config
+from autofit.search._as_written import ALLOCATOR_ENV, as_written, lora_as_written
 from autofit.search._config_file import read_config_text
 from autofit.search._launch import LaunchEngine, launch_engine
+from autofit.search._launch_flags import fold_flags
 
 READ_TIMEOUT_S = 300
 READABLE_ALGOS = tuple(a.name for a in ALGORITHMS.values() if a.trl_command)  # the trainers `trl` has a command for
@@ -70,10 +78,25 @@ class UserConfig:
     written: Dict[str, Any] = field(default_factory=dict)
     defaults: Dict[str, Any] = field(default_factory=dict)  # the config classes' defaults of the keys written
     launch: Dict[str, Any] = field(default_factory=dict)  # what the launch tells accelerate (``_trl_config``)
+    door_file: Dict[str, Any] = field(default_factory=dict)  # --accelerate-config, read: over the file's own
 
     def engine(self) -> LaunchEngine:
         """The engine, processes and machines of the user's launch (``autofit.search._launch``)."""
-        return launch_engine(self.training, self.written, self.launch)
+        return launch_engine(self.training, self.written, self.launch, self.door_file or None)
+
+    def at_door(self, accelerate_config: Optional[str]) -> UserConfig:
+        """This run with the accelerate config given at the door (``--accelerate-config``) over the file's."""
+        if not accelerate_config:
+            return self
+        return dataclasses.replace(self, door_file=read_accelerate_config(accelerate_config))
+
+    def precision(self) -> Optional[str]:
+        """The accelerate config's mixed precision where it is the run's: the training arguments turn both bf16 and
+        fp16 off (transformers takes its own bf16/fp16 over the launcher's; TRL's bf16 is on by default)."""
+        mixed = self.engine().mixed_precision
+        if mixed in ("bf16", "fp16") and not self.training.get("bf16") and not self.training.get("fp16"):
+            return mixed
+        return None
 
     def wrote(self, key: str) -> bool:
         return key in self.written
@@ -117,8 +140,12 @@ class UserConfig:
         """The training arguments the file writes that every probe runs with (the learning rate, weight decay,
         packing, the model's init arguments...): the config class's fields the search neither sets nor must keep
         out of a probe."""
-        return {key: self.training[key] for key in self.written
-                if key in self.training and key not in SEARCHED_ARGS and key not in MAPPED and key not in NOT_PROBED}
+        passed = {key: self.training[key] for key in self.written if key in self.training
+                  and key not in SEARCHED_ARGS and key not in MAPPED and key not in NOT_PROBED}
+        precision = self.precision()
+        if precision:  # the launcher's mixed precision, as transformers takes it where bf16 and fp16 are off
+            passed[precision] = True
+        return passed
 
     def baseline(self, rank_batch: int) -> Baseline:
         """The file's run as the ladder's first level; its micro-batch split only where it is the search's (a
@@ -137,12 +164,13 @@ class UserConfig:
         checkpointing = self.training.get("activation_checkpointing")
         if checkpointing is None:
             checkpointing = self.training.get("gradient_checkpointing")
+        checkpointing = bool(checkpointing) or self.engine().checkpointing  # FSDP's activation checkpointing
         return Baseline(micro_batch=batch if split else None, grad_accum=accumulation if split else None,
                         checkpointing=bool(checkpointing),
                         optim=self.training.get("optim") if self.wrote("optim") else None, lora=lora,
                         quantization=quantization,
                         activation_offload=bool(self.training.get("activation_offloading")),
-                        sharding=self.engine().sharding, source=self.path, **as_written(self))
+                        sharding=self.engine().sharding, source=self.path, **as_written(self.model, self.written))
 
     def unmodelled(self) -> List[str]:
         """What the file sets that the memory model does not describe (its predictions say so, with a wider band)."""
@@ -175,43 +203,6 @@ class UserConfig:
         return found
 
 
-# ModelConfig's 4-bit keys (TRL's ``get_quantization_config`` passes them to BitsAndBytesConfig; its compute dtype
-# is ModelConfig's ``dtype``, which the candidate carries already).
-BNB_KEYS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")
-# The environment variables of PyTorch's allocators: the CPU meter counts live tensors, never the allocator's
-# segments, so on the CPU they change nothing a probe measures.
-ALLOCATOR_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
-
-
-def lora_as_written(model: Dict[str, Any]) -> Dict[str, Any]:
-    """LoRA's ModelConfig keys the probes run as written: ``lora_modules_to_save`` (modules trained whole, which the
-    ledger counts) and ``use_rslora``."""
-    saved = model.get("lora_modules_to_save")
-    return {"modules_to_save": tuple(saved) if isinstance(saved, list) else ((saved,) if saved else ()),
-            "use_rslora": bool(model.get("use_rslora"))}
-
-
-def as_written(user: UserConfig) -> Dict[str, Any]:
-    """The Baseline's settings the probes run as the file writes them: the 4-bit settings (where the file loads in
-    4 bits or writes one of their keys: the quantization rung then uses them too), the attention kernel (a probe
-    here loads what ``runnable_attention`` says), the ``env:`` block (every probe's environment, as TRL sets it
-    before the launch)."""
-    from autofit.core import QuantSettings
-
-    settings: Dict[str, Any] = {}
-    model = user.model
-    if model.get("load_in_4bit") or any(user.wrote(key) for key in BNB_KEYS):
-        settings["bnb"] = QuantSettings(quant_type=str(model.get("bnb_4bit_quant_type") or "nf4"),
-                                        nested=bool(model.get("use_bnb_nested_quant")),
-                                        storage=str(model.get("bnb_4bit_quant_storage") or "uint8"))
-    if model.get("attn_implementation") not in (None, "", "sdpa"):  # sdpa: transformers' default, the same study
-        settings["attn_implementation"] = str(model["attn_implementation"])
-    env = user.written.get("env")
-    if isinstance(env, dict) and env:  # TRL sets each as str(value)
-        settings["env"] = tuple(sorted((str(key), str(value)) for key, value in env.items()))
-    return settings
-
-
 def probe_notes(path: Optional[str], algo: str, device: str) -> List[str]:
     """What the probes on this ``device`` cannot run as the file writes it, one line each, said before any probe:
     an attention kernel this machine has not (the probes load sdpa; best.yaml keeps the user's), an allocator
@@ -228,7 +219,7 @@ def probe_notes(path: Optional[str], algo: str, device: str) -> List[str]:
         notes.append(f"{path}: attn_implementation {attention} is not probed here ({why}): the probes load "
                      f"{probed or 'sdpa'} instead (it keeps no attention scores either: what is measured and "
                      f"predicted is sdpa's peak); best.yaml keeps {attention}")
-    allocator = [key for key, _ in as_written(user).get("env", ()) if key in ALLOCATOR_ENV]
+    allocator = [key for key, _ in as_written(user.model, user.written).get("env", ()) if key in ALLOCATOR_ENV]
     if allocator and device == "cpu":
         notes.append(f"{path}: env {', '.join(allocator)} reaches every probe, but the CPU meter counts live tensors, "
                      "not the CUDA allocator's segments: it changes nothing measured here")
@@ -239,8 +230,15 @@ def with_config(values: Dict[str, Any]) -> Dict[str, Any]:
     """One door's option values with its ``config`` file under them: what the door was given overrides the file, as
     on TRL's command line (training arguments key by key)."""
     if not values.get("config"):
-        return values
-    user = read_user_config(str(values["config"]), str(values.get("algo") or DEFAULT_ALGO), fresh=True)
+        if values.get("launch_args"):
+            raise InputError("a launch's flags are read over its config file: give trl <algo> --config FILE")
+        if not values.get("accelerate_config"):
+            return values
+        engine = launch_engine({}, {}, {}, read_accelerate_config(str(values["accelerate_config"])))
+        from_launch = {"gpus": engine.processes, "nodes": engine.machines}
+        return {**{key: value for key, value in from_launch.items() if value}, **values}
+    user = read_user_config(str(values["config"]), str(values.get("algo") or DEFAULT_ALGO), fresh=True,
+                            args=values.get("launch_args")).at_door(values.get("accelerate_config"))
     from_file = user.option_values()
     _check_file_values(user, from_file, values)
     if "effective_batch" in from_file:  # the file's batch is per device, as in TRL: the effective batch is global
@@ -285,29 +283,33 @@ def _world_size(values: Dict[str, Any]) -> int:
     return gpus * nodes if isinstance(gpus, int) and isinstance(nodes, int) and gpus > 0 and nodes > 0 else 1
 
 
-_READ: Dict[Tuple[str, str, str], UserConfig] = {}
+_READ: Dict[Tuple[str, str, str, Tuple[str, ...]], UserConfig] = {}
+_ARGS: Dict[str, Tuple[str, ...]] = {}  # each path's launch flags as the door read them
 _TEXTS: Dict[str, str] = {}  # each path's text as the door read it: later stages (the export) never read it again
 
 
-def read_user_config(path: str, algo: str, fresh: bool = False) -> UserConfig:
+def read_user_config(path: str, algo: str, fresh: bool = False, args: Optional[Sequence[str]] = None) -> UserConfig:
     """The file as ``trl <algo> --config`` reads it; ``InputError`` with TRL's message (one line) when it refuses.
-    The door reads the file (``fresh``); every later stage gets the text the door read (a pipe is read once)."""
+    The door reads the file (``fresh``); every later stage gets the text the door read (a pipe is read once) and the
+    launch's flags the door read over it (``args``: ``trl <algo> --config FILE ARGS``)."""
     if algo not in READABLE_ALGOS:
         raise InputError(f"--config reads a file of the trl command's trainers ({', '.join(READABLE_ALGOS)}), "
                          f"not of '{algo}'")
     if fresh or path not in _TEXTS:
         _TEXTS[path] = read_config_text(path)
-    text = _TEXTS[path]
-    key = (path, algo, hashlib.sha1(text.encode()).hexdigest())
+        _ARGS[path] = tuple(args or ())
+    text, flags = _TEXTS[path], tuple(args) if args is not None else _ARGS.get(path, ())
+    key = (path, algo, hashlib.sha1(text.encode()).hexdigest(), flags)
     if key not in _READ:
-        _READ[key] = _parse(path, algo, text)
+        _READ[key] = _parse(path, algo, text, flags)
     return _READ[key]
 
 
-def _parse(path: str, algo: str, text: str) -> UserConfig:
+def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> UserConfig:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_VERBOSITY": "error"}
     try:
-        done = subprocess.run([sys.executable, "-m", "autofit.probe._trl_config", algo, path], env=env, input=text,
+        done = subprocess.run([sys.executable, "-m", "autofit.probe._trl_config", algo, path, *flags], env=env,
+                              input=text,
                               capture_output=True, text=True, encoding="utf-8", errors="replace",
                               timeout=READ_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -322,9 +324,11 @@ def _parse(path: str, algo: str, text: str) -> UserConfig:
     if done.returncode != 0 or "error" in data or "fields" not in data:
         raise InputError(f"--config {path}: " + _refusal(done, data, algo))
     fields = data["fields"]
+    text, flagged = fold_flags(text, path, flags, fields)  # the launch's flags, written into its file
     return UserConfig(path=path, algo=algo, text=text, training=fields.get("training", {}),
-                      model=fields.get("model", {}), script=fields.get("script", {}), written=data.get("written", {}),
-                      defaults=data.get("defaults", {}), launch=data.get("launch") or {})
+                      model=fields.get("model", {}), script=fields.get("script", {}),
+                      written={**data.get("written", {}), **flagged}, defaults=data.get("defaults", {}),
+                      launch=data.get("launch") or {})
 
 
 def _refusal(done: subprocess.CompletedProcess[str], data: Dict[str, Any], algo: str) -> str:

@@ -1,0 +1,94 @@
+"""What one option accepts (a ``Kind``): it checks a Python value (the ``fit`` door) and parses the command line's
+text (``parse``), so that the two doors cannot accept different things; a refusal ends with the kind's ``phrase``.
+The kinds of ``SearchOptions``' fields (``autofit.core._options``) are declared here, each once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
+
+from autofit.core._errors import InputError
+from autofit.core._sizes import parse_size
+
+AUTO_VERIFY = "auto"
+MIN_BUDGET_BYTES = 2**20
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one option accepts: ``accepts`` checks a value, ``parse`` turns the command line's text into one (None:
+    the text itself), ``phrase`` ends the one-line message of a value it refuses."""
+
+    phrase: str
+    accepts: Callable[[Any], bool]
+    parse: Optional[Callable[[str], Any]] = None
+    explain: Optional[Callable[[Any], Optional[str]]] = None  # a refusal's own words, where ``phrase`` says too little
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _gpu_count(text: str) -> Union[int, str]:
+    return "all" if text.strip().lower() == "all" else int(text)
+
+
+def _verify_steps(text: str) -> Union[int, str]:
+    return AUTO_VERIFY if text == AUTO_VERIFY else int(text)
+
+
+def _size(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            return parse_size(value) >= MIN_BUDGET_BYTES
+        except InputError:
+            return False
+    return _is_int(value) and value >= MIN_BUDGET_BYTES
+
+
+def _which_card(value: Any) -> Optional[str]:
+    """The words of a card name that fits several cards ("A100": 40 or 80 GB)."""
+    if isinstance(value, str):
+        try:
+            parse_size(value)
+        except InputError as exc:
+            if "cards of different sizes" in str(exc):
+                return str(exc).split(": ", 1)[1]
+    return None
+
+
+def one_of(choices: Sequence[str]) -> Kind:
+    return Kind(f"accepted are {', '.join(choices)}", lambda v: v in choices)
+
+
+TEXT = Kind("a non-empty string is accepted", lambda v: isinstance(v, str) and bool(v))
+FLAG = Kind("True or False is accepted", lambda v: isinstance(v, bool))
+POSITIVE_INT = Kind("a positive integer is accepted", lambda v: _is_int(v) and v >= 1, int)
+PROBE_STEPS = Kind("a probe needs at least 2 optimizer steps", lambda v: _is_int(v) and v >= 2, int)
+GENERATIONS = Kind("GRPO/RLOO need at least 2 completions per prompt to compare them",
+                   lambda v: _is_int(v) and v >= 2, int)
+SECONDS = Kind("a positive, finite number of seconds is accepted", lambda v: _is_number(v) and 0 < v < math.inf,
+               float)
+FRACTION = Kind("a fraction between 0 and 1 is accepted", lambda v: _is_number(v) and 0 < v < 1, float)
+HEADROOM = Kind("use a fraction from 0 to 0.5, e.g. 0.03", lambda v: _is_number(v) and 0 <= v < 0.5, float)
+BETA = Kind("a finite number, 0 or more, is accepted", lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
+            float)
+SIZE = Kind("give a size with a unit, e.g. '24GiB' or '1.5GiB', a GPU's name (H100, A100-80GB, L4, RTX4090, ...) or "
+            "an integer number of bytes, not below 1 MiB", _size, explain=_which_card)
+GPUS = Kind("a positive number of GPUs or 'all' is accepted", lambda v: v == "all" or (_is_int(v) and v >= 1),
+            _gpu_count)
+VERIFY_STEPS = Kind("use a positive integer or 'auto'", lambda v: v == AUTO_VERIFY or (_is_int(v) and v >= 1),
+                    _verify_steps)
+LADDER = Kind("rung names are accepted, comma-separated (or a list in fit())",
+              lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(n, str) for n in v)))
+FOLDER = Kind("a folder path is accepted", lambda v: isinstance(v, (str, Path)) and str(v) != "")
+ARGS = Kind("a dict of config fields is accepted", lambda v: isinstance(v, dict))
+WORDS = Kind("a list of command-line words (strings) is accepted",
+             lambda v: isinstance(v, (list, tuple)) and all(isinstance(w, str) for w in v))

@@ -1,0 +1,117 @@
+"""The accelerate config file of the user's launch (``--accelerate-config FILE``, ``accelerate launch --config_file
+FILE``, or one of TRL's names: ``zero3``, ``fsdp2``, ...), read in the search's process as ``accelerate launch`` reads
+it, with the limits of the TRL file (``autofit.search._config_file``: a regular file or a pipe, its size, its YAML
+aliases, no key twice), and the DeepSpeed JSON its plugin names (``deepspeed_config_file``), read the same way.
+
+accelerate's own loader imports torch, which the search's process never does: the file is YAML (or JSON, which YAML
+reads) whose ``distributed_type`` must be one accelerate knows (``DISTRIBUTED_TYPES``; a test checks it against the
+installed accelerate's ``DistributedType``). What the values mean for the engine is ``autofit.search._launch``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import yaml
+
+from autofit.core import InputError, one_line
+from autofit.search._config_file import read_config_text
+
+FLAG = "--accelerate-config"
+# accelerate's DistributedType values (accelerate.utils.DistributedType): what a config file's distributed_type takes
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU",
+                     "MULTI_HPU", "MULTI_NEURON", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM")
+
+_READ: Dict[str, Dict[str, Any]] = {}
+
+
+def trl_names() -> Tuple[str, ...]:
+    """The accelerate configs TRL ships (``trl <algo> --accelerate_config NAME``); none where this TRL has none."""
+    try:
+        import importlib.resources as resources
+
+        folder = resources.files("trl.accelerate_configs")
+        return tuple(sorted(item.name[:-5] for item in folder.iterdir() if item.name.endswith(".yaml")))
+    except (ImportError, ModuleNotFoundError, FileNotFoundError, OSError):
+        return ()
+
+
+def resolve(value: str) -> str:
+    """The file a launch's accelerate config names: a path that exists, else one of TRL's names, resolved by TRL's own
+    code as ``--accelerate_config`` is (a path first, as TRL does)."""
+    if Path(value).exists():
+        return value
+    if value in trl_names():
+        from trl.cli.accelerate_config import resolve_accelerate_config_argument
+
+        return str(resolve_accelerate_config_argument(["--accelerate_config", value])[1])
+    names = ", ".join(trl_names()) or "none in this TRL"
+    raise InputError(f"{FLAG} {value}: no such file, and not one of TRL's accelerate configs ({names}); give the "
+                     "path of your accelerate config YAML")
+
+
+def _text(path: str, flag: str) -> str:
+    try:
+        return read_config_text(path)
+    except InputError as exc:
+        message = str(exc)
+        raise InputError(flag + message[len("--config"):] if message.startswith("--config") else message) from None
+
+
+def read_accelerate_config(value: str) -> Dict[str, Any]:
+    """``{"path", "values"}``: the file as accelerate reads it, its DeepSpeed JSON read into
+    ``deepspeed_config["deepspeed_config_file_values"]``; ``InputError`` (one line naming the value and what is
+    accepted) for a missing, unreadable or non-YAML file or a ``distributed_type`` accelerate does not know."""
+    path = resolve(value)
+    if path in _READ:
+        return _READ[path]
+    text = _text(path, FLAG)
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or one_line(exc)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{FLAG} {value}: not YAML accelerate can read ({problem}{where}); give an accelerate "
+                         "config file (accelerate config writes one)") from None
+    if not isinstance(values, dict):
+        raise InputError(f"{FLAG} {value}: an accelerate config file is a YAML mapping (distributed_type: FSDP, "
+                         f"...), not {type(values).__name__}")
+    kind = values.get("distributed_type")
+    if str(kind) not in DISTRIBUTED_TYPES:
+        raise InputError(f"{FLAG} {value}: distributed_type {kind!r} is not one accelerate knows: accepted are "
+                         f"{', '.join(DISTRIBUTED_TYPES)}")
+    deepspeed = values.get("deepspeed_config")
+    if isinstance(deepspeed, dict) and deepspeed.get("deepspeed_config_file"):
+        deepspeed = {**deepspeed, "deepspeed_config_file_values": read_deepspeed_json(
+            str(deepspeed["deepspeed_config_file"]), f"{FLAG} {value}: deepspeed_config_file")}
+        values = {**values, "deepspeed_config": deepspeed}
+    _READ[path] = {"path": path, "values": values}
+    return _READ[path]
+
+
+def read_deepspeed_json(path: str, where: str) -> Dict[str, Any]:
+    """A DeepSpeed config file (JSON) a launch names, read with the same limits; its path as accelerate opens it
+    (relative to the directory the launch runs in)."""
+    text = _text(path, where)
+    try:
+        values = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{where} {path}: not JSON DeepSpeed can read ({one_line(exc)})") from None
+    if not isinstance(values, dict):
+        raise InputError(f"{where} {path}: a DeepSpeed config is a JSON object, not {type(values).__name__}")
+    return values
+
+
+def zero_settings(values: Dict[str, Any]) -> Tuple[Optional[int], str, str]:
+    """(ZeRO stage, optimizer offload device, parameter offload device) of a DeepSpeed JSON."""
+    zero = values.get("zero_optimization") or {}
+    stage = zero.get("stage") if isinstance(zero, dict) else None
+
+    def device(key: str) -> str:
+        block = zero.get(key) if isinstance(zero, dict) else None
+        return str(block.get("device", "none")).lower() if isinstance(block, dict) else "none"
+
+    return (stage if isinstance(stage, int) else None), device("offload_optimizer"), device("offload_param")
