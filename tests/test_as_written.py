@@ -13,7 +13,8 @@ from autofit.probe import ProcessRunner
 from autofit.rungs import LadderState
 from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
 from autofit.search import UserConfig
-from autofit.search._user_config import as_written, lora_as_written, probe_notes
+from autofit.search._as_written import as_written, lora_as_written
+from autofit.search._user_config import probe_notes
 
 SAVED = ("embed_tokens", "lm_head")
 V, H = 8192, 256  # tiny-qwen2's vocabulary and hidden size: each saved module is a V x H weight (untied)
@@ -34,7 +35,7 @@ def test_the_files_model_keys_reach_the_candidates_peft_bnb_and_model_settings()
              "bnb_4bit_quant_type": "fp4", "use_bnb_nested_quant": False, "bnb_4bit_quant_storage": "bfloat16",
              "attn_implementation": "eager"}
     file = user(model, {**model, "env": {"AUTOFIT_MARK": 1}})
-    settings = as_written(file)
+    settings = as_written(file.model, file.written)
     assert settings["bnb"] == QuantSettings(quant_type="fp4", nested=False, storage="bfloat16")
     assert settings["env"] == (("AUTOFIT_MARK", "1"),)  # as TRL sets it: str(value)
     candidate = lora(**lora_as_written(model)).replace(quantization="4bit", bnb=settings["bnb"],
@@ -46,8 +47,8 @@ def test_the_files_model_keys_reach_the_candidates_peft_bnb_and_model_settings()
         ("fp4", False, "torch.bfloat16")
     assert candidate.training_args()["model_init_kwargs"]["attn_implementation"] == "eager"
     # TRL's defaults for a file that only loads in 4 bits: nf4 without nested quantization (not the rung's nested)
-    assert as_written(user({"load_in_4bit": True}, {"load_in_4bit": True}))["bnb"] == QuantSettings(nested=False)
-    assert as_written(user({}, {})) == {}
+    assert as_written({"load_in_4bit": True}, {"load_in_4bit": True})["bnb"] == QuantSettings(nested=False)
+    assert as_written({}, {}) == {}
 
 
 def test_best_yaml_writes_the_files_values_not_the_rungs():
