@@ -138,7 +138,7 @@ def test_a_deepspeed_plugin_and_the_json_it_names_are_the_engine(tmp_path):
     assert _estimated(["--gpu-memory", "80GiB", "--config", path, "--accelerate-config", both]).sharding \
         == "zero3-offload"
     flags = _estimated(["--gpu-memory", "80GiB", "--", "accelerate", "launch", "--use_deepspeed", "--zero_stage",
-                        "3", "--num_processes", "2", "-m", "trl", "sft", "--config", path])
+                        "3", "--num_processes=2", "-m", "trl", "sft", "--config", path])
     assert flags.sharding == "zero3" and flags.ranks == 2  # accelerate's own options, read by accelerate's parser
 
 
@@ -290,3 +290,24 @@ def test_a_search_through_the_launch_writes_the_launch_as_best_yaml(tmp_path):
     assert "per_device_train_batch_size: 2" in text and "weight_decay: 0.05" in text and "# tuned" in text
     best = json.loads((out / "best.json").read_text())
     assert best["request"]["launch_args"] == ["--per_device_train_batch_size", "2", "--weight_decay", "0.05"]
+
+
+def test_fit_takes_the_accelerate_config_too(tmp_path, monkeypatch):
+    import autofit
+    from autofit import _api as api
+
+    seen = []
+
+    def capture(spec, rungs=None, factory=None, callback=None):
+        seen.append(spec)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "run_search", capture)
+    fsdp = _write(tmp_path, "fsdp.yaml", "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n"
+                                         "  fsdp_activation_checkpointing: true\nnum_processes: 1\n")
+    with pytest.raises(KeyboardInterrupt):
+        autofit.fit("sft", model="tiny-qwen2", accelerate_config=fsdp, device="cpu", gpu_memory="1GiB",
+                    out_dir=tmp_path / "out")
+    (spec,) = seen
+    assert spec.baseline is not None and (spec.baseline.sharding, spec.baseline.checkpointing) == ("fsdp2", True)
+    assert spec.options.accelerate_config == fsdp and spec.ranks == 1

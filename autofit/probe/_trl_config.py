@@ -83,8 +83,9 @@ def _launch_settings(launch: List[str]) -> Dict[str, Any]:
     except ImportError:
         return {}
     known, _ = launch_command_parser().parse_known_args(launch + ["script.py"])
+    words = {word.split("=", 1)[0] for word in launch}  # --num_processes 2 and --num_processes=2
     given = {key: value for key, value in vars(known).items()
-             if f"--{key}" in launch or f"--{key.replace('_', '-')}" in launch}
+             if f"--{key}" in words or f"--{key.replace('_', '-')}" in words}
     settings: Dict[str, Any] = {k: _plain(v) for k, v in given.items() if k != "config_file"}
     if known.config_file:
         with open(known.config_file) as handle:
