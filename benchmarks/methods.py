@@ -11,6 +11,9 @@
     of the cheapest cost class that has one (in the quality class, the fastest fit of the first level that fits),
     the rule autofit itself follows.
 
+(a) at an older commit, run from its own checkout, is ``benchmarks.search_speed``'s: the answer's verified
+throughput as a share of the best fit's, and the candidates timed, old code against new (issue 37, item 3).
+
 Every probe of (a), (c), (d) and (e) is a real TRL training in a fresh process through ``ProcessRunner``.
 Methods that do not verify their choice themselves get one 10-step verification probe under the same budget; a
 verification of the same configuration under the same budget is shared between methods (the same measurement), so
