@@ -5,16 +5,21 @@ A ZeRO configuration comes from the user's config file (the training argument ``
 file's path) or else from the sharding rung autofit writes (``autofit.rungs.deepspeed_config``). It is read the way
 the Trainer hands it to DeepSpeed: an "auto" value is the Trainer's (``reduce_bucket_size`` hidden², the ZeRO-3
 prefetch bucket 0.9·hidden²), a key left out is DeepSpeed's own default (5e8-element reduce bucket, 5e7 prefetch
-bucket, 1e9 live parameters; ``overlap_comm`` on for ZeRO-3 only, and then two reduce buckets)
-[D: DeepSpeed 0.19 ``runtime/zero/config.py``, ``stage_1_and_2.py`` ``setup_buckets``; transformers'
-``integrations/deepspeed.py`` ``trainer_config_finalize``].
+bucket, 1e9 live parameters; ``overlap_comm`` on for ZeRO-3 only). ZeRO-1/2 hold a second reduce bucket with
+``overlap_comm``; ZeRO-3 holds one whatever ``overlap_comm`` says [D: DeepSpeed 0.19 ``runtime/zero/config.py``,
+``stage_1_and_2.py`` ``setup_buckets``, ``stage3.py`` ``_setup_for_real_optimizer``; transformers'
+``integrations/deepspeed.py`` ``trainer_config_finalize``]. Where the buckets live, phase by phase, is
+``_sharding.zero_phase_buffers``; DeepSpeed before 0.17.2 allocated ZeRO-1/2's before the loss's backward
+(``buckets_before_backward``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -32,12 +37,16 @@ AUTO_PREFETCH_H2 = 0.9
 # excluding PyTorch), linear in its channels (NVIDIA/nccl#986). One communicator: the data-parallel group [M].
 NCCL_BYTES_PER_GPU = 1.0e9
 ZERO_ENGINES = {"zero1": 1, "zero2": 2, "zero3": 3}
+# The first DeepSpeed whose ZeRO-1/2 allocate their reduce buckets at the first gradient of the backward (its
+# gradient hook's ``backward_prologue``, ``setup_buckets`` from 0.18.3) rather than in ``backward()`` before the
+# loss's backward [D: DeepSpeed v0.17.1 against v0.17.2 ``stage_1_and_2.py``]
+LAZY_BUCKETS_SINCE = (0, 17, 2)
 
 
 @dataclass(frozen=True)
 class ZeroSettings:
-    """A ZeRO stage's buffers in elements: the gradient reduce buckets (two with ``overlap_comm``), ZeRO-3's prefetch
-    bucket and its cap on gathered parameters."""
+    """A ZeRO stage's buffers in elements: the gradient reduce buckets (ZeRO-1/2: two with ``overlap_comm``), ZeRO-3's
+    prefetch bucket and its cap on gathered parameters."""
 
     stage: int
     reduce_bucket: float
@@ -112,14 +121,27 @@ def zero_settings(candidate: Candidate, shape: ModelShape) -> ZeroSettings:
     h2 = float(shape.hidden) ** 2
     overlap = zero.get("overlap_comm")
     overlap = stage == 3 if overlap in (None, "auto") else bool(overlap)
-    contiguous = zero.get("contiguous_gradients", True) is not False
+    # DeepSpeed turns contiguous gradients on for an offloaded optimizer whatever the key says
+    contiguous = zero.get("contiguous_gradients", True) is not False or bool(_offload_device(zero, "offload_optimizer"))
     return ZeroSettings(
         stage=stage,
         reduce_bucket=_number(zero.get("reduce_bucket_size"), h2, REDUCE_BUCKET_DEFAULT),
-        reduce_buckets=(2 if overlap else 1) if contiguous else 1,
+        reduce_buckets=2 if overlap and contiguous and stage < 3 else 1,
         prefetch_bucket=_number(zero.get("stage3_prefetch_bucket_size"), AUTO_PREFETCH_H2 * h2,
                                 PREFETCH_BUCKET_DEFAULT),
         max_live=_number(zero.get("stage3_max_live_parameters"), MAX_LIVE_DEFAULT, MAX_LIVE_DEFAULT))
+
+
+def buckets_before_backward() -> bool:
+    """Whether the installed DeepSpeed allocates ZeRO-1/2's reduce buckets before the loss's backward (before 0.17.2),
+    so that they sit beside the LM head's backward; without DeepSpeed (a planning machine) the current releases'
+    way, at the first gradient."""
+    try:
+        installed = version("deepspeed")
+    except PackageNotFoundError:
+        return False
+    numbers = tuple(int(part) for part in re.findall(r"\d+", installed.split("+")[0])[:3])
+    return numbers < LAZY_BUCKETS_SINCE
 
 
 def _offload_device(zero: Dict[str, Any], key: str) -> Optional[str]:

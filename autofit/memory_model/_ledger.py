@@ -34,7 +34,7 @@ from autofit.memory_model._parameters import compute_bytes, state_bytes, weight_
 from autofit.memory_model._rollout import rollout_phases
 from autofit.memory_model._rungs import custom_rungs, widest_band, with_rungs
 from autofit.memory_model._shape import ModelShape
-from autofit.memory_model._sharding import sharded_state, sharding_host_bytes
+from autofit.memory_model._sharding import sharded_state, sharding_host_bytes, zero_phase_buffers
 
 # The error band of an uncalibrated prediction for a checked family: the activation coefficient alone spans
 # 8..16 B·h (2.4) and the logits/loss costs are version-dependent (2.5) [A]. Unchecked families: ``checked``.
@@ -159,8 +159,9 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
     saved, layer_moment = activation_bytes(candidate, shape, act_bytes)
     logits = logit_bytes(candidate, shape, device, act_bytes, weight_bytes(candidate, shape))
     # offload: its staging buffers; several ranks: DDP's gradient buckets. ZeRO allocates its gradient partition
-    # and buckets once the LM head's gradient is reduced, after the LM-head peak of "train" [V: CPU meter, a ZeRO-2
-    # config of the user's on tiny-qwen2: 139.62 MiB measured, the train phase without them 139.70 predicted]
+    # once the LM head's gradient is reduced, after the LM-head peak of "train" [V: CPU meter, a ZeRO-2 config of the
+    # user's on tiny-qwen2: 139.62 MiB measured, the train phase without them 139.70 predicted]; its reduce buckets
+    # live by phase (``zero_phase_buffers``)
     zero = zero_engine(candidate) is not None
     resident_gradients = candidate.grad_accum >= 2 or bool(candidate.offload) or (candidate.ranks > 1 and not zero)
     static = {"weights": state.weights + state.autocast_copy, "reference": state.reference,
@@ -185,7 +186,9 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
         phases.append(_Phase("generation", {"weights": state.weights, "reference": state.reference,
                                             "optimizer": state.optimizer,
                                             "generation": generation_bytes(candidate, shape, act_bytes)}))
-    return phases
+    buffers = zero_phase_buffers(candidate, shape, device)
+    return [_Phase(p.name, {**p.terms, "gradients": p.terms.get("gradients", 0.0) + buffers.get(p.name, 0.0)})
+            for p in phases]
 
 
 def _ledger(phase: _Phase, rho: float, context: float, totals: Dict[str, float], uncertainty: float,

@@ -2,7 +2,7 @@
 
 Device: the weights in DeepSpeed's training dtype (bf16 on CUDA under TRL's ``bf16=True``: DeepSpeed casts the
 module, whatever dtype TRL loaded; the weights' own dtype on the CPU), one gradient staging buffer of the largest
-trainable tensor and the reduction bucket (hidden size squared, the Trainer's "auto"). No optimizer states, no
+trainable tensor, and in the backward the reduction bucket (``_sharding.zero_phase_buffers``). No optimizer states, no
 resident gradients, no autocast copies. Host, per trainable parameter: fp32 master weight, its gradient and two
 Adam states (16 B), an fp32 accumulation buffer when the step accumulates micro-batches (4 B), and a pinned copy of
 the weights in the device dtype plus a staging buffer of the largest tensor's gradient. Checked against the
@@ -45,7 +45,7 @@ def offloaded_state_bytes(candidate: Candidate, shape: ModelShape, device: str) 
     """The device's share of the parameters' bytes under optimizer offload (``parameters.state_bytes``'s form)."""
     counts = param_counts(shape, candidate.algo)
     c_bytes = engine_bytes(candidate, shape, device)
-    staging = (largest_trainable(shape, candidate) + shape.hidden * shape.hidden) * c_bytes
+    staging = largest_trainable(shape, candidate) * c_bytes
     embedding_temporaries = 0.0
     if shape.tied_embeddings and not candidate.unit.sequence_classifier:
         embedding_temporaries = TIED_EMBEDDING_GRAD_COPIES * counts.embedding * c_bytes

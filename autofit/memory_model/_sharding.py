@@ -8,11 +8,12 @@ TRL's ``bf16=True``:
   (accelerate and the Trainer leave ``gradient_as_bucket_view`` off) [D: torch ``Reducer``];
 - DeepSpeed casts the module to the training dtype (bf16) and keeps fp32 master weights and Adam states (12 B per
   trainable parameter) partitioned over N from ZeRO-1 on. From the first backward on (whatever N, one GPU included)
-  it holds its gradient buffers: ZeRO-1 whole bf16 gradients, ZeRO-2 and 3 a 1/N bf16 partition, each with its
-  reduce bucket(s); the step adds the partition's fp32 copy. ZeRO-3 also partitions the bf16 weights, gathering a
-  layer and the prefetch bucket for its forward and backward, at most ``stage3_max_live_parameters``. The buckets'
-  sizes are the engine's own settings (``_engine_settings``: the user's DeepSpeed configuration or autofit's)
-  [D: DeepSpeed 0.19 ``stage_1_and_2.py`` ``copy_grads_in_partition``/``setup_buckets``, ``stage3.py``];
+  it holds its gradients: ZeRO-1 whole bf16 gradients, ZeRO-2 and 3 a 1/N bf16 partition; the step adds the
+  partition's fp32 copy. ZeRO-3 also partitions the bf16 weights, gathering a layer and the prefetch bucket for its
+  forward and backward, at most ``stage3_max_live_parameters``. The reduce buckets live by phase
+  (``zero_phase_buffers``), their sizes the engine's own settings (``_engine_settings``: the user's DeepSpeed
+  configuration or autofit's) [D: DeepSpeed 0.19 ``stage_1_and_2.py`` ``copy_grads_in_partition``/``setup_buckets``,
+  ``stage3.py``];
 - FSDP2 full shard keeps every parameter, its gradient and AdamW's states sharded in the loaded dtype (float32: 16 B
   per trainable parameter over N), and unshards a layer in bf16 for its compute, the next one prefetched
   [D: torch ``fully_shard`` with accelerate's mixed-precision policy]. Under gradient accumulation the Trainer runs
@@ -25,8 +26,8 @@ NCCL's own buffers, outside PyTorch's allocator, are the ledger's (``_engine_set
 
 The offload variants keep the shards on the host: ``fsdp2-offload`` every parameter, gradient and AdamW state
 (the step runs on the CPU), ``zero3-offload`` the bf16 weights' partitions, the fp32 master weights, gradients and
-Adam states; the GPU holds the gathered layers and the reduction bucket. The host figure is the machine's: all of
-its ranks' shards.
+Adam states; the GPU holds the gathered layers and the reduction bucket (``zero_phase_buffers``). The host figure
+is the machine's: all of its ranks' shards.
 
 A reference model (GRPO/RLOO with beta > 0) is sharded by ZeRO-3 and FSDP2 (TRL prepares it with the engine), whole
 otherwise. DeepSpeed is measured only at world size 1 on the CPU (accelerate runs it across processes only on
@@ -37,9 +38,10 @@ GPUs); FSDP2 full shard runs across CPU ranks under ``autofit.probe._simulated_f
 from __future__ import annotations
 
 import dataclasses
+from typing import Dict
 
 from autofit.core import Candidate
-from autofit.memory_model._engine_settings import zero_engine, zero_settings
+from autofit.memory_model._engine_settings import ZeroSettings, buckets_before_backward, zero_engine, zero_settings
 from autofit.memory_model._parameters import StateBytes, compute_bytes, param_counts, trainable_tensors, weight_bytes
 from autofit.memory_model._shape import ModelShape
 
@@ -52,6 +54,7 @@ ZERO_MASTER_AND_ADAM_BYTES = 4 + 8  # fp32 master weight, exp_avg, exp_avg_sq
 ZERO_FP32_GRAD_BYTES = 4
 UNSHARDED_LAYERS = 2  # the layer being computed and the one prefetched (ZeRO-3 and FSDP2)
 ADAMW_STATE_COPIES = 2
+ZERO_PHASES = ("train", "backward", "first_backward", "step", "generation")
 
 
 def _layer_params(shape: ModelShape, candidate: Candidate) -> float:
@@ -86,23 +89,24 @@ def sharded_state(state: StateBytes, candidate: Candidate, shape: ModelShape, de
     # DeepSpeed ZeRO: the module in the training dtype, master weights and Adam states partitioned
     settings = zero_settings(candidate, shape)
     engine = c_bytes if device == "cuda" else weight_bytes(candidate, shape)  # on the CPU: the load dtype
-    buckets = settings.reduce_bucket * settings.reduce_buckets * engine
     w_bytes = weight_bytes(candidate, shape)
     weights = frozen_weights * engine / w_bytes + trainable * engine  # DeepSpeed casts the whole module
     optimizer = ZERO_MASTER_AND_ADAM_BYTES * trainable / ranks
-    gradients = trainable * engine / (1 if settings.stage == 1 else ranks) + buckets
+    gradients = trainable * engine / (1 if settings.stage == 1 else ranks)
     if settings.stage == 3:
-        weights = weights / ranks + _gathered(layer, settings.prefetch_bucket, settings.max_live) * engine
+        weights = weights / ranks + _gathered(layer, settings, param_counts(shape, candidate.algo).total) * engine
         reference = reference / ranks
     return dataclasses.replace(state, weights=weights, autocast_copy=0.0, gradients=gradients, optimizer=optimizer,
                                step_temporaries=state.step_temporaries / ranks, embedding_temporaries=0.0,
                                reference=reference, step_gradients=trainable * ZERO_FP32_GRAD_BYTES / ranks)
 
 
-def _gathered(layer: float, prefetch_bucket: float, max_live: float) -> float:
+def _gathered(layer: float, settings: ZeroSettings, total: float) -> float:
     """Elements ZeRO-3 holds gathered: the layer computed, the next one and the prefetch bucket, at most
-    ``stage3_max_live_parameters`` (never less than the layer computed)."""
-    return min(UNSHARDED_LAYERS * layer + prefetch_bucket, max(max_live, layer))
+    ``stage3_max_live_parameters`` (never less than the layer computed) and never more than the model has (a
+    prefetch bucket larger than the model fetches the model) [V: CPU meter, tiny-qwen2 (5.7M parameters) under
+    DeepSpeed's default 5e7-element prefetch bucket: 542.72 MiB measured, 542.8 predicted, 717.5 uncapped]."""
+    return min(UNSHARDED_LAYERS * layer + settings.prefetch_bucket, max(settings.max_live, layer), total)
 
 
 def _offloaded(state: StateBytes, candidate: Candidate, shape: ModelShape, device: str, strategy: str) -> StateBytes:
@@ -115,11 +119,37 @@ def _offloaded(state: StateBytes, candidate: Candidate, shape: ModelShape, devic
                                    embedding_temporaries=0.0, reference=state.reference / candidate.ranks)
     engine = c_bytes if device == "cuda" else weight_bytes(candidate, shape)
     settings = zero_settings(candidate, shape)
-    gathered = _gathered(layer, settings.prefetch_bucket, settings.max_live) * engine
-    return dataclasses.replace(state, weights=gathered, autocast_copy=0.0,
-                               gradients=settings.reduce_bucket * settings.reduce_buckets * engine, optimizer=0.0,
-                               step_temporaries=0.0,
-                               embedding_temporaries=0.0, reference=state.reference / candidate.ranks)
+    gathered = _gathered(layer, settings, param_counts(shape, candidate.algo).total) * engine
+    return dataclasses.replace(state, weights=gathered, autocast_copy=0.0, gradients=0.0, optimizer=0.0,
+                               step_temporaries=0.0, embedding_temporaries=0.0,
+                               reference=state.reference / candidate.ranks)
+
+
+def zero_phase_buffers(candidate: Candidate, shape: ModelShape, device: str) -> Dict[str, float]:
+    """The bytes of ZeRO's buffers that live in some ledger phases only (none for another engine): its reduce (ipg)
+    buckets, and ZeRO-2's accumulated gradient partition beside a later micro-batch's backward.
+
+    ZeRO-3 allocates its one bucket with the optimizer and never frees it: every phase. ZeRO-1/2 allocate theirs
+    (two with ``overlap_comm``) at the backward's first gradient and free them at its end (ZeRO-1: at the end of
+    the accumulation's last backward): the backward phases, not the step; the LM head's backward ("train") only
+    where DeepSpeed allocates them before the loss's backward (before 0.17.2) or ZeRO-1 keeps them from the
+    previous micro-batch. Under accumulation ZeRO-2 copies each backward's partition into an accumulator, so the
+    next backward holds two [D: DeepSpeed 0.19 ``stage_1_and_2.py`` ``process_gradients``/``setup_buckets``,
+    ``independent_gradient_partition_epilogue``/``_release_ipg_buffers``, ``stage3.py``
+    ``_setup_for_real_optimizer``; V: CPU meter, tiny-qwen2, 1e6 against 1e8-element buckets: docs/decisions.md]."""
+    offload = bool(candidate.offload)  # ZeRO-2 with the optimizer on the host: its buckets are ZeRO-2's
+    if zero_engine(candidate) is None and not offload:
+        return {}
+    settings = zero_settings(candidate, shape)
+    engine = compute_bytes(candidate, shape, device) if device == "cuda" else weight_bytes(candidate, shape)
+    held = settings.reduce_bucket * settings.reduce_buckets * engine
+    if settings.stage == 3:
+        return dict.fromkeys(ZERO_PHASES, held)
+    in_head = buckets_before_backward() or (settings.stage == 1 and candidate.grad_accum >= 2)
+    backward = held
+    if settings.stage == 2 and candidate.grad_accum >= 2 and not offload:  # offload accumulates on the host
+        backward += sum(t.numel * t.count for t in trainable_tensors(shape, candidate)) * engine / candidate.ranks
+    return {"train": held if in_head else 0.0, "backward": backward, "first_backward": backward}
 
 
 def sharding_host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
