@@ -4,8 +4,9 @@ which TRL's parser reads over the file as ``trl`` does (``autofit.search._user_c
 
 - ``trl <command> --config FILE [--accelerate_config NAME|PATH] [--field value ...] [accelerate's options]``;
 - ``accelerate launch [accelerate's options] [-m] trl <command> ...``, accelerate's ``--config_file`` as
-  ``--accelerate-config`` and its other options as the launch's (accelerate's own parser reads them, in the TRL
-  parser's process: it imports torch, which this process never does).
+  ``--accelerate-config`` and its other options as the launch's, after a ``--`` in ``launch_args``: accelerate's own
+  parser reads them, never TRL's (``--debug`` is both's), in the TRL parser's process (it imports torch, which this
+  process never does).
 
 The command names are TRL's own (``trl.cli.commands``); ``--`` is split off before argparse sees the line. autofit's
 options given before ``--`` override the launch's, as flags after ``--config`` override the file in TRL. Anything else
@@ -24,8 +25,6 @@ from autofit.core import ALGORITHMS, InputError
 COMMANDS = {a.trl_command: a.name for a in ALGORITHMS.values() if a.trl_command}
 ACCEPTED = ("trl <command> --config FILE ..., or accelerate launch [options] [-m] trl <command> --config FILE ... "
             f"(<command>: {', '.join(COMMANDS)})")
-# accelerate launch's options that TRL's parser would take as its own fields: accelerate's, not the trainer's
-ACCELERATE_ONLY = ("--debug", "--gradient_accumulation_steps", "--gradient-accumulation-steps")
 
 
 def split_launch(argv: Sequence[str]) -> Tuple[List[str], Optional[List[str]]]:
@@ -100,16 +99,12 @@ def _accelerate(words: List[str]) -> Dict[str, Any]:
         raise InputError(f"the launch 'accelerate launch {' '.join(words)}' runs no trl command: accepted are "
                          f"{ACCEPTED}")
     options = [word for word in words[:script] if word not in ("-m", "--module")]
-    clash = next((word for word in options if word.split("=", 1)[0] in ACCELERATE_ONLY), None)
-    if clash is not None:
-        raise InputError(f"the launch's accelerate option {clash.split('=', 1)[0]} is not read by autofit (TRL's "
-                         "parser has a field of that name): give it to trl, after the command")
     config_file, options = _take(options, ("--config_file", "--config-file"))
     values = _trl(words[script + 1:], "accelerate launch")
     if config_file is not None and "accelerate_config" not in values:
         values["accelerate_config"] = config_file
-    if options:
-        values["launch_args"] = tuple(values.get("launch_args", ())) + tuple(options)
+    if options:  # accelerate's own, for accelerate's parser only (after "--")
+        values["launch_args"] = tuple(values.get("launch_args", ())) + ("--",) + tuple(options)
     return values
 
 

@@ -11,7 +11,8 @@ unless ``accelerate launch`` takes them (``num_processes``), as in TRL's command
 ``accelerate_config`` (TRL's names: fsdp2, zero3, ..., or a path) is resolved as TRL's command line resolves it; what
 the launch says (its options and the accelerate config file, read) is reported as ``launch``. The GPU is hidden and
 ``--use_cpu`` given so that TRL's bf16 check passes on any machine; the file's own ``use_cpu`` is what is reported.
-Words after ``FILE`` are the launch's own flags, read over the file as ``trl <algo> --config FILE ...`` reads them.
+Words after ``FILE`` are the launch's own flags, read over the file as ``trl <algo> --config FILE ...`` reads them;
+words after a ``--`` among them are ``accelerate launch``'s own options, for accelerate's parser only.
 Where DeepSpeed is not installed (a planning laptop), a ``deepspeed`` training argument is read as written without
 building transformers' DeepSpeed config (which needs the package): the estimate models it; the search says it needs it.
 """
@@ -95,12 +96,16 @@ def _launch_settings(launch: List[str]) -> Dict[str, Any]:
 
 
 def read(algo: str, path: str, extra: Sequence[str] = ()) -> Dict[str, Any]:
-    """The file as TRL parses it for ``algo``, with the launch's flags ``extra`` over it; ``path`` is a private copy
+    """The file as TRL parses it for ``algo``, with the launch's flags ``extra`` over it (after a ``--``: accelerate
+    launch's options, which TRL's parser never sees); ``path`` is a private copy
     (rewritten without the ``deepspeed`` key where DeepSpeed is not installed)."""
     with open(path) as handle:
         written = yaml.safe_load(handle)  # what TRL's parser loads (PyYAML, YAML 1.1)
     if not isinstance(written, dict):
         raise ValueError(f"Config file {path} must contain a YAML mapping.")
+    extra = list(extra)
+    at = extra.index("--") if "--" in extra else len(extra)
+    trl_args, accelerate_args = extra[:at], extra[at + 1:]
     unbuilt = written.get("deepspeed") if importlib.util.find_spec("deepspeed") is None else None
     if unbuilt:  # TrainingArguments would import deepspeed to build its config: read the rest, keep it as written
         with open(path, "w") as handle:
@@ -109,12 +114,12 @@ def read(algo: str, path: str, extra: Sequence[str] = ()) -> Dict[str, Any]:
     parser = module.make_parser()
     saved = dict(os.environ)
     try:
-        *parsed, unknown = parser.parse_args_and_config(args=["--config", path, "--use_cpu", *extra],
+        *parsed, unknown = parser.parse_args_and_config(args=["--config", path, "--use_cpu", *trl_args],
                                                         return_remaining_strings=True)
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    launch = _resolved_launch(list(unknown))
+    launch = _resolved_launch(list(unknown) + accelerate_args)
     leftovers = _accelerate_leftovers(launch)
     if leftovers:
         raise ValueError(f"Unknown arguments from config file: {leftovers}. Please remove them, add them to the "
@@ -125,7 +130,7 @@ def read(algo: str, path: str, extra: Sequence[str] = ()) -> Dict[str, Any]:
     fields["training"]["use_cpu"] = bool(written.get("use_cpu", False))  # ours was only for the parse
     if unbuilt:
         fields["training"]["deepspeed"] = _plain(unbuilt)
-    flagged = {word[2:].split("=", 1)[0].replace("-", "_") for word in extra if word.startswith("--")}
+    flagged = {word[2:].split("=", 1)[0].replace("-", "_") for word in trl_args if word.startswith("--")}
     defaults = {item.name: _plain(_default(item)) for instance in parsed for item in dataclasses.fields(instance)
                 if item.name in written or item.name in flagged}
     return {"classes": classes, "fields": fields, "written": _plain(written), "accelerate": list(unknown),

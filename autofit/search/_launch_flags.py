@@ -15,9 +15,11 @@ from autofit.core import InputError, one_line
 
 def flagged_names(args: Sequence[str]) -> List[str]:
     """The field names the launch's flags give (``--per-device-train-batch-size`` is ``per_device_train_batch_size``),
-    in order."""
-    names = []
+    in order; after a ``--``, accelerate launch's own options, never TRL's fields."""
+    names: List[str] = []
     for word in args:
+        if word == "--":
+            break
         if word.startswith("--") and len(word) > 2:
             name = word[2:].split("=", 1)[0].replace("-", "_")
             if name not in names:
