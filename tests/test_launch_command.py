@@ -309,3 +309,11 @@ def test_fit_takes_the_accelerate_config_too(tmp_path, monkeypatch):
     (spec,) = seen
     assert spec.baseline is not None and (spec.baseline.sharding, spec.baseline.checkpointing) == ("fsdp2", True)
     assert spec.options.accelerate_config == fsdp and spec.ranks == 1
+
+
+def test_the_files_own_accelerate_config_is_read_with_the_same_limits(tmp_path, capsys):
+    bad = _write(tmp_path, "acc.yaml", "distributed_type: FSDP2\n")
+    path = _write(tmp_path, "sft.yaml", BIG + f"accelerate_config: {bad}\n")
+    assert cli.main(["estimate", "--config", path, "--gpu-memory", "80GiB"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"accelerate_config {bad}: distributed_type 'FSDP2' is not one accelerate" in err

@@ -76,7 +76,7 @@ def _resolved_launch(unknown: List[str]) -> List[str]:
 
 def _launch_settings(launch: List[str]) -> Dict[str, Any]:
     """What the launch arguments tell ``accelerate launch``: its options as given (``num_processes``,
-    ``mixed_precision``, ...) and the accelerate config file they name, read (``config_file``)."""
+    ``mixed_precision``, ...) and the path of the accelerate config file they name (``config_file``)."""
     if not launch:
         return {}
     try:
@@ -88,10 +88,8 @@ def _launch_settings(launch: List[str]) -> Dict[str, Any]:
     given = {key: value for key, value in vars(known).items()
              if f"--{key}" in words or f"--{key.replace('_', '-')}" in words}
     settings: Dict[str, Any] = {k: _plain(v) for k, v in given.items() if k != "config_file"}
-    if known.config_file:
-        with open(known.config_file) as handle:
-            loaded = yaml.safe_load(handle)
-        settings["config_file"] = {"path": str(known.config_file), "values": _plain(loaded or {})}
+    if known.config_file:  # read by the search's process, with the limits of the TRL file
+        settings["config_file"] = {"path": str(known.config_file)}
     return settings
 
 

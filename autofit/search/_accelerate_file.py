@@ -38,7 +38,7 @@ def trl_names() -> Tuple[str, ...]:
         return ()
 
 
-def resolve(value: str) -> str:
+def resolve(value: str, where: str = FLAG) -> str:
     """The file a launch's accelerate config names: a path that exists, else one of TRL's names, resolved by TRL's own
     code as ``--accelerate_config`` is (a path first, as TRL does)."""
     if Path(value).exists():
@@ -48,7 +48,7 @@ def resolve(value: str) -> str:
 
         return str(resolve_accelerate_config_argument(["--accelerate_config", value])[1])
     names = ", ".join(trl_names()) or "none in this TRL"
-    raise InputError(f"{FLAG} {value}: no such file, and not one of TRL's accelerate configs ({names}); give the "
+    raise InputError(f"{where} {value}: no such file, and not one of TRL's accelerate configs ({names}); give the "
                      "path of your accelerate config YAML")
 
 
@@ -60,33 +60,34 @@ def _text(path: str, flag: str) -> str:
         raise InputError(flag + message[len("--config"):] if message.startswith("--config") else message) from None
 
 
-def read_accelerate_config(value: str) -> Dict[str, Any]:
+def read_accelerate_config(value: str, where: str = FLAG) -> Dict[str, Any]:
     """``{"path", "values"}``: the file as accelerate reads it, its DeepSpeed JSON read into
-    ``deepspeed_config["deepspeed_config_file_values"]``; ``InputError`` (one line naming the value and what is
-    accepted) for a missing, unreadable or non-YAML file or a ``distributed_type`` accelerate does not know."""
-    path = resolve(value)
+    ``deepspeed_config["deepspeed_config_file_values"]``; ``InputError`` (one line naming the value, as ``where``
+    names it, and what is accepted) for a missing, unreadable or non-YAML file or a ``distributed_type`` accelerate
+    does not know."""
+    path = resolve(value, where)
     if path in _READ:
         return _READ[path]
-    text = _text(path, FLAG)
+    text = _text(path, where)
     try:
         values = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or one_line(exc)
-        where = f", line {mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{FLAG} {value}: not YAML accelerate can read ({problem}{where}); give an accelerate "
+        line = f", line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{where} {value}: not YAML accelerate can read ({problem}{line}); give an accelerate "
                          "config file (accelerate config writes one)") from None
     if not isinstance(values, dict):
-        raise InputError(f"{FLAG} {value}: an accelerate config file is a YAML mapping (distributed_type: FSDP, "
+        raise InputError(f"{where} {value}: an accelerate config file is a YAML mapping (distributed_type: FSDP, "
                          f"...), not {type(values).__name__}")
     kind = values.get("distributed_type")
     if str(kind) not in DISTRIBUTED_TYPES:
-        raise InputError(f"{FLAG} {value}: distributed_type {kind!r} is not one accelerate knows: accepted are "
+        raise InputError(f"{where} {value}: distributed_type {kind!r} is not one accelerate knows: accepted are "
                          f"{', '.join(DISTRIBUTED_TYPES)}")
     deepspeed = values.get("deepspeed_config")
     if isinstance(deepspeed, dict) and deepspeed.get("deepspeed_config_file"):
         deepspeed = {**deepspeed, "deepspeed_config_file_values": read_deepspeed_json(
-            str(deepspeed["deepspeed_config_file"]), f"{FLAG} {value}: deepspeed_config_file")}
+            str(deepspeed["deepspeed_config_file"]), f"{where} {value}: deepspeed_config_file")}
         values = {**values, "deepspeed_config": deepspeed}
     _READ[path] = {"path": path, "values": values}
     return _READ[path]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from autofit.search._accelerate_file import read_deepspeed_json, zero_settings
+from autofit.search._accelerate_file import read_accelerate_config, read_deepspeed_json, zero_settings
 
 FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2")
 
@@ -162,6 +162,9 @@ def launch_engine(training: Dict[str, Any], written: Dict[str, Any], launch: Dic
     Trainer's FSDP plugin is built from them whatever accelerate's file says). ``door_file``: the accelerate config
     given at autofit's door (``--accelerate-config``), which wins over the file's ``accelerate_config``."""
     config = door_file or launch.get("config_file") or {}
+    if config.get("path") and "values" not in config:  # the launch's own (the file's accelerate_config, a flag's)
+        key = "accelerate_config" if written.get("accelerate_config") else "--config_file"
+        config = read_accelerate_config(str(config["path"]), where=key)
     values: Dict[str, Any] = config["values"] if isinstance(config.get("values"), dict) else {}
     if door_file:
         name = f"accelerate config {door_file['path']}"
