@@ -163,6 +163,8 @@ class SearchOptions:
                                      metavar="DIR")
     plot: Optional[str] = option(help="also draw the ledger of every level against the budget (.svg, .png or .pdf)",
                                  kind=TEXT, doors=(ESTIMATE,), metavar="FILE")
+    as_json: bool = option(False, help="print the whole estimate as one JSON document on stdout (schema: docs/cli.md)",
+                           kind=FLAG, doors=(ESTIMATE,), flags=("--json",))
 
     def __post_init__(self) -> None:
         for spec in fields(self):
