@@ -137,7 +137,7 @@ def share(tps: Optional[float], best: float) -> str:
     if not tps or not best:
         return "-"
     mark = "" if tps / best >= GOAL else " ✗"
-    return f"{tps / best:.0%} ({tps:,.0f}){mark}"
+    return f"{tps / best:.1%} ({tps:,.0f}){mark}"
 
 
 def table(rows: List[Dict], caption: str) -> str:
