@@ -8,6 +8,7 @@ import importlib
 import pytest
 
 from autofit.core._key_table import KINDS, TABLE, classify, markdown, unclassified
+from autofit.core._keys_page import page
 
 ALGOS = ("sft", "grpo", "rloo", "reward")
 
@@ -48,5 +49,87 @@ def test_the_table_says_what_and_why():
 def test_the_docs_page_is_the_table():
     from pathlib import Path
 
-    page = Path(__file__).resolve().parents[1] / "docs" / "keys.md"
-    assert page.read_text() == markdown(), "regenerate: python -m autofit.core._key_table > docs/keys.md"
+    path = Path(__file__).resolve().parents[1] / "docs" / "keys.md"
+    assert path.read_text() == page(), "regenerate: python -m autofit.core._keys_page > docs/keys.md"
+
+
+# Issue 39, item 3: accelerate's config keys are classified as a TRL file's are.
+def accelerate_sections():
+    """Every key the installed accelerate writes or takes in a config file: ClusterConfig's fields (the top level),
+    and the FSDP and DeepSpeed plugins' keys (``accelerate config``'s and ``accelerate launch``'s options)."""
+    import inspect
+    import re
+
+    from accelerate.commands.config import cluster
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
+
+    source = inspect.getsource(cluster)
+    plugins = {"fsdp_config": set(re.findall(r'fsdp_config\["(\w+)"\]', source)),
+               "deepspeed_config": set(re.findall(r'deepspeed_config\["(\w+)"\]', source))}
+    for group in launch_command_parser()._action_groups:
+        for title, section in (("FSDP", "fsdp_config"), ("DeepSpeed", "deepspeed_config")):
+            if group.title and group.title.startswith(title):
+                plugins[section] |= {action.dest for action in group._group_actions}
+    return {"": {item.name for item in dataclasses.fields(ClusterConfig)}, **plugins}
+
+
+def test_every_key_of_the_installed_accelerate_is_classified():
+    from autofit.core._accelerate_keys import unclassified_accelerate
+
+    sections = accelerate_sections()
+    assert len(sections[""]) > 20 and len(sections["fsdp_config"]) > 10 and len(sections["deepspeed_config"]) > 10
+    for section, keys in sections.items():
+        assert unclassified_accelerate(keys, section) == [], section
+
+
+def test_every_key_of_trls_accelerate_configs_is_classified():
+    from pathlib import Path
+
+    import yaml
+
+    from autofit.core._accelerate_keys import unclassified_accelerate
+
+    folder = Path(importlib.import_module("trl").__file__).parent / "accelerate_configs"
+    files = sorted(folder.glob("*.yaml"))
+    assert files, "this TRL ships accelerate configs"
+    for path in files:
+        values = yaml.safe_load(path.read_text())
+        assert unclassified_accelerate(values) == [], path.name
+        for section in ("fsdp_config", "deepspeed_config"):
+            assert unclassified_accelerate(values.get(section) or {}, section) == [], path.name
+
+
+def test_a_key_added_to_accelerates_cluster_config_is_caught():
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    from autofit.core._accelerate_keys import unclassified_accelerate
+
+    @dataclasses.dataclass
+    class NewerClusterConfig(ClusterConfig):
+        pipeline_config: dict = None
+
+    assert unclassified_accelerate({f.name for f in dataclasses.fields(NewerClusterConfig)}) == ["pipeline_config"]
+
+
+def test_an_accelerate_feature_the_ledger_leaves_out_is_named_and_widens_the_band(tmp_path):
+    from pathlib import Path
+
+    from autofit.search._launch import launch_engine
+
+    trl_fsdp2 = Path(importlib.import_module("trl").__file__).parent / "accelerate_configs" / "fsdp2.yaml"
+    plain = launch_engine({}, {}, {}, door_file={"path": str(trl_fsdp2)})
+    assert plain.sharding == "fsdp2" and not plain.notes  # TRL's own fsdp2: every key modelled or memory-free
+
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(trl_fsdp2.read_text() + "dynamo_config:\n  dynamo_backend: INDUCTOR\nfp8_config:\n"
+                    "  backend: TE\nsome_new_key: 3\n")
+    engine = launch_engine({}, {}, {}, door_file={"path": str(path)})
+    assert engine.sharding == "fsdp2"
+    said = " | ".join(engine.notes)
+    assert "torch.compile by accelerate" in said and "dynamo_config" in said
+    assert "fp8 training" in said
+    assert "some_new_key: 3" in said and "does not know" in said
+    off = tmp_path / "off.yaml"
+    off.write_text(trl_fsdp2.read_text() + "dynamo_config:\n  dynamo_backend: 'NO'\n")
+    assert not launch_engine({}, {}, {}, door_file={"path": str(off)}).notes

@@ -6,6 +6,7 @@ NVML, never CUDA), files written whole, sizes and the one input error.
 Nothing here imports another part of autofit: every other package builds on it.
 """
 
+from autofit.core._accelerate_keys import accelerate_notes, classify_accelerate
 from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, Algorithm, algorithm, algorithm_names, ppo_available
 from autofit.core._candidate import (
     LENGTH_FIELD,
@@ -74,6 +75,7 @@ from autofit.core._spec import FACTORIES, SEARCHED_ARGS, Baseline, SearchSpec
 
 __all__ = [
     "KEY_KINDS", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
+    "accelerate_notes", "classify_accelerate",
     "ESTIMATE", "FIELDS", "FIT", "SEARCH", "SEARCHED_ARGS", "Baseline", "add_options", "cache_entry", "cache_subfolder",
     "door_fields", "entry_problem", "given_values", "ladder_names",
     "ALGORITHMS", "DEFAULT_ALGO", "Algorithm", "algorithm", "algorithm_names",

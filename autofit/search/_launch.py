@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from autofit.core import accelerate_notes
 from autofit.search._accelerate_file import read_accelerate_config, read_deepspeed_json, zero_settings
 
 FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2")
@@ -134,7 +135,8 @@ def _from_accelerate(values: Dict[str, Any], name: str) -> LaunchEngine:
     else:
         engine = LaunchEngine(source=name)
     precision = values.get("mixed_precision")
-    return LaunchEngine(sharding=engine.sharding, source=engine.source, notes=engine.notes,
+    return LaunchEngine(sharding=engine.sharding, source=engine.source,
+                        notes=engine.notes + tuple(accelerate_notes(values, name)),
                         checkpointing=engine.checkpointing,
                         mixed_precision=str(precision).lower() if precision is not None else None)
 
