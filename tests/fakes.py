@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from autofit.core import RL_ALGOS, Candidate, Outcome, ProbeResult, SearchOptions, SearchSpec
 
@@ -201,3 +201,24 @@ def process_running(pid: int, start: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X") and process_start_ticks(pid) == start
+
+
+def dashboard_getter(journal: Path) -> Callable[[str], Dict[str, Any]]:
+    """GET a path of optuna-dashboard's own HTTP API (the WSGI app its command serves) on a study journal: the JSON it
+    answers, after checking it answered 200."""
+    import io
+    import json
+
+    import pytest
+
+    app = pytest.importorskip("optuna_dashboard").wsgi(str(journal))
+
+    def get(path: str) -> Dict[str, Any]:
+        statuses: List[str] = []
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "localhost",
+                   "SERVER_PORT": "80", "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO()}
+        body = b"".join(app(environ, lambda status, headers, *_: statuses.append(status)))
+        assert statuses == ["200 OK"], (path, statuses, body[:300])
+        return json.loads(body)
+
+    return get

@@ -3,15 +3,13 @@ probes it costs, what it stores. Every expectation is derived from the formula, 
 
 from __future__ import annotations
 
-import io
-import json
 import tempfile
 from pathlib import Path
 from typing import List, Optional
 
 import optuna
 import pytest
-from fakes import spec_of
+from fakes import dashboard_getter, spec_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from optuna.storages import JournalStorage
@@ -559,20 +557,12 @@ def test_optuna_study_records_one_trial_per_probe(tmp_path):
 # -- regressions: bugs found by these tests and fixed ----------------------------------------------------------
 def test_optuna_dashboard_shows_out_of_memory_as_infeasible_and_names_the_objective(tmp_path):
     """The dashboard users install today (0.21) reads the study as autofit means it, through its own HTTP API."""
-    dashboard = pytest.importorskip("optuna_dashboard")
+    pytest.importorskip("optuna_dashboard")
     spec = make_spec(tmp_path, 350 * MiB)
     _, runner = run(spec)
     assert {c.result.outcome for c in runner.calls} >= {Outcome.OK, Outcome.OOM}
 
-    app = dashboard.wsgi(str(tmp_path / STUDY_FILE))
-
-    def get(path: str) -> dict:
-        statuses: List[str] = []
-        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "localhost",
-                   "SERVER_PORT": "80", "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO()}
-        body = b"".join(app(environ, lambda status, headers, *_: statuses.append(status)))
-        assert statuses == ["200 OK"], (path, statuses, body[:300])
-        return json.loads(body)
+    get = dashboard_getter(tmp_path / STUDY_FILE)
 
     (summary,) = get("/api/studies")["study_summaries"]
     name = summary["study_name"]

@@ -5,12 +5,8 @@ study written before this change resumes without probing again."""
 
 from __future__ import annotations
 
-import io
-import json
-from typing import Any, Dict, List
-
 import optuna
-import pytest
+from fakes import dashboard_getter
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
@@ -41,15 +37,7 @@ def search(spec):
 def dashboard(out_dir, study_name=None):
     """The study's page and parameter importances through optuna-dashboard's own HTTP API (the app its command
     serves), the journal opened by path."""
-    app = pytest.importorskip("optuna_dashboard").wsgi(str(out_dir / STUDY_FILE))
-
-    def get(path: str) -> Dict[str, Any]:
-        statuses: List[str] = []
-        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "localhost",
-                   "SERVER_PORT": "80", "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO()}
-        body = b"".join(app(environ, lambda status, headers, *_: statuses.append(status)))
-        assert statuses == ["200 OK"], (path, statuses, body[:300])
-        return json.loads(body)
+    get = dashboard_getter(out_dir / STUDY_FILE)
 
     summaries = get("/api/studies")["study_summaries"]
     study_id = next(s["study_id"] for s in summaries if study_name in (None, s["study_name"]))
