@@ -156,3 +156,15 @@ def test_the_users_attention_and_extra_modules_are_kept_and_named(tmp_path):
                   user_args=(("bf16", False),))
     assert any("mixed precision" in what for what in unmodelled(candidate))
     assert not unmodelled(candidate.replace(user_args=(("bf16", True),)))
+
+
+def test_a_key_probed_as_written_is_named_once_with_its_value(tmp_path):
+    """A training argument the probes run as written and the ledger leaves out (packing) was named twice in the
+    estimate's note: once by the memory model's list of unmodelled arguments, once with its value."""
+    path = tmp_path / "sft.yaml"
+    path.write_text(LORA + "packing: true\n")
+    from autofit.search import read_user_config
+
+    notes = read_user_config(str(path), "sft").unmodelled()  # TRL's parser: the defaults the note compares with
+    packing = [note for note in notes if "packing" in note]
+    assert len(packing) == 1 and "packing: True, probed as written" in packing[0], notes

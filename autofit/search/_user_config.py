@@ -180,7 +180,10 @@ class UserConfig:
         found += [what for key, what in UNMODELLED_MODEL.items() if self.model.get(key) not in (None, False, [], "")]
         if self.wrote("optim") and not optimizer_known(self.training.get("optim")):
             found.append(f"the optimizer {self.training.get('optim')} (two fp32 states assumed)")
-        return found + list(self.engine().notes) + self.probed_as_written()
+        probed = self.probed_as_written()  # the same keys with their values: each named once
+        with_value = {key for key in self.written if any(f"({key}: " in said for said in probed)}
+        found = [what for what in found if not any(what.endswith(f"({key})") for key in with_value)]
+        return found + list(self.engine().notes) + probed
 
     def probed_as_written(self) -> List[str]:
         """The keys the file changes from TRL's defaults that the memory model does not describe
