@@ -134,8 +134,8 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
             phase_peaks=fit.result.phase_peaks,
             probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
             changes=user_file(report)[1] if spec.options.config else None,
-            verified={"steps": verified.steps, "peak_bytes": verified.peak_bytes, "phase_peaks": verified.phase_peaks,
-                      "outcome": verified.outcome.value, "stats": verified.stats},
+            verified={"candidate": fit.candidate.describe(), "steps": verified.steps, "peak_bytes": verified.peak_bytes,
+                      "phase_peaks": verified.phase_peaks, "outcome": verified.outcome.value, "stats": verified.stats},
         )
     else:
         failure = report.lightest_failure()

@@ -258,7 +258,7 @@ def _chosen(data: ReportData) -> Optional[Candidate]:
     verified = [record for record in data.best.get("candidates", []) if record.get("kind") == "verify"]
     if not data.best.get("fits") or not verified:
         return None
-    described = verified[-1]["candidate"]
+    described = (data.best.get("verified") or {}).get("candidate") or verified[-1]["candidate"]  # a tie: two runs
     matches = [p.candidate for p in data.probes if p.kind == "verify" and p.candidate.describe() == described]
     return matches[-1] if matches else None
 

@@ -1,7 +1,8 @@
 """Why the chosen configuration won, in the search's own rule (docs/ladder.md, "How the search climbs it"): the
 cheapest cost class with a fit; in the free and speed classes the fastest fit by its probe's timing (a tie within
-the machine's noise decided by the throughput model), in the quality class the first rung that fits; with
-``--maximize length`` the longest length first. Not one timing: the verification runs after the choice."""
+the machine's noise decided by the throughput model where it can split them, else by verifying both), in the quality
+class the first rung that fits; with ``--maximize length`` the longest length first. Not one timing: the
+verification runs after the choice, except for a tie that verifying both settled."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ CLASS_WORDS = {"free": "free (the same training, as fast or faster)",
                         "sharding, offloading)",
                "quality": "quality (a different training: LoRA, quantization, 8-bit states, shorter sequences)"}
 TIE_NOTE = "speed within the noise"  # how the search's note of a tie decided by the throughput model begins
+VERIFIED_TIE_NOTE = "two fits within the noise"  # ... and of a tie it could not split, settled by verifying both
 
 
 @dataclass
@@ -57,7 +59,10 @@ def why(best: Dict, runs: Sequence[Run], chosen: str) -> str:
     notes = [note for note in best.get("notes") or [] if isinstance(note, str)]
     probed, verified = _speeds(runs, chosen, "probe"), _speeds(runs, chosen, "verify")
     after = ""
-    if probed and verified:
+    verified_tie = next((note for note in notes if note.startswith(VERIFIED_TIE_NOTE)), None)
+    if verified_tie and verified and maximize != "length":
+        after = f" Here a tie the throughput model could not split, settled by the verification: {verified_tie}."
+    elif probed and verified:
         after = (f" Its verification ({verified[-1]:,.0f} tokens/s over more steps) ran after the choice and checked "
                  f"that it fits; its probe's {probed[-1]:,.0f} tokens/s is the timing that was compared.")
     if maximize == "length":
@@ -75,7 +80,8 @@ def why(best: Dict, runs: Sequence[Run], chosen: str) -> str:
     timed = "; ".join(f"{label} {max(_speeds(runs, label, 'probe')):,.0f}" for label in rivals
                       if _speeds(runs, label, "probe"))
     text += ("; in it the fastest fit by its probe's timing wins, and two timings within the machine's noise are a "
-             "tie that the throughput model's prediction decides.")
+             "tie that the throughput model's prediction decides where it predicts them further apart than its band; "
+             "where it cannot, both are verified and the faster verification wins.")
     if len(rivals) > 1:
         text += f" Compared (tokens/s): {timed}."
     tie = next((note for note in notes if note.startswith(TIE_NOTE)), None)

@@ -69,7 +69,7 @@ class Search:
         self.report.notes.extend(getattr(self.store, "notes", []))
         self.report.notes.extend(unavailable)
         self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.options.predict else None)
-        self.judge = SpeedJudge(spec, self.guide, self.report.notes)  # ties of measured speed: the throughput model
+        self.judge = SpeedJudge(spec, self.guide, self.report.notes, self.report.records)  # ties of measured speed
         self.speed = SpeedGate(spec, self.judge, self.report, self.store)  # what is predicted slower is not timed
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         self.failed_rungs = FailedRungs()  # rungs whose machinery could not run here (``autofit.rungs._failures``)
@@ -383,8 +383,8 @@ class Search:
         ranked = self._rank(primary) + self._rank(fallback)
         if self._choose_over_margin(ranked[0] if ranked else None):
             return True
-        for fit in ranked:
-            verified = self._measure(fit.level, fit.candidate, kind="verify")
+        for fit in self.judge.settle(ranked, lambda f: self._measure(f.level, f.candidate, kind="verify")):
+            verified = self._measure(fit.level, fit.candidate, kind="verify")  # a tie's second: measured already
             if verified.fits:
                 self.report.chosen, self.report.verified = fit, verified
                 note = truncation_note(self.spec, fit.candidate)

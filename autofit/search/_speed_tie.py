@@ -1,8 +1,12 @@
-"""Where two fits' measured speeds differ by less than the machine's noise, the throughput model decides (issue 37,
-item 3): a probe times one or two steps, and on a busy machine the slower of two fits can time a few percent faster
-(in ``make bench``'s tight budget for tiny-qwen2, mb=4x2 with checkpointing timed 3% faster than mb=2x4 without it;
-over ten steps the plain one was 19% faster). The prediction runs on a named card's published rates on CUDA, and on
-the CPU meter on this machine's own, measured once in a child process (the search never imports torch)."""
+"""Where two fits' measured speeds differ by less than the machine's noise (issue 37, item 3): a probe times one or
+two steps, and on a busy machine the slower of two fits can time a few percent faster (in ``make bench``'s tight
+budget for tiny-qwen2, mb=4x2 with checkpointing timed 3% faster than mb=2x4 without it; over ten steps the plain one
+was 19% faster). Where the throughput model, calibrated on the search's timed probes, predicts the two further apart
+than its band, the model decides. Where it cannot split them (inside its band, or no model: ``--no-predict``, no
+rates), the search measures longer instead of guessing: both are verified (the run the chosen fit gets anyway, up to
+10 steps / 60 s) and the faster verified one is chosen (``SpeedJudge.settle``). The prediction runs on a named card's
+published rates on CUDA, and on the CPU meter on this machine's own, measured once in a child process (the search
+never imports torch)."""
 
 from __future__ import annotations
 
@@ -10,12 +14,12 @@ import json
 import logging
 import subprocess
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from autofit.core import SearchSpec
-from autofit.memory_model import Card, card_named, measured_rates_card, predict_speed
+from autofit.core import ProbeResult, SearchSpec
+from autofit.memory_model import Card, SpeedCalibration, calibrate_speed, card_named, measured_rates_card
 from autofit.search._guide import MemoryGuide
-from autofit.search._result import Fit
+from autofit.search._result import Fit, Record
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +44,17 @@ def machine_rates() -> Optional[Tuple[float, float]]:
     return _RATES["cpu"]
 
 
-class SpeedJudge:
-    """Which of two fits is faster: the measurement, unless it is within the noise and the model can tell."""
+VERIFIED_TIE = "two fits within the noise"  # how the note of a tie settled by verifying both begins
 
-    def __init__(self, spec: SearchSpec, guide: MemoryGuide, notes: List[str]):
+
+class SpeedJudge:
+    """Which of two fits is faster: the measurement, unless it is within the noise and the model splits them."""
+
+    def __init__(self, spec: SearchSpec, guide: MemoryGuide, notes: List[str],
+                 records: Optional[List[Record]] = None):
         self.spec, self.guide = spec, guide  # the guide's shape: None when the memory model is off
-        self.notes = notes  # the search's notes: a tie the model decides is said there
+        self.notes = notes  # the search's notes: a tie the model decides, or verification settles, is said there
+        self.records = records if records is not None else []  # the search's timed probes: the model's calibration
         self._card: Optional[Card] = None
         self._card_known = False
 
@@ -64,29 +73,67 @@ class SpeedJudge:
         a, b = fit.result.tokens_per_second, other.result.tokens_per_second
         return a > 0 and b > 0 and abs(a - b) < SPEED_NOISE * max(a, b)
 
+    def _calibration(self, fits: Sequence[Fit]) -> Optional[SpeedCalibration]:
+        """The throughput model calibrated on the search's timed probes (``fits`` where there are none); None
+        without a model or rates."""
+        shape, card = self.guide.shape, self.card() if self.guide.shape is not None else None
+        if shape is None or card is None:
+            return None
+        points = [(r.candidate, r.result.tokens_per_second) for r in self.records
+                  if r.kind == "probe" and r.result.fits and r.result.tokens_per_second > 0]
+        try:
+            return calibrate_speed(points or [(f.candidate, f.result.tokens_per_second) for f in fits], shape, card)
+        except (KeyError, ValueError, ZeroDivisionError) as exc:  # a configuration the model cannot describe
+            log.debug("no speed calibration: %s", exc)
+            return None
+
+    def predicted(self, fit: Fit, than: Fit) -> Optional[Tuple[float, float, float]]:
+        """(``fit``'s predicted tok/s, ``than``'s, the model's band); None without a model."""
+        calibration = self._calibration([fit, than])
+        if calibration is None:
+            return None
+        shape, card = self.guide.shape, self.card()
+        assert shape is not None and card is not None  # a calibration has both
+        try:
+            mine, theirs = (calibration.predict(f.candidate, shape, card).tokens_per_second for f in (fit, than))
+        except (KeyError, ValueError, ZeroDivisionError) as exc:
+            log.debug("no speed prediction: %s", exc)
+            return None
+        return mine, theirs, calibration.uncertainty
+
+    @staticmethod
+    def _apart(mine: float, theirs: float) -> float:
+        return max(mine, theirs) / min(mine, theirs) - 1 if min(mine, theirs) > 0 else 0.0
+
+    def splits(self, fit: Fit, than: Fit) -> bool:
+        """Whether the model predicts the two further apart than its band."""
+        predicted = self.predicted(fit, than)
+        return predicted is not None and self._apart(predicted[0], predicted[1]) > predicted[2]
+
     def faster(self, fit: Fit, than: Fit) -> bool:
-        """Whether ``fit`` is faster than ``than``; a tie the model breaks is noted."""
+        """Whether ``fit`` is faster than ``than``: measured, unless the timings tie and the model splits them
+        beyond its band (then the model, and the notes say so)."""
         measured = fit.result.tokens_per_second > than.result.tokens_per_second
-        shape = self.guide.shape
-        if shape is None or not self.tied(fit, than) or self.card() is None:
+        predicted = self.predicted(fit, than) if self.tied(fit, than) else None
+        if predicted is None:
             return measured
-        card = self.card()
-        assert card is not None
-        mine, theirs = (predict_speed(f.candidate, shape, card).tokens_per_second for f in (fit, than))
-        if mine == theirs or (mine > theirs) == measured:
+        mine, theirs, band = predicted
+        if self._apart(mine, theirs) <= band or (mine > theirs) == measured:
             return measured
         winner, loser = (fit, than) if mine > theirs else (than, fit)
+        card = self.card()
         note = (f"speed within the noise (±{SPEED_NOISE:.0%}): {winner.candidate.describe()} "
                 f"({winner.result.tokens_per_second:,.0f} tok/s measured) against {loser.candidate.describe()} "
-                f"({loser.result.tokens_per_second:,.0f}); the throughput model on {card.name} predicts "
-                f"{max(mine, theirs) / min(mine, theirs) - 1:.0%} more for the first, so it decides")
+                f"({loser.result.tokens_per_second:,.0f}); the throughput model on {card.name if card else '?'} "
+                f"predicts {self._apart(mine, theirs):.0%} more for the first, beyond its ±{band:.0%}, so it decides")
         if note not in self.notes:
             self.notes.append(note)
         return mine > theirs
 
     def rank(self, fits: List[Fit]) -> List[Fit]:
         """``fits`` sorted by measured speed, the first then replaced by a fit within the noise of it that the
-        model predicts faster (when the length is maximized: the longest first, then the fastest, measured)."""
+        model predicts faster beyond its band (when the length is maximized: the longest first, then the fastest,
+        measured)."""
         if self.spec.options.maximize == "length":
             return sorted(fits, key=lambda f: (f.candidate.max_length, f.result.tokens_per_second), reverse=True)
         ranked = sorted(fits, key=lambda f: f.result.tokens_per_second, reverse=True)
@@ -97,3 +144,46 @@ class SpeedJudge:
             if self.tied(fit, ranked[0]) and self.faster(fit, best):
                 best = fit
         return [best] + [f for f in ranked if f is not best]
+
+    def rival(self, ranked: Sequence[Fit]) -> Optional[Fit]:
+        """The fastest measured fit after the first of ``ranked`` whose timing ties with it and that the model
+        cannot split from it (at the same length, when the length is maximized); None when there is none."""
+        if len(ranked) < 2:
+            return None
+        first = ranked[0]
+        rivals = [f for f in ranked[1:] if f.candidate.key() != first.candidate.key() and self.tied(f, first)
+                  and f.candidate.max_length == first.candidate.max_length and not self.splits(first, f)]
+        return max(rivals, key=lambda f: f.result.tokens_per_second, default=None)
+
+    def settle(self, ranked: List[Fit], verify: Callable[[Fit], ProbeResult]) -> List[Fit]:
+        """``ranked`` with a tie the model cannot split settled by measuring longer: the first and its rival (see
+        ``rival``) are both verified (``verify``: the verification run the chosen fit gets anyway) and the faster
+        verified one that fits goes first, said in one note. Unchanged where there is no such tie."""
+        rival = self.rival(ranked)
+        if rival is None:
+            return ranked
+        first = ranked[0]
+        runs = [(fit, verify(fit)) for fit in (first, rival)]
+        fitting = [(fit, run) for fit, run in runs if run.fits and run.tokens_per_second > 0]
+        if not fitting:
+            return ranked  # neither fits over the verification's steps: the search's loop says so for each
+        (winner, won), (loser, lost) = sorted(runs, key=lambda p: (p[1].fits, p[1].tokens_per_second),
+                                              reverse=True)
+        steps = {run.steps for _, run in runs}
+        over = f"{steps.pop()} steps" if len(steps) == 1 else f"{won.steps} and {lost.steps} steps"
+        predicted = self.predicted(winner, loser)
+        why = ("no throughput model (--no-predict, or no rates) to split them" if predicted is None else
+               f"the throughput model predicts them {self._apart(predicted[0], predicted[1]):.0%} apart, inside its "
+               f"±{predicted[2]:.0%}")
+        against = (f"{lost.tokens_per_second:,.0f}" if lost.fits else
+                   f"{loser.candidate.describe()}'s verification did not fit ({lost.outcome.value})")
+        if lost.fits:
+            against += f" for {loser.candidate.describe()}"
+        note = (f"{VERIFIED_TIE} (±{SPEED_NOISE:.0%}) that the search could not split ({why}; probes "
+                f"{first.result.tokens_per_second:,.0f} and {rival.result.tokens_per_second:,.0f} tok/s): both "
+                f"verified over {over}, {won.tokens_per_second:,.0f} tok/s for {winner.candidate.describe()} against "
+                f"{against}; the faster verified is chosen")
+        if note not in self.notes:
+            self.notes.append(note)
+        log.info("%s", note)
+        return [winner] + [f for f in ranked if f is not winner]
