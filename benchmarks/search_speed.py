@@ -5,12 +5,13 @@ bench``'s workloads and budgets (``benchmarks.run.workloads``).
 For every workload and budget: autofit's answer's verified throughput as a share of the best verified fit's (among
 the old code's answer, the new code's and the grid's three fastest fits by probe, ``benchmarks.methods.
 oracle_candidates``: the batch finders' answers are points of that grid), and the number of candidates each timed
-(probes, the verification aside). Each of those configurations is run for 10 steps three times under the budget,
+(probes) and verified (the chosen fit's verification, and its rival's where a tie of timings the throughput model
+cannot split was verified both ways). Each of those configurations is run for 10 steps three times under the budget,
 round-robin after the searches, and its fastest run kept: one measurement per configuration, shared by every method
 that chose it. The old code runs from a separate checkout
 (``git worktree add /tmp/old SHA``) in its own process, with that checkout first on the path.
 
-    .venv/bin/python -m benchmarks.search_speed --old /tmp/old [--only qwen2] [--write docs/benchmarks.md]
+    .venv/bin/python -m benchmarks.search_speed --old /tmp/old [--only qwen2] [--budget tight] [--write docs/...]
     .venv/bin/python -m benchmarks.search_speed --quick          (make bench-quick: one small question, new code only)
 """
 
@@ -125,9 +126,12 @@ def compare(workload: methods.Workload, budget: int, budget_dir: Path, grid: Lis
     return {
         "budget_bytes": budget, "best_tps": best,
         "new": {"chosen": new.chosen, "tps": new_tps, "timed": sum(r["kind"] == "probe" for r in records),
+                "verified": sum(r["kind"] == "verify" for r in records),
                 "skipped_by_speed": new.detail.get("speed_skipped", [])},
-        "old": None if old is None else {"chosen": old["chosen"], "tps": old_tps,
-                                         "timed": sum(steps == methods.PROBE_STEPS for _, steps, _, _ in old["calls"])},
+        "old": None if old is None else {
+            "chosen": old["chosen"], "tps": old_tps,
+            "timed": sum(steps == methods.PROBE_STEPS for _, steps, _, _ in old["calls"]),
+            "verified": sum(steps == methods.VERIFY_STEPS for _, steps, _, _ in old["calls"])},
         "oracle": oracle.chosen if oracle is not None else None,
         "grid_fits": len(fits), "grid_fit_levels": len({p.level for p in fits}),
     }
@@ -140,26 +144,35 @@ def share(tps: Optional[float], best: float) -> str:
     return f"{tps / best:.1%} ({tps:,.0f}){mark}"
 
 
+def counts(side: Dict) -> str:
+    """Candidates timed by a probe, and (in brackets) verification runs."""
+    return f"{side['timed']} ({side['verified']})"
+
+
 def table(rows: List[Dict], caption: str) -> str:
     lines = [caption, "",
-             "| question | fits in the grid (levels) | old: answer | old: share of best | old: timed | new: answer | "
-             "new: share of best | new: timed | not timed (predicted slower) |",
+             "| question | fits in the grid (levels) | old: answer | old: share of best | old: timed (verified) | "
+             "new: answer | new: share of best | new: timed (verified) | not timed (predicted slower) |",
              "|---|---:|---|---:|---:|---|---:|---:|---|"]
     for row in rows:
         old, new = row["old"], row["new"]
         lines.append(
             f"| {row['name']} | {row['grid_fits']} ({row['grid_fit_levels']}) | {old['chosen'] if old else 'not run'} "
-            f"| {share(old['tps'], row['best_tps']) if old else '-'} | {old['timed'] if old else '-'} "
-            f"| {new['chosen']} | {share(new['tps'], row['best_tps'])} | {new['timed']} "
+            f"| {share(old['tps'], row['best_tps']) if old else '-'} "
+            f"| {counts(old) if old else '-'} "
+            f"| {new['chosen']} | {share(new['tps'], row['best_tps'])} | {counts(new)} "
             f"| {', '.join(new['skipped_by_speed']) or '-'} |")
     met = [r for r in rows if r["new"]["tps"] and r["best_tps"] and r["new"]["tps"] / r["best_tps"] >= GOAL]
     saved = [r for r in rows if r["old"] and r["new"]["timed"] < r["old"]["timed"]]
+    both = [r for r in rows if r["new"]["verified"] > 1]
     lines += ["", f"New code at >= {GOAL:.0%} of the best verified fit on {len(met)} of {len(rows)} questions; fewer "
-              f"candidates timed than the old code on {len(saved)}."]
+              f"candidates timed than the old code on {len(saved)}; a tie of timings verified both ways on "
+              f"{len(both)}."]
     return "\n".join(lines)
 
 
-def run(root: Path, old_tree: Optional[Path], only: Optional[List[str]], quick: bool, log: methods.Log) -> List[Dict]:
+def run(root: Path, old_tree: Optional[Path], only: Optional[List[str]], quick: bool, log: methods.Log,
+        budgets: Optional[List[str]] = None) -> List[Dict]:
     from benchmarks.run import budget_bytes, quick_workload, workloads
 
     chosen = [quick_workload()] if quick else [w for w in workloads() if not only or w.name in only]
@@ -175,6 +188,8 @@ def run(root: Path, old_tree: Optional[Path], only: Optional[List[str]], quick: 
 
         grid = methods.run_grid(workload, levels, group / "grid", log, budgets_for)
         for label, fraction in workload.budgets:
+            if budgets and label not in budgets:
+                continue
             budget = budget_bytes(grid[0].result.peak_bytes, fraction)
             log(f"== {workload.name}/{label}: {budget / MiB:.1f} MiB")
             row = compare(workload, budget, group / label, grid, old_tree, log)
@@ -187,11 +202,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", help="a checkout of the older commit (git worktree add /tmp/old SHA)")
     parser.add_argument("--only", action="append", help="only this workload of make bench (repeatable)")
+    parser.add_argument("--budget", action="append", help="only this budget of each workload (repeatable: tight, ...)")
     parser.add_argument("--write", help=f"replace the {MARKER} table in this markdown file")
     parser.add_argument("--quick", action="store_true", help="one small question, new code only (CI); never written")
     args = parser.parse_args(argv)
-    if args.quick and (args.write or args.only):
-        parser.error("--quick measures one small question: drop --write and --only")
+    if args.quick and (args.write or args.only or args.budget):
+        parser.error("--quick measures one small question: drop --write, --only and --budget")
+    from benchmarks.run import workloads
+
+    known = {"--only": {w.name for w in workloads()},
+             "--budget": {label for w in workloads() for label, _ in w.budgets}}
+    for flag, given in (("--only", args.only), ("--budget", args.budget)):
+        for value in given or []:
+            if value not in known[flag]:
+                parser.error(f"{flag} {value!r}: not one of make bench's ({', '.join(sorted(known[flag]))})")
     old = Path(args.old).resolve() if args.old else None
     if old is not None and not (old / "autofit" / "__init__.py").is_file():
         parser.error(f"--old {args.old}: not a checkout of autofit (no autofit/__init__.py there)")
@@ -201,7 +225,7 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="autofit-search-speed-") as folder:
-        rows = run(Path(folder), old, args.only, args.quick, log)
+        rows = run(Path(folder), old, args.only, args.quick, log, args.budget)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             check=False).stdout.strip()
     old_commit = subprocess.run(["git", "-C", str(old), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -209,7 +233,8 @@ def main(argv=None) -> int:
     caption = (f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()}-core CPU meter, load average "
                f"{os.getloadavg()[0]:.1f} at the end, {(time.perf_counter() - started) / 60:.1f} min: new = "
                f"commit {commit or '?'} (this checkout), old = commit {old_commit}"
-               + (f"; workloads {', '.join(args.only)} only" if args.only else "") + ".")
+               + (f"; workloads {', '.join(args.only)} only" if args.only else "")
+               + (f"; budgets {', '.join(args.budget)} only" if args.budget else "") + ".")
     body = table(rows, caption)
     print(body)
     if args.write and old is None:
