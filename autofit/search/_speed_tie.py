@@ -172,17 +172,16 @@ class SpeedJudge:
         steps = {run.steps for _, run in runs}
         over = f"{steps.pop()} steps" if len(steps) == 1 else f"{won.steps} and {lost.steps} steps"
         predicted = self.predicted(winner, loser)
-        why = ("no throughput model (--no-predict, or no rates) to split them" if predicted is None else
+        why = ("there is no throughput model to split them (--no-predict, or no rates)" if predicted is None else
                f"the throughput model predicts them {self._apart(predicted[0], predicted[1]):.0%} apart, inside its "
-               f"±{predicted[2]:.0%}")
-        against = (f"{lost.tokens_per_second:,.0f}" if lost.fits else
-                   f"{loser.candidate.describe()}'s verification did not fit ({lost.outcome.value})")
-        if lost.fits:
-            against += f" for {loser.candidate.describe()}"
-        note = (f"{VERIFIED_TIE} (±{SPEED_NOISE:.0%}) that the search could not split ({why}; probes "
-                f"{first.result.tokens_per_second:,.0f} and {rival.result.tokens_per_second:,.0f} tok/s): both "
-                f"verified over {over}, {won.tokens_per_second:,.0f} tok/s for {winner.candidate.describe()} against "
-                f"{against}; the faster verified is chosen")
+               f"±{predicted[2]:.0%}, so it cannot split them")
+        against = (f"{lost.tokens_per_second:,.0f} for {loser.candidate.describe()}" if lost.fits else
+                   f"{loser.candidate.describe()}, whose verification did not fit ({lost.outcome.value})")
+        note = (f"{VERIFIED_TIE} (±{SPEED_NOISE:.0%}): {first.candidate.describe()}'s probe timed "
+                f"{first.result.tokens_per_second:,.0f} tok/s, {rival.candidate.describe()}'s "
+                f"{rival.result.tokens_per_second:,.0f}, and {why}: both verified over {over}, "
+                f"{won.tokens_per_second:,.0f} tok/s for {winner.candidate.describe()} against {against}; the faster "
+                "verified is chosen")
         if note not in self.notes:
             self.notes.append(note)
         log.info("%s", note)
