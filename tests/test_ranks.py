@@ -18,7 +18,7 @@ from autofit.core import Candidate, InputError, Outcome, SearchSpec
 from autofit.export import write as export_write
 from autofit.probe import ProcessRunner
 from autofit.probe._ranks import combine
-from autofit.rungs import DEFAULT_LADDER, SHARDING_RUNGS, LadderState, climb, resolve_ladder
+from autofit.rungs import DEFAULT_LADDER, SHARDING_RUNGS, LadderState, OptimizerOffload, climb, resolve_ladder
 from autofit.rungs._engines import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,
@@ -251,7 +251,9 @@ def test_zero_holds_its_gradient_buffers_from_the_backward_as_its_configuration_
     assert mm.unmodelled(own.replace(user_args=_deepspeed(offload_optimizer={"device": "nvme"}))) == [
         "a DeepSpeed config of your own that offloads (its host buffers are not modelled)"]
     assert mm.unmodelled(own.replace(offload="zero2-offload")) == [
-        "a DeepSpeed config of your own under autofit's sharding or offload rung"]
+        "a DeepSpeed config of your own beside another engine of your launch's (zero2-offload)"]
+    replaced = climb(LadderState(own), [OptimizerOffload()])[-1].candidate  # the rung's engine takes the user's place
+    assert replaced.offload == "zero2-offload" and replaced.replaces and mm.unmodelled(replaced) == []
 
 
 def test_zero3_gathers_at_most_its_live_parameters_and_nccl_shows_beside_pytorch():

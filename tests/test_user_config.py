@@ -220,11 +220,15 @@ def test_a_files_own_deepspeed_config_runs_in_the_probe_and_the_ledger_sizes_its
     assert abs(probe["prior_predicted_bytes"] - probe["peak_bytes"]) < 0.02 * probe["peak_bytes"]
 
 
-def test_autofits_engines_are_left_out_beside_the_files_own(tmp_path, capsys):
+def test_autofits_engines_beside_the_files_own_are_quality_levels_that_replace_it(tmp_path, capsys):
     path = tmp_path / "ds.yaml"
     path.write_text(DEEPSPEED)
     assert cli.main(["estimate", "--config", str(path), "--gpu-memory", "24GB", "--gpus", "2"]) == 0
     out = capsys.readouterr().out
-    assert ("rungs zero1, zero2, fsdp2, zero3, optimizer-offload, fsdp2-offload, zero3-offload left out: your config "
-            "runs its own DeepSpeed configuration (deepspeed:), which autofit's engine would replace") in out
-    assert "+zero" not in out and "+optimizer-offload" not in out
+    assert ("rungs fsdp2, zero3, optimizer-offload, fsdp2-offload, zero3-offload would replace your launch's DeepSpeed "
+            "ZeRO-2 (deepspeed:) with autofit's engine: quality levels, climbed after the rungs that keep your engine")\
+        in out  # zero1 and zero2 shard no more than the file's ZeRO-2: not climbed
+    rows = [line.split()[1] for line in out.splitlines() if line[:5].strip().isdigit()]
+    assert rows[-5:] == ["+fsdp2", "+zero3", "+optimizer-offload", "+fsdp2-offload", "+zero3-offload"]
+    assert "+zero1" not in rows and "+zero2" not in rows and "+quant-4bit" in rows[:-5]
+    assert "(+zero3): replaces your launch's DeepSpeed ZeRO-2 (deepspeed:) with DeepSpeed ZeRO-3" in out

@@ -40,6 +40,7 @@ from autofit.memory_model import (
     expected_rung,
     prior_uncertainty,
 )
+from autofit.rungs import replacement_trade
 
 __all__ = ["estimate_text", "load_calibration", "parameters_line", "render_text", "run"]
 
@@ -188,6 +189,8 @@ def render_text(facts: CardEstimate) -> str:
     if host:
         lines.append("host: host memory (pinned RAM) offloaded optimizer states and activations take, not counted in "
                      "the device's peak")
+    lines += [f"level {level.level} ({_rung_cell(level, None)}): {replacement_trade(level.candidate)}"
+              for level in result.levels if level.candidate.replaces]  # an engine of autofit's instead of yours
     lines += speed_lines(spec, result.levels, speeds)
     lines.append("")
     expected = result.expected

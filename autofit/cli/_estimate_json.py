@@ -13,6 +13,7 @@ from autofit.cli._estimate_facts import CardEstimate, parameters_line, phase_lab
 from autofit.cli._speed import estimate_card
 from autofit.core import RL_ALGOS, Candidate
 from autofit.memory_model import PRIOR_SPEED_UNCERTAINTY, TERMS, Ledger, SpeedEstimate, prior_uncertainty
+from autofit.rungs import replacement_trade
 
 SCHEMA = 1
 GiB = 2**30
@@ -100,6 +101,7 @@ def _level(level: Any, before: Any, budget: int, speed: Optional[SpeedEstimate])
         "leaves_out": leaves_out, "cost": level.cost, "configuration": _configuration(level.candidate),
         **_figures(level.ledger, budget),
         "speed": _speed_of(speed),
+        "trade": replacement_trade(level.candidate),  # an engine of autofit's that replaces the launch's, in words
     }
 
 

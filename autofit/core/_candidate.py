@@ -130,6 +130,8 @@ class Candidate:
     vllm_utilization: Optional[float] = None  # colocate: the share of the card vLLM takes
     env: Tuple[Tuple[str, str], ...] = ()
     rungs: Tuple[str, ...] = ()
+    # The engine of the user's launch that a rung's engine replaced, in words (``autofit.rungs._ladder``); None: none
+    replaces: Optional[str] = None
     # Training arguments the user fixed (learning rate, ...): passed through untouched.
     user_args: Tuple[Tuple[str, Any], ...] = ()
     real_weights: bool = False
@@ -298,6 +300,7 @@ class Candidate:
         """Stable identity of what is measured (the rung names that led here do not change the measurement)."""
         data = self.to_dict()
         data.pop("rungs")
+        data.pop("replaces")  # words, like the rung names: the measurement is the same
         for late in ("dtype", "offload", "bnb", "attn_implementation"):  # added after studies were stored: keep
             if data.get(late) is None:                                    # their keys
                 data.pop(late)

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 
 from autofit import memory_model
 from autofit.core import Candidate, format_size
-from autofit.rungs import ACCELERATE_YAML, DDP, DEEPSPEED_JSON, ZERO_STAGES, launch_line
+from autofit.rungs import ACCELERATE_YAML, DDP, DEEPSPEED_JSON, ZERO_STAGES, launch_line, replacement_trade
 from autofit.search import SearchReport
 
 
@@ -73,6 +73,8 @@ def host_memory_data(report: SearchReport, candidate: Candidate) -> Optional[Dic
 def engine_comments(report: SearchReport, candidate: Candidate) -> List[str]:
     """best.yaml's comment lines on the engine, host memory and ranks."""
     lines = []
+    if candidate.replaces:  # an engine of autofit's instead of the launch's own: its trade
+        lines.append(f"# {replacement_trade(candidate)}")
     if candidate.offload:
         host = _stat(report, "host_bytes")
         lines.append(f"# optimizer offload ({candidate.offload}, {ACCELERATE_YAML} + {DEEPSPEED_JSON}): fp32 master "

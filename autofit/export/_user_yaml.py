@@ -19,6 +19,7 @@ from ruamel.yaml.representer import RoundTripRepresenter
 from ruamel.yaml.util import load_yaml_guess_indent
 
 from autofit.core import Candidate, resolve_model
+from autofit.rungs import rung_named
 from autofit.search import UserConfig
 
 # How the probes ran on a GPU machine: the user's file is kept. A CPU search writes what its probes ran with
@@ -28,6 +29,9 @@ MODEL_KEY = "model_name_or_path"
 # What the probes set to run their machine (a CPU search trains on the simulated device): exported only where the
 # user's value would not run the answer there.
 CHECKPOINTING = ("activation_checkpointing", "gradient_checkpointing")
+# The keys that run the user's own engine: taken out where a rung's engine replaced it (``Candidate.replaces``), since
+# TRL would run them over the accelerate.yaml best.yaml is launched with (its file's accelerate_config comes first)
+ENGINE_KEYS = ("deepspeed", "fsdp", "fsdp_config", "accelerate_config")
 
 
 def _float(representer: RoundTripRepresenter, value: float) -> Any:
@@ -142,9 +146,28 @@ def user_yaml(user: UserConfig, candidate: Candidate, exported: Dict[str, Any], 
                 was, reason = env.get(key), why(f"env.{key}")
                 _set(env, key, value, f"autofit: {'was ' + _show(was) if was is not None else 'added'}; {reason}")
                 changes.append({"key": f"env.{key}", "was": was, "now": value, "why": reason, "added": was is None})
+    header = header + _engine_removed(document, user, candidate, changes)
     out = io.StringIO()
     yaml.dump(document, out)
     return "\n".join(header) + "\n" + out.getvalue(), changes
+
+
+def _engine_removed(document: CommentedMap, user: UserConfig, candidate: Candidate,
+                    changes: List[Dict[str, Any]]) -> List[str]:
+    """Where the answer runs an engine of autofit's instead of the launch's own: the file's engine keys taken out,
+    each a change, and the header's line that says so."""
+    removed = [key for key in ENGINE_KEYS if candidate.replaces and key in document]
+    if not removed:
+        return []
+    rung = next((name for name in reversed(candidate.rungs) if getattr(rung_named(name), "runs_an_engine", False)),
+                candidate.engine)
+    reason = (f"your launch's {candidate.replaces} replaced by the {rung} rung's engine ({candidate.engine}): "
+              "run with the accelerate.yaml autofit writes")
+    for key in removed:
+        changes.append({"key": key, "was": user.written.get(key), "now": None, "why": reason, "added": False,
+                        "removed": True})
+        del document[key]
+    return [f"# autofit: removed {', '.join(f'{key}:' for key in removed)}; {reason}, not your own"]
 
 
 def _model(document: CommentedMap, user: UserConfig, candidate: Candidate, loadable: str,

@@ -16,6 +16,7 @@ from autofit.rungs._default import (
     accepted_names,
     is_builtin,
     register,
+    replacement_trade,
     resolve_ladder,
     rung_named,
 )
@@ -67,6 +68,6 @@ __all__ = [
     "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload",
     "PluginError", "ProbeStep", "QuantizedBase", "Rung", "RungBase", "Sharding", "ShorterSequences", "accepted_names",
     "climb", "deepspeed_config", "free_port", "is_builtin", "launch_env", "launch_line", "probe_steps", "process_env",
-    "rank_env", "register", "remove_stale_engine_files", "resolve_ladder", "rung_named", "usable_rungs",
-    "write_engine_files",
+    "rank_env", "register", "remove_stale_engine_files", "replacement_trade", "resolve_ladder", "rung_named",
+    "usable_rungs", "write_engine_files",
 ]

@@ -7,11 +7,12 @@ and ``_contract``); another installed package's rung is named the same way (``_p
 
 from typing import Iterable, List, Optional, Tuple
 
+from autofit.core import Candidate
 from autofit.rungs import _plugins as plugins
 from autofit.rungs._activation_offload import ActivationOffload
 from autofit.rungs._allocator import ExpandableSegments
 from autofit.rungs._checkpointing import GradientCheckpointing
-from autofit.rungs._ladder import Rung
+from autofit.rungs._ladder import Rung, replaces_engine
 from autofit.rungs._liger import LigerKernels
 from autofit.rungs._lora import Lora
 from autofit.rungs._microbatch import MicroBatch
@@ -96,3 +97,16 @@ def rung_named(name: str) -> Optional[Rung]:
         return found
     offered = plugins.offered(is_builtin)
     return plugins.load_quietly(name, offered[name]) if name in offered else None
+
+
+def replacement_trade(candidate: Candidate) -> Optional[str]:
+    """The trade of the rung whose engine replaced the user's in ``candidate``, in its words; None where it runs the
+    user's engine (or none)."""
+    if not candidate.replaces:
+        return None
+    for name in reversed(candidate.rungs):
+        rung = rung_named(name)
+        if rung is not None and replaces_engine(rung):
+            trade = getattr(rung, "trade", None)
+            return trade(candidate, {}) if trade is not None else None
+    return None

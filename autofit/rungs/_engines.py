@@ -15,7 +15,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from autofit.core import atomic_write_text
 
@@ -35,6 +35,28 @@ def deepspeed_missing() -> Optional[str]:
     if importlib.util.find_spec("deepspeed") is None:
         return "DeepSpeed is not installed (pip install 'trl-autofit[deepspeed]')"
     return None
+
+
+def deepspeed_engine(given: Any) -> Optional[str]:
+    """The engine of ours a user's ``deepspeed`` training argument (its dict, or the JSON file it names) runs:
+    "zero1".."zero3", "zero2-offload" (ZeRO-1/2 with the optimizer on the CPU), "zero3-offload" (both offloads);
+    None when it names no ZeRO stage or cannot be read (the ladder then takes it as sharding nothing)."""
+    config = given
+    if isinstance(given, str) and given:
+        try:
+            config = json.loads(Path(given).read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+    zero = config.get("zero_optimization") if isinstance(config, dict) else None
+    stage = zero.get("stage") if isinstance(zero, dict) else None
+    if stage not in (1, 2, 3):
+        return None
+    assert isinstance(zero, dict)
+    offloads = [isinstance(zero.get(key), dict) and zero[key].get("device") not in (None, "none")
+                for key in ("offload_optimizer", "offload_param")]
+    if stage < 3 and offloads[0]:
+        return ZERO2_OFFLOAD
+    return ZERO3_OFFLOAD if stage == 3 and all(offloads) else f"zero{stage}"
 
 
 def deepspeed_config(device: str = "cuda", engine: str = ZERO2_OFFLOAD) -> Dict:

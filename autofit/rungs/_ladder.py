@@ -4,6 +4,13 @@ A rung is a small object with a ``name``, a ``cost`` class and ``apply(state) ->
 does not apply). Rungs are cumulative: each level of the ladder is the previous level with one more rung applied.
 The rungs themselves live beside it, one module per optimization; ``autofit.rungs._default`` has the default order
 and ``resolve_ladder`` (rungs by name).
+
+A launch with its own engine (``fsdp:``/``fsdp_config:``, a ``deepspeed:`` block, an accelerate config that runs FSDP
+or ZeRO) keeps it on every rung that does not replace it (micro-batch, checkpointing, LoRA, quantization, ...). A rung
+that runs an engine of autofit's own (``runs_an_engine``: the shardings, optimizer offload) would replace it: it is
+climbed after all the others, from the last level that changes no training, as a quality level; its candidate drops
+the user's engine arguments (the probe runs autofit's engine, best.yaml names autofit's accelerate.yaml) and says which
+engine it replaces (``Candidate.replaces``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from autofit.core import Candidate
+from autofit.rungs._engines import deepspeed_engine
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +37,8 @@ NEVER_DROPPED = ("micro-batch", "expandable-segments")
 FREE_UNDER_ADAPTERS = ("bf16-weights",)
 # autofit.rungs._sharding's offloading variants: the quality rungs shrink the level with the shards on the GPU
 SHARDS_BACK_ON_GPU = {"zero3-offload": "zero3", "fsdp2-offload": "fsdp2"}
+# The training arguments that run an engine of the user's own: a rung that replaces it takes them out of the candidate
+ENGINE_ARGS = ("deepspeed", "fsdp", "fsdp_config")
 
 
 @dataclass(frozen=True)
@@ -41,13 +51,18 @@ class LadderState:
     vary_length: bool = False  # max_length may shrink down to the user's floor
     min_length: int = 0
     maximize: str = "batch"  # "batch" or "length"
+    # The engine of the user's launch (autofit's name for it, "" where it names no ZeRO stage) and in words; None: the
+    # launch runs none of its own. Set by ``climb`` from the first level.
+    own_engine: Optional[str] = None
+    own_engine_words: str = ""
 
     def with_rung(self, rung: Rung, **state_changes) -> LadderState:
         candidate_changes = state_changes.pop("candidate_changes", {})
         candidate = self.candidate
-        if rung.cost == QUALITY and candidate.offload:  # quality rungs shrink the level without optimizer offload
+        # quality rungs shrink the level without the optimizer offload a rung added (the user's engine is kept)
+        if rung.cost == QUALITY and candidate.offload and OFFLOAD_RUNG in candidate.rungs:
             candidate = candidate.replace(offload=None, rungs=tuple(r for r in candidate.rungs if r != OFFLOAD_RUNG))
-        if rung.cost == QUALITY and candidate.sharding in SHARDS_BACK_ON_GPU:
+        if rung.cost == QUALITY and candidate.sharding in SHARDS_BACK_ON_GPU and candidate.sharding in candidate.rungs:
             candidate = candidate.replace(sharding=SHARDS_BACK_ON_GPU[candidate.sharding],
                                           rungs=tuple(r for r in candidate.rungs if r != candidate.sharding))
         return dataclasses.replace(
@@ -61,6 +76,15 @@ class LadderState:
     def rungs(self):
         return self.candidate.rungs
 
+    def replacing_engine(self, rung: Rung, **candidate_changes) -> LadderState:
+        """``rung``, an engine of autofit's, climbed where it replaces the user's: a quality level whose candidate
+        runs without the user's engine arguments and says which engine it replaces."""
+        candidate = self.candidate
+        candidate = candidate.replace(user_args=tuple((k, v) for k, v in candidate.user_args if k not in ENGINE_ARGS),
+                                      replaces=self.own_engine_words)
+        state = dataclasses.replace(self, candidate=candidate).with_rung(rung, candidate_changes=candidate_changes)
+        return dataclasses.replace(state, cost=QUALITY)
+
 
 class Rung(Protocol):
     name: str
@@ -72,51 +96,90 @@ class Rung(Protocol):
     # Optional: ``unavailable(device) -> str | None``, why the rung cannot be probed on this machine.
 
 
+def replacement_words(replaces: str, engine: str) -> str:
+    """The trade of a rung whose engine replaced the user's (``Candidate.replaces``), before the rung's own."""
+    return f"replaces your launch's {replaces} with {engine} (run best.yaml with the accelerate.yaml autofit writes, " \
+           "not your own)"
+
+
+def replaces_engine(rung: Rung) -> bool:
+    """Whether ``rung`` runs an engine of autofit's own (its DeepSpeed or FSDP configuration)."""
+    return bool(getattr(rung, "runs_an_engine", False))
+
+
 def climb(base: LadderState, rungs: Sequence[Rung]) -> List[LadderState]:
-    """The levels of the ladder, base first; rungs that do not apply are skipped."""
+    """The levels of the ladder, base first; rungs that do not apply are skipped. Where the user's launch runs its
+    own engine, the rungs that would replace it come last, each from the last level of the free and speed classes
+    (or the replacing level before it)."""
+    own = own_engine(base.candidate)
+    if own is not None:
+        base = dataclasses.replace(base, own_engine=own[0], own_engine_words=own[1])
+    replacing = [rung for rung in rungs if own is not None and replaces_engine(rung)]
     levels = [base]
     for rung in rungs:
+        if any(rung is other for other in replacing):
+            continue
         nxt = rung.apply(levels[-1])
         if nxt is not None:
             levels.append(nxt)
+    start = next(level for level in reversed(levels) if level.cost != QUALITY)
+    for rung in replacing:
+        nxt = rung.apply(start)
+        if nxt is not None:
+            levels.append(nxt)
+            start = nxt
     return levels
 
 
-def _own_engine(candidate: Candidate) -> Optional[str]:
-    """The engine configuration the user's own file gives (DeepSpeed or FSDP), in words, or None."""
+def own_engine(candidate: Candidate) -> Optional[Tuple[str, str]]:
+    """The engine of the user's launch at the ladder's first level (DeepSpeed or FSDP), as (autofit's name for it,
+    "" where none fits; words), or None."""
     args = dict(candidate.user_args)
-    if (candidate.sharding or candidate.offload) and not candidate.rungs:  # the launch's (accelerate_config:, fsdp:)
-        return f"engine ({candidate.sharding or candidate.offload})"
-    if args.get("deepspeed"):
-        return "DeepSpeed configuration (deepspeed:)"
     if args.get("fsdp") or args.get("fsdp_config"):
-        return "FSDP configuration (fsdp:)"
+        written = args.get("fsdp")  # TRL's parser may have made it a list or transformers 5's bool
+        shown = " ".join(map(str, written)) if isinstance(written, (list, tuple)) else written
+        keys = ", ".join(f"{key}:" for key in ("fsdp", "fsdp_config") if args.get(key))
+        return candidate.sharding or "", f"FSDP (fsdp: {shown})" if isinstance(shown, str) else f"FSDP ({keys})"
+    if args.get("deepspeed"):
+        engine = deepspeed_engine(args["deepspeed"]) or ""
+        words = engine.replace("zero", "ZeRO-").replace("-offload", " with optimizer offload") or "configuration"
+        return engine, f"DeepSpeed {words} (deepspeed:)"
+    launched = candidate.offload or candidate.sharding
+    if launched and not candidate.rungs:  # the launch's (accelerate_config:, --accelerate-config, accelerate launch)
+        return launched, f"{launched} engine (its accelerate config)"
     return None
 
 
 def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState] = None
                  ) -> Tuple[List[Rung], List[str]]:
-    """The rungs this machine can probe, and a note for each one left out (a rung may say why it cannot run). With
-    ``start``, a rung that applies to no level climbed from it (sharding on one GPU) is not checked."""
+    """The rungs this machine can probe, and a note for each one left out (a rung may say why it cannot run), and one
+    for those that would replace the engine of the user's launch. With ``start``, a rung that applies to no level
+    climbed from it (sharding on one GPU) is not checked."""
     applied = None
     if start is not None:
         applied = {name for level in climb(start, rungs) for name in level.rungs}
     usable: List[Rung] = []
     left_out: Dict[str, List[str]] = {}  # reason -> the rungs it leaves out
-    own_engine = _own_engine(start.candidate) if start is not None else None
+    own = own_engine(start.candidate) if start is not None else None
+    replacing: List[str] = []
     for rung in rungs:
         if applied is not None and rung.name not in applied:
             usable.append(rung)  # it never applies here: nothing to check, nothing to say
             continue
         reason = rung.unavailable(device) if hasattr(rung, "unavailable") else None
-        if reason is None and own_engine and getattr(rung, "runs_an_engine", False):
-            reason = f"your config runs its own {own_engine}, which autofit's engine would replace"
         if reason:
             left_out.setdefault(reason, []).append(rung.name)
-        else:
-            usable.append(rung)
+            continue
+        usable.append(rung)
+        if own is not None and replaces_engine(rung):
+            replacing.append(rung.name)
     notes = [f"rung{'s' if len(names) > 1 else ''} {', '.join(names)} left out: {reason}"
              for reason, names in left_out.items()]
+    if own is not None and replacing:
+        notes.append(f"rung{'s' if len(replacing) > 1 else ''} {', '.join(replacing)} would replace your launch's "
+                     f"{own[1]} with autofit's engine: quality levels, climbed after the rungs that keep your engine, "
+                     "from the last level that changes no training; where one is chosen, best.yaml drops your "
+                     "engine's keys and runs with the accelerate.yaml autofit writes")
     for note in notes:
         log.info("%s", note)
     return usable, notes

@@ -7,11 +7,14 @@ already trains the device copy in bf16. So a quality rung climbed after it takes
 the level without offload is what the quality rungs shrink.
 """
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
+from autofit.core import Candidate
 from autofit.rungs._contract import RungBase
-from autofit.rungs._engines import ZERO2_OFFLOAD, deepspeed_missing
-from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState
+from autofit.rungs._engines import FSDP2_OFFLOAD, ZERO2_OFFLOAD, ZERO3_OFFLOAD, deepspeed_missing
+from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState, replacement_words
+
+OFFLOADING_ENGINES = (ZERO2_OFFLOAD, ZERO3_OFFLOAD, FSDP2_OFFLOAD)
 
 
 class OptimizerOffload(RungBase):
@@ -22,7 +25,7 @@ class OptimizerOffload(RungBase):
     trade_text = ("optimizer offload (DeepSpeed ZeRO-2): fp32 master weights, gradients and AdamW states in host "
                   "memory, the same math; slower steps and pinned host RAM")
 
-    runs_an_engine = True  # its own DeepSpeed or FSDP configuration: not beside one of the user's
+    runs_an_engine = True  # its own DeepSpeed configuration: it replaces one of the user's (a quality level)
     host_memory = "offloaded states"
 
     def __init__(self, engine: str = ZERO2_OFFLOAD, on_simulated_device: bool = False):
@@ -45,6 +48,18 @@ class OptimizerOffload(RungBase):
             return None
         if not candidate.unit.engine_offload or candidate.optim not in (None, "adamw_torch", "adamw_torch_fused"):
             return None  # PPO scripts build their own accelerator; DeepSpeed's CPU Adam replaces only AdamW
+        if state.own_engine is not None:  # the user's launch runs its own engine: this one replaces it
+            if state.own_engine in OFFLOADING_ENGINES or candidate.sharding in OFFLOADING_ENGINES:
+                return None  # it offloads already
+            kept = candidate.sharding if candidate.sharding in candidate.rungs else None  # a rung's, recorded as below
+            return state.replacing_engine(self, offload=self.engine, sharding=kept)
         # with several GPUs ZeRO-2 offload is the engine across them (``Candidate.engine``); the sharding of the
         # level before stays recorded for the quality rungs, which take offload off again
         return state.with_rung(self, candidate_changes={"offload": self.engine})
+
+    def trade(self, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
+        if candidate.replaces:
+            return f"{replacement_words(candidate.replaces, 'DeepSpeed ZeRO-2 with the optimizer offloaded')}; " \
+                   "fp32 master weights, gradients and AdamW states in host memory, the same math; slower steps and " \
+                   "pinned host RAM"
+        return self.trade_text

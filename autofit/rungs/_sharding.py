@@ -7,15 +7,17 @@ time). The offload variants, after optimizer offload in the default ladder, also
 FSDP2 with ``fsdp_offload_params`` (weights, gradients and AdamW states on the host, the step on the CPU), ZeRO-3
 with ``offload_param`` and ``offload_optimizer`` (DeepSpeed's CPU Adam). A rung replaces the sharding (and the
 optimizer offload) of the level before it; among the fits of the speed class, throughput decides. On one GPU they
-do not apply.
+do not apply. Where the user's launch runs its own engine, one that shards more replaces it as a quality level
+(``autofit.rungs._ladder``), its trade said.
 """
 
 import dataclasses
-from typing import Optional
+from typing import Any, Mapping, Optional
 
+from autofit.core import Candidate
 from autofit.rungs._contract import RungBase
-from autofit.rungs._engines import FSDP2_OFFLOAD, ZERO3_OFFLOAD, ZERO_STAGES, deepspeed_missing
-from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState
+from autofit.rungs._engines import FSDP2_OFFLOAD, ZERO2_OFFLOAD, ZERO3_OFFLOAD, ZERO_STAGES, deepspeed_missing
+from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState, replacement_words
 
 SHARDING_RUNGS = ("zero1", "zero2", "fsdp2", "zero3", FSDP2_OFFLOAD, ZERO3_OFFLOAD)
 OFFLOADING = (FSDP2_OFFLOAD, ZERO3_OFFLOAD)
@@ -28,9 +30,10 @@ HELP = {
     ZERO3_OFFLOAD: "DeepSpeed ZeRO-3 with weights and optimizer states in host memory (offload_param/_optimizer)",
 }
 # what the user trades (best.json's trades): the same math, and the time the GPUs spend exchanging shards
-TRADES = {name: f"{HELP[name]}; the same math, slower steps (the GPUs exchange the shards"
-          + (", copied to and from the host), and pinned host RAM" if name in OFFLOADING else ")")
-          for name in SHARDING_RUNGS}
+COSTS = {name: "the same math, slower steps (the GPUs exchange the shards"
+         + (", copied to and from the host), and pinned host RAM" if name in OFFLOADING else ")")
+         for name in SHARDING_RUNGS}
+TRADES = {name: f"{HELP[name]}; {COSTS[name]}" for name in SHARDING_RUNGS}
 # accelerate sets up DeepSpeed and FSDP with several processes only on an accelerator: on a CPU-only machine its
 # state counts one process under DeepSpeed (the batch checks fail) and keeps FSDP's ranks data parallel. FSDP2 full
 # shard runs there under autofit.probe._simulated_fsdp; its host offload (pinned shards) and DeepSpeed do not.
@@ -42,7 +45,7 @@ class Sharding(RungBase):
     cost = SPEED
     probe_step = "autofit.probe._steps:EngineStep"
 
-    runs_an_engine = True  # its own DeepSpeed or FSDP configuration: not beside one of the user's
+    runs_an_engine = True  # its own DeepSpeed or FSDP configuration: it replaces one of the user's (a quality level)
 
     def __init__(self, name: str):
         if name not in SHARDING_RUNGS:
@@ -61,13 +64,22 @@ class Sharding(RungBase):
         candidate = state.candidate
         if candidate.ranks < 2 or candidate.quantization is not None:
             return None  # one GPU; bitsandbytes weights do not shard here
-        if candidate.offload and self.name not in OFFLOADING:
+        # the engine it would follow: a rung's, the launch's, or a deepspeed: block's (not on the candidate's fields)
+        current = candidate.offload or candidate.sharding or (state.own_engine if not candidate.replaces else None)
+        if current == ZERO2_OFFLOAD and self.name not in OFFLOADING:
             return None  # optimizer offload is its own engine; only an offloading sharding replaces it
-        if candidate.sharding == self.name or _rank(candidate.sharding) > _rank(self.name):
+        if current == self.name or _rank(current) > _rank(self.name):
             return None
         earlier = tuple(r for r in candidate.rungs if r not in SHARDING_RUNGS and r != OFFLOAD_RUNG)
         state = dataclasses.replace(state, candidate=candidate.replace(rungs=earlier, offload=None))
+        if state.own_engine is not None:  # the user's launch runs its own engine: this one replaces it
+            return state.replacing_engine(self, sharding=self.name)
         return state.with_rung(self, candidate_changes={"sharding": self.name})
+
+    def trade(self, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
+        if candidate.replaces:
+            return f"{replacement_words(candidate.replaces, HELP[self.name])}; {COSTS[self.name]}"
+        return self.trade_text
 
 
 def _rank(name: Optional[str]) -> int:
