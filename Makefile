@@ -123,8 +123,9 @@ PYTEST_WORKERS ?= -n 2 --dist worksteal
 # lane runs them; the floor lane, which exists for the libraries' floors, need not run them twice.
 FLOOR_DESELECT = --deselect tests/test_gpu_path.py::test_a_server_with_cuda_initialized_falls_back_to_spawn
 
+# --durations: the slowest tests named at the end of every run, to see where the suite's time goes
 test-main: venv
-	$(BIN)/python -m pytest -q $(PYTEST_WORKERS)
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) --durations=20
 
 $(PPO_OVERLAY)/.installed: $(VENV)/.installed
 	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(PPO_OVERLAY) $(TRL_PPO)
