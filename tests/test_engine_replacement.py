@@ -18,7 +18,7 @@ from autofit.export._user_yaml import user_yaml
 from autofit.export._write import model_args, training_args
 from autofit.memory_model import base_candidate, unmodelled
 from autofit.probe import _steps as steps
-from autofit.rungs import DEFAULT_LADDER, QUALITY, SPEED, LadderState, climb
+from autofit.rungs import DEFAULT_LADDER, QUALITY, SPEED, LadderState, climb, usable_rungs
 from autofit.search import estimate_question, read_user_config, with_config
 
 F1 = Path(__file__).resolve().parent.parent / "benchmarks" / "public" / "F1.yaml"
@@ -81,6 +81,10 @@ def test_the_users_engine_keeps_the_rungs_that_do_not_replace_it_and_the_others_
         assert level.candidate.lora is None and level.candidate.quantization is None
         assert set(speed_level.rungs) <= set(level.rungs) | {"activation-offload"}
     assert replacing[0].candidate.engine == "zero3" and replacing[1].candidate.engine == "zero2-offload"
+    usable, notes = usable_rungs(DEFAULT_LADDER, "cuda", start)  # in the order climbed: the search ranks fits by it
+    assert [rung.name for rung in usable][-4:] == ["zero3", "optimizer-offload", "fsdp2-offload", "zero3-offload"]
+    assert any(note.startswith("rungs zero3, optimizer-offload, fsdp2-offload, zero3-offload would replace your "
+                               "launch's FSDP (fsdp:, fsdp_config:) with autofit's engine") for note in notes)
 
 
 def test_without_an_engine_of_the_users_the_ladder_is_unchanged(tmp_path):

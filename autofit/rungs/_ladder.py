@@ -175,6 +175,9 @@ def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState
             replacing.append(rung.name)
     notes = [f"rung{'s' if len(names) > 1 else ''} {', '.join(names)} left out: {reason}"
              for reason, names in left_out.items()]
+    # in the order they are climbed, which the search's ranking of quality fits reads (``search._margin``)
+    usable = [rung for rung in usable if rung.name not in replacing] + \
+        [rung for rung in usable if rung.name in replacing]
     if own is not None and replacing:
         notes.append(f"rung{'s' if len(replacing) > 1 else ''} {', '.join(replacing)} would replace your launch's "
                      f"{own[1]} with autofit's engine: quality levels, climbed after the rungs that keep your engine, "
