@@ -136,10 +136,9 @@ def own_engine(candidate: Candidate) -> Optional[Tuple[str, str]]:
     "" where none fits; words), or None."""
     args = dict(candidate.user_args)
     if args.get("fsdp") or args.get("fsdp_config"):
-        written = args.get("fsdp")  # TRL's parser may have made it a list or transformers 5's bool
-        shown = " ".join(map(str, written)) if isinstance(written, (list, tuple)) else written
+        # the keys, not fsdp's value: transformers 4 keeps "full_shard auto_wrap", 5 makes it True; one wording for both
         keys = ", ".join(f"{key}:" for key in ("fsdp", "fsdp_config") if args.get(key))
-        return candidate.sharding or "", f"FSDP (fsdp: {shown})" if isinstance(shown, str) else f"FSDP ({keys})"
+        return candidate.sharding or "", f"FSDP ({keys})"
     if args.get("deepspeed"):
         engine = deepspeed_engine(args["deepspeed"]) or ""
         words = engine.replace("zero", "ZeRO-").replace("-offload", " with optimizer offload") or "configuration"
