@@ -222,3 +222,20 @@ def dashboard_getter(journal: Path) -> Callable[[str], Dict[str, Any]]:
         return json.loads(body)
 
     return get
+
+
+# A TRL file with a ZeRO-2 configuration of the user's own, as a TRL user writes it for the Trainer ("auto" for what
+# it fills); it runs on the CPU meter
+DEEPSPEED = """\
+model_name_or_path: tiny-qwen2
+max_length: 64
+per_device_train_batch_size: 2
+deepspeed:
+  zero_optimization:
+    stage: 2
+    reduce_bucket_size: 1.0e+6
+  train_micro_batch_size_per_gpu: auto
+  gradient_accumulation_steps: auto
+  train_batch_size: auto
+  zero_force_ds_cpu_optimizer: false
+"""

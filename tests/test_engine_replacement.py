@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fakes import DEEPSPEED
 
 from autofit import cli
 from autofit.core import SearchOptions
@@ -33,20 +34,6 @@ fsdp: "full_shard auto_wrap"   # our launch's FSDP
 fsdp_config:
   fsdp_version: 2
   reshard_after_forward: true
-"""
-# A ZeRO-2 configuration of the file's own, as tests/test_user_config.py writes it (it runs on the CPU meter)
-DEEPSPEED = """\
-model_name_or_path: tiny-qwen2
-max_length: 64
-per_device_train_batch_size: 2
-deepspeed:
-  zero_optimization:
-    stage: 2
-    reduce_bucket_size: 1.0e+6
-  train_micro_batch_size_per_gpu: auto
-  gradient_accumulation_steps: auto
-  train_batch_size: auto
-  zero_force_ds_cpu_optimizer: false
 """
 REPLACING = ("zero1", "zero2", "fsdp2", "zero3", "optimizer-offload", "fsdp2-offload", "zero3-offload")
 ENGINE_KEYS = ("fsdp", "fsdp_config", "deepspeed", "accelerate_config")

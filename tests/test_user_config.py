@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes import DEEPSPEED
 
 import autofit
 from autofit import _api as api
@@ -192,20 +193,6 @@ def test_the_config_option_is_documented():
         assert "your TRL config file" in commands[name].format_help()
 
 
-# A ZeRO-2 configuration of the user's own, as a TRL user writes it for the Trainer ("auto" for what it fills).
-DEEPSPEED = """\
-model_name_or_path: tiny-qwen2
-max_length: 64
-per_device_train_batch_size: 2
-deepspeed:
-  zero_optimization:
-    stage: 2
-    reduce_bucket_size: 1.0e+6
-  train_micro_batch_size_per_gpu: auto
-  gradient_accumulation_steps: auto
-  train_batch_size: auto
-  zero_force_ds_cpu_optimizer: false
-"""
 
 
 @pytest.mark.slow
