@@ -106,8 +106,10 @@ def test_absurd_budget_without_the_model_probes_and_reports_the_lightest_oom(tmp
 
 
 def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
-    command = [sys.executable, "-m", "autofit.cli", *BASE, "--gpu-memory", "260MiB", "--verify-steps", "3", "--out",
-               str(tmp_path)]
+    # --no-predict: every level is probed (nothing skipped by the memory or the speed model), so the search is still
+    # probing when the second result is written and the interrupt finds it running
+    command = [sys.executable, "-m", "autofit.cli", *BASE, "--gpu-memory", "260MiB", "--verify-steps", "3",
+               "--no-predict", "--out", str(tmp_path)]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while len(list(tmp_path.glob("probes/*/result.json"))) < 2:
@@ -120,7 +122,7 @@ def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
     assert "resume" in err
     finished = len(list(tmp_path.glob("probes/*/result.json")))
 
-    code, best = search(tmp_path, "260MiB", "--verify-steps", "3")
+    code, best = search(tmp_path, "260MiB", "--verify-steps", "3", "--no-predict")
     assert code == 0
     stored = [c for c in best["candidates"] if c["stored"]]
     # A probe whose result file was written but not yet recorded when Ctrl-C arrived runs again: at most one.

@@ -5,10 +5,11 @@ predicts slower than the fastest measured fit by more than its band is not probe
 recorded as skipped by speed (not a failure), the notes say how many and why, and best.json lists them.
 
 Not used: in the level that first fits (what fits is still unknown there), in the quality class (its first level
-that fits wins whatever its speed), under ``--no-predict`` (no model), with a custom trainer (the model describes
-the built-in ones), and where the model has no rates (no card named on CUDA, or this machine's could not be
-measured). The band is the calibrated model's: 20% with one scale, the fitted residual (at least 10%) once the
-timings span two micro-batch sizes (``autofit.memory_model._speed_calibration``)."""
+that fits wins whatever its speed), under ``--maximize length`` (the longest fit wins, however slow), under
+``--no-predict`` (no model), with a custom trainer (the model describes the built-in ones), and where the model has
+no rates (no card named on CUDA, or this machine's could not be measured). The band is the calibrated model's: 20%
+with one scale, the fitted residual (at least 10%) once the timings span two micro-batch sizes
+(``autofit.memory_model._speed_calibration``)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ class SpeedGate:
     def compare(self, fits: List[Fit], cost: Optional[str]) -> None:
         """The walk's fits so far and its cost class; the gate is open (nothing skipped) outside the free and speed
         classes, and before any fit."""
-        self.fits = list(fits) if cost in (FREE, SPEED) and self.spec.factory is None else []
+        compared = cost in (FREE, SPEED) and self.spec.factory is None
+        # --maximize length: a longer fit wins however slow, so nothing is ruled out by its speed
+        self.fits = list(fits) if compared and self.spec.options.maximize != "length" else []
 
     def calibration(self) -> Optional[memory_model.SpeedCalibration]:
         """The throughput model calibrated on every timed probe so far; None without a model or rates."""
