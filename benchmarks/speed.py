@@ -43,11 +43,11 @@ CONFIGS: List[Tuple[str, Dict]] = [
 QUICK_CONFIGS = CONFIGS[:2]
 
 
-def rows(root: Path) -> Tuple[List[Dict], Tuple[float, float]]:
+def rows(root: Path) -> Tuple[List[Dict], Tuple[float, ...]]:
     """Every configuration measured ``REPEATS`` times, round-robin (a machine busy for a while slows every
     configuration a little rather than one a lot), the fastest run of each kept: a busy machine only slows a run."""
-    flops, bandwidth = measure_rates()
-    card = measured_rates_card(flops, bandwidth)
+    rates = measure_rates()
+    card = measured_rates_card(*rates)
     steps, repeats = (QUICK_STEPS, QUICK_REPEATS) if quick() else (STEPS, REPEATS)
     out: List[Dict] = []
     for name, model, algo, length, batch in WORKLOADS:
@@ -68,15 +68,17 @@ def rows(root: Path) -> Tuple[List[Dict], Tuple[float, float]]:
                    "predicted": predict_speed(candidate, shape, card).tokens_per_second}
             first = first or row
             out.append(dict(row, base=first))
-    return out, (flops, bandwidth)
+    return out, rates
 
 
 def table(root: Path) -> str:
-    found, (flops, bandwidth) = rows(root)
+    found, (flops, bandwidth, op_seconds, half_rows, head_tile) = rows(root)
     load = os.getloadavg()[0]
     lines = [f"Rates measured on this machine ({os.cpu_count()} cores, load average {load:.1f} at the end): "
-             f"{flops / 1e9:,.1f} GFLOP/s float32 matmul (1024², the model's large-matmul rate), "
-             f"{bandwidth / 1e9:,.1f} GB/s copy bandwidth.", "",
+             f"{flops / 1e9:,.1f} GFLOP/s float32 matmul (1024², the model's large-matmul rate), half of it at "
+             f"{half_rows:.0f} rows; {bandwidth / 1e9:,.1f} GB/s copy bandwidth; {op_seconds * 1e6:.1f} µs per "
+             f"operator of a model under the simulated meter; {head_tile * 1e9:.1f} ns per logit in TRL's fused "
+             f"head's torch fallback beyond its matmuls.", "",
              "| workload | configuration | measured tok/s | predicted tok/s | measured ratio | predicted ratio | "
              "error |", "|---|---|---:|---:|---:|---:|---:|"]
     errors = []

@@ -16,7 +16,8 @@ from autofit.rungs import resolve_ladder
 from autofit.search import Search, _speed_tie
 
 MiB = 2**20
-RATES = (50e9, 10e9)  # this machine's FLOP/s and bytes/s, as autofit.probe._rates would measure them
+RATES = (50e9, 10e9, 10e-6, 256.0, 0.0)  # a machine's rates as autofit.probe._rates measures them (RATE_NAMES), for a
+# world whose layers' matmuls dominate: 10 µs operators, no torch-fallback head
 CARD = memory_model.measured_rates_card(*RATES)
 SHAPE = memory_model.ModelShape.from_model("tiny-qwen2")
 COMPUTE, FIXED = 2.5, 4.0  # how far the device's step time is from the uncalibrated model, by part

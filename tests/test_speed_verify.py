@@ -21,7 +21,8 @@ from autofit.rungs import resolve_ladder
 from autofit.search import Search, _speed_tie
 from autofit.search._result import Fit, Record
 
-RATES = (50e9, 10e9)  # this machine's FLOP/s and bytes/s, as autofit.probe._rates would measure them
+RATES = (50e9, 10e9, 10e-6, 256.0, 0.0)  # a machine's rates as autofit.probe._rates measures them (RATE_NAMES), for a
+# world whose layers' matmuls dominate: 10 µs operators, no torch-fallback head
 PROBE_STEPS = 2
 
 

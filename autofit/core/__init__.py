@@ -19,6 +19,7 @@ from autofit.core._candidate import (
 )
 from autofit.core._compat import checkpointing_field, exempt_phases, installed, installed_versions, vllm_installed
 from autofit.core._device import (
+    RATE_NAMES,
     GpuInfo,
     NoCudaDeviceError,
     driver_version,
@@ -86,7 +87,7 @@ __all__ = [
     "ProbeSettings", "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir", "clip",
     "checkpointing_field", "classify_exception", "classify_exit", "disturbed", "error_origin", "exclusive",
     "exempt_phases", "first_gpu", "format_size", "free_bytes", "installed", "installed_versions", "needs_own_code",
-    "one_line", "driver_version", "read_own_file",
+    "one_line", "driver_version", "read_own_file", "RATE_NAMES",
     "other_processes", "others_bytes", "parse_size", "ppo_available", "record_probe_process", "resolve_device",
     "resolve_gpus", "resolve_model", "user_file", "visible_gpu_count", "vllm_installed",
 ]

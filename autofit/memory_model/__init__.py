@@ -93,11 +93,17 @@ from autofit.memory_model._parameters import (
 from autofit.memory_model._rungs import custom_rungs, rung_band, rung_notes
 from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
 from autofit.memory_model._speed_calibration import SpeedCalibration, calibrate_speed
-from autofit.memory_model._throughput import PRIOR_SPEED_UNCERTAINTY, SpeedEstimate, measured_rates_card, predict_speed
+from autofit.memory_model._throughput import (
+    PRIOR_SPEED_UNCERTAINTY,
+    SpeedEstimate,
+    measured_rates_card,
+    predict_speed,
+)
 from autofit.memory_model._vllm import VLLM_MODES, vllm_lines, vllm_share
 
 __all__ = [
-    "CARDS", "Card", "PRIOR_SPEED_UNCERTAINTY", "SpeedEstimate", "card_named", "measured_rates_card", "predict_speed",
+    "CARDS", "Card", "PRIOR_SPEED_UNCERTAINTY", "SpeedEstimate", "card_named", "measured_rates_card",
+    "predict_speed",
     "SpeedCalibration", "calibrate_speed",
     "UNMODELLED_ARGS", "optimizer_known", "unmodelled", "unmodelled_args",
     "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CALIBRATED_UNCERTAINTY_FLOOR", "CHECKED", "Calibration", "Census",

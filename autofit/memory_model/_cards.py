@@ -25,6 +25,18 @@ class Card:
     host_link: float  # bytes/s each way
     gpu_link: float  # bytes/s per GPU to its peers
     source: str
+    # Rows per matmul at which it reaches half the large-matmul rate: a GPU's tensor cores idle below a few hundred
+    # rows [A: 256]; the CPU meter measures its own (``measured_rates_card``).
+    half_rows: float = 256.0
+    # Host time per dispatched operator [M: PyTorch's per-operator overhead with a CUDA launch, 5-20 us; 10 assumed]
+    op_seconds: float = 10e-6
+    # The CPU meter: no Triton (TRL's fused LM head runs its torch fallback) and torch's optimizers loop over the
+    # tensors one at a time (foreach is their default on CUDA only [V code: torch.optim.optimizer
+    # _default_to_fused_or_foreach])
+    cpu: bool = False
+    # Seconds per logit of TRL's fused head's torch fallback beyond its matmuls (the CPU meter, measured); 0: Triton's
+    # fused passes at the card's bandwidth
+    head_tile_seconds: float = 0.0
 
 
 CARDS = {card.name: card for card in (

@@ -21,25 +21,47 @@ from typing import Dict, Iterable, Optional, Tuple
 from autofit.core import Candidate
 from autofit.memory_model._activations import sequence_length, sequences_per_micro_batch
 from autofit.memory_model._cards import Card
-from autofit.memory_model._parameters import _beta, param_counts, trainable_tensors, weight_bytes
+from autofit.memory_model._logits import logit_tokens
+from autofit.memory_model._parameters import _beta, head_trained, param_counts, trainable_tensors, weight_bytes
 from autofit.memory_model._shape import ModelShape
 
 # What a training step achieves of the card's peak tensor FLOP rate at large micro-batches [M: PaLM (Chowdhery et
 # al. 2022) reports 46% model FLOPs utilization, Megatron-LM (Narayanan et al. 2021) up to 52% on A100s, both with
 # fused kernels; eager PyTorch through the Trainer gets less: 0.40 assumed]. Small matmuls achieve less: the
-# efficiency halves at HALF_EFFICIENCY_TOKENS rows per matmul [A].
+# efficiency halves at the card's ``half_rows`` rows per matmul.
 MATMUL_EFFICIENCY = 0.40
-HALF_EFFICIENCY_TOKENS = 256
 BANDWIDTH_EFFICIENCY = 0.80  # [M: STREAM-like copies reach 80-90% of HBM's peak]
 HOST_LINK_EFFICIENCY = 0.80  # [M: pinned host copies reach about 25 of PCIe 4's 32 GB/s]
 GPU_LINK_EFFICIENCY = 0.70  # [M: nccl-tests' bus bandwidth, 70-80% of NVLink's peak]
-# Eager PyTorch launches about 30 kernels per decoder layer and pass at about 10 us each [M: PyTorch's per-operator
-# overhead on the host, 5-20 us]; the backward pass launches about twice as many.
-LAUNCH_SECONDS_PER_LAYER = 30 * 10e-6
+# Operators eager PyTorch dispatches, each costing the card's ``op_seconds`` of host time [M: counted with a
+# TorchDispatchMode by ``python -m benchmarks.operator_counts`` on tiny-qwen2 with transformers 5.17, TRL 1.16's fused
+# LM head and peft 0.18; a layer of another family differs by its norms and rotary, a few operators]: per decoder layer
+# and pass, checkpointing's recomputed forward (its hooks included), the rest of a pass (embeddings, rotary tables,
+# the final norm, the fused head and the loss), LoRA's adapter per module (dropout, A, B, the scale, the add) and the
+# optimizer's step with gradient clipping per trainable tensor, or per step where it runs foreach (CUDA).
+OPS_FORWARD_PER_LAYER = 77
+OPS_BACKWARD_PER_LAYER = 151
+OPS_RECOMPUTE_PER_LAYER = 126
+OPS_FORWARD_REST = 32
+OPS_BACKWARD_REST = 34
+OPS_LORA_PER_MODULE = 10  # in the forward, and as many in the backward and in a recompute
+OPS_OPTIMIZER_PER_TENSOR = 10
+OPS_OPTIMIZER_FOREACH = 30
+# TRL's fused LM head with Triton reads the logits tile once in its forward and reads and writes it in its backward,
+# in the compute dtype [V code: trl 1.16 kernels/chunked_logprob.py]; without Triton (the CPU) its torch fallback
+# makes about 24 whole-tile fp32 passes, some compute-bound (exp, masked_fill): the card's measured
+# ``head_tile_seconds`` per logit.
+HEAD_TILE_PASSES_TRITON = 3
 # DeepSpeed's CPU Adam updates about 1e9 parameters a second on a server's cores [A: ZeRO-Offload (Ren et al. 2021)
 # reports its CPU Adam 5-7x faster than PyTorch's on the host; no single rate is published for every machine].
 HOST_ADAM_PARAMS_PER_SECOND = 1e9
 PRIOR_SPEED_UNCERTAINTY = 0.40  # the band before the search has timed a step [A]
+# The CPU meter's rates where a caller measured only the matmul and the copy [M: ``autofit.probe._rates`` on a
+# 2-core x86 runner]: an operator of a model under the simulated meter, a CPU matmul's half-rate rows, and a logit
+# of TRL's fused head's torch fallback
+CPU_OP_SECONDS = 18e-6
+CPU_HALF_ROWS = 16.0
+CPU_HEAD_TILE_SECONDS = 9e-9
 
 
 @dataclass(frozen=True)
@@ -59,15 +81,15 @@ class SpeedEstimate:
                              {k: v * scale for k, v in self.terms.items()})
 
 
-def _matmul_efficiency(rows: float) -> float:
-    return MATMUL_EFFICIENCY * rows / (rows + HALF_EFFICIENCY_TOKENS)
+def _matmul_efficiency(rows: float, card: Card) -> float:
+    return MATMUL_EFFICIENCY * rows / (rows + card.half_rows)
 
 
 def _pass_seconds(flops: float, bytes_read: float, rows: Optional[float], card: Card) -> float:
     """A roofline: the longer of the matmuls at the achievable FLOP rate and the reads at the achievable bandwidth.
     ``rows``: the matmuls' rows, where few rows leave the tensor cores idle; None for decode, whose few rows are
     bound by reading the weights (the bandwidth term) instead."""
-    efficiency = MATMUL_EFFICIENCY if rows is None else _matmul_efficiency(rows)
+    efficiency = MATMUL_EFFICIENCY if rows is None else _matmul_efficiency(rows, card)
     return max(flops / (card.flops * efficiency), bytes_read / (card.bandwidth * BANDWIDTH_EFFICIENCY))
 
 
@@ -92,24 +114,31 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     frozen_base = candidate.lora is not None or candidate.quantization is not None
     seq = sequence_length(candidate)
     rows = sequences_per_micro_batch(candidate) * seq  # tokens of one micro-batch
+    head_rows = logit_tokens(candidate, "cpu" if card.cpu else "cuda") if head else 0
     attention = 2 * shape.layers * shape.heads * shape.head_dim * seq  # causal scores and values, per token
-    forward_flops = rows * (2 * active + 2 * head + attention)
-    backward_flops = rows * ((1 if frozen_base else 2) * (2 * active + 2 * head) + 2 * attention)
+    # TRL's fused head recomputes the logits in its backward: the head's gradients come on top of a second forward
+    head_backward = (3 if head_trained(candidate) else 2) * 2 * head * head_rows
+    forward_flops = rows * (2 * active + attention) + 2 * head * head_rows
+    backward_flops = rows * ((1 if frozen_base else 2) * 2 * active + 2 * attention) + head_backward
     stored = 0.5 if candidate.quantization == "4bit" else 1 if candidate.quantization == "8bit" else 0
     bytes_per_weight: float = weight_bytes(candidate, shape) if not stored else 2
     weights = (active + head) * bytes_per_weight
     dequantize = float(active * (stored + 2 * 2)) if stored else 0.0  # read packed, write and read the bf16 copy
     passes = 3 if candidate.checkpointing else 2
-    launch = LAUNCH_SECONDS_PER_LAYER * shape.layers * (1 + 2 + (1 if candidate.checkpointing else 0))
     terms: Dict[str, float] = {}
     micro = candidate.grad_accum
     terms["forward"] = micro * _pass_seconds(forward_flops, weights, rows, card)
     terms["backward"] = micro * _pass_seconds(backward_flops, 2 * weights, rows, card)
     if candidate.checkpointing:
         terms["recompute"] = terms["forward"]
+    if head_rows and card.head_tile_seconds:
+        terms["LM head tiles"] = micro * head_rows * shape.vocab * card.head_tile_seconds
+    elif head_rows:
+        terms["LM head tiles"] = micro * HEAD_TILE_PASSES_TRITON * 2 * head_rows * shape.vocab / (
+            card.bandwidth * BANDWIDTH_EFFICIENCY)
     if dequantize:
         terms["dequantize"] = micro * passes * dequantize / (card.bandwidth * BANDWIDTH_EFFICIENCY)
-    terms["launch"] = micro * launch
+    terms["launch"] = micro * _pass_operators(candidate, shape) * card.op_seconds
     trainable = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))
     param_bytes = weight_bytes(candidate, shape)
     host = card.host_link * HOST_LINK_EFFICIENCY
@@ -118,6 +147,9 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     else:
         terms["optimizer"] = trainable * _optimizer_bytes_per_param(candidate, param_bytes) / (
             card.bandwidth * BANDWIDTH_EFFICIENCY)
+    tensors = sum(t.count for t in trainable_tensors(shape, candidate))
+    terms["optimizer launch"] = (OPS_OPTIMIZER_PER_TENSOR * tensors if card.cpu else OPS_OPTIMIZER_FOREACH
+                                 ) * card.op_seconds
     if candidate.activation_offload:
         saved = rows * shape.layers * shape.hidden * 2 * 4  # about four hidden-size tensors a layer, bf16 [A]
         terms["activation offload"] = micro * 2 * saved / host
@@ -133,6 +165,17 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     return SpeedEstimate(sum(terms.values()), tokens, PRIOR_SPEED_UNCERTAINTY, terms)
 
 
+def _pass_operators(candidate: Candidate, shape: ModelShape) -> float:
+    """Operators one micro-batch dispatches: its forward, backward and checkpointing's recompute."""
+    per_layer = OPS_FORWARD_PER_LAYER + OPS_BACKWARD_PER_LAYER + (
+        OPS_RECOMPUTE_PER_LAYER if candidate.checkpointing else 0)
+    adapters = 0.0
+    if candidate.lora is not None:  # A and B per adapted module; checkpointing recomputes their forward too
+        modules = sum(t.count for t in trainable_tensors(shape, candidate)) / 2
+        adapters = modules * OPS_LORA_PER_MODULE * (3 if candidate.checkpointing else 2)
+    return shape.layers * per_layer + OPS_FORWARD_REST + OPS_BACKWARD_REST + adapters
+
+
 def _rl_terms(candidate: Candidate, shape: ModelShape, card: Card, params: float, weights: float, seq: int
               ) -> Dict[str, float]:
     """Generation (prefill, then one bandwidth-bound decode step per completion token for the whole generation
@@ -145,16 +188,23 @@ def _rl_terms(candidate: Candidate, shape: ModelShape, card: Card, params: float
     decode = _pass_seconds(2 * params * batch, decode_bytes, None, card)
     prefill = _pass_seconds(2 * params * batch * prompt, weights, batch * prompt, card)
     terms = {"generation": prefill + candidate.max_length * decode,
-             "generation launches": (1 + candidate.max_length) * LAUNCH_SECONDS_PER_LAYER * shape.layers}
+             "generation launches": (1 + candidate.max_length) * OPS_FORWARD_PER_LAYER * shape.layers * card.op_seconds}
     if _beta(candidate) > 0:
         terms["reference forward"] = _pass_seconds(2 * params * batch * seq, weights, batch * seq, card)
     return terms
 
 
-def measured_rates_card(flops: float, bandwidth: float, name: str = "cpu") -> Card:
-    """A card for this machine's own measured rates (the CPU meter): host and GPU links are its memory."""
-    return Card(name, flops / MATMUL_EFFICIENCY, bandwidth / BANDWIDTH_EFFICIENCY, bandwidth, bandwidth,
-                "measured on this machine")
+def measured_rates_card(flops: float, bandwidth: float, op_seconds: float = CPU_OP_SECONDS,
+                        half_rows: float = CPU_HALF_ROWS, head_tile_seconds: float = CPU_HEAD_TILE_SECONDS,
+                        *, name: str = "cpu") -> Card:
+    """A card for this machine's own measured rates (``autofit.probe._rates``; the CPU meter): host and GPU links
+    are its memory. ``flops`` is a large matmul's rate, which a matmul of ``half_rows`` rows reaches half of;
+    ``op_seconds`` one operator of a model under the probe's meter; ``head_tile_seconds`` a logit of TRL's fused
+    head beyond its matmuls."""
+    large = (1024 + half_rows) / 1024  # the measured matmul's own rows: its rate is a little below the plateau
+    return Card(name, flops * large / MATMUL_EFFICIENCY, bandwidth / BANDWIDTH_EFFICIENCY, bandwidth, bandwidth,
+                "measured on this machine", half_rows=half_rows, op_seconds=op_seconds, cpu=True,
+                head_tile_seconds=head_tile_seconds)
 
 
 def calibrated_scale(pairs: Iterable[Tuple[float, float]]) -> Optional[float]:

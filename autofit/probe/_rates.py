@@ -1,5 +1,6 @@
-"""This machine's own rates for the throughput model on the CPU meter: the FLOP rate of a float32 matmul and the
-bandwidth of a copy larger than the caches, measured with torch (``memory_model.measured_rates_card`` makes them a
+"""This machine's own rates for the throughput model on the CPU meter: the FLOP rate of a float32 matmul, the rows
+at which a matmul reaches half of it, the bandwidth of a copy larger than the caches and the time of one operator
+dispatched under the probe's simulated meter, measured with torch (``memory_model.measured_rates_card`` makes them a
 card). A child-side module: the search, which never imports torch, runs it as ``python -m autofit.probe._rates``,
 which prints them as one JSON line."""
 
@@ -8,6 +9,8 @@ from __future__ import annotations
 import json
 import time
 from typing import Callable, Tuple
+
+from autofit.core import RATE_NAMES
 
 
 def _best_seconds(run: Callable[[], object], repeats: int) -> float:
@@ -19,21 +22,91 @@ def _best_seconds(run: Callable[[], object], repeats: int) -> float:
     return best
 
 
-def measure_rates(n: int = 1024, copy_mib: int = 64) -> Tuple[float, float]:
-    """(FLOP/s of an n x n float32 matmul, bytes/s of a ``copy_mib`` MiB copy), the best of three runs each (a busy
-    machine only slows a run down), with as many threads as torch gives a probe."""
+SMALL_ROWS = 32  # the few-row matmul that places the half-rate point
+BLOCKS = 20  # tiny residual blocks (norm, linear, SiLU) whose forward and backward time one operator in a model
+HEAD_TOKENS, HEAD_HIDDEN, HEAD_VOCAB = 512, 256, 8192  # the fused LM head's tile, timed apart from its matmuls
+
+
+def measure_rates(n: int = 1024, copy_mib: int = 64) -> Tuple[float, float, float, float, float]:
+    """(FLOP/s of an n x n float32 matmul, bytes/s of a ``copy_mib`` MiB copy, seconds per operator of a model under
+    the simulated meter, rows at half the matmul rate, seconds per logit of TRL's fused head's tile: ``RATE_NAMES``),
+    the best of three runs each (a busy machine only slows a run down), with as many threads as torch gives a
+    probe."""
     import torch
+
+    from autofit.probe._meters import SimulatedMeter
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b  # warm-up
     flops = 2 * n**3 * 10 / _best_seconds(lambda: [a @ b for _ in range(10)], 3)
+    few = a[:SMALL_ROWS].clone()
+    small = 2 * SMALL_ROWS * n * n * 50 / _best_seconds(lambda: [few @ b for _ in range(50)], 3)
     source = torch.empty(copy_mib * 2**20 // 4)
     target = torch.empty_like(source)
     target.copy_(source)
     bandwidth = 2 * source.numel() * 4 * 5 / _best_seconds(lambda: [target.copy_(source) for _ in range(5)], 3)
-    return flops, bandwidth
+    op_seconds = _operator_seconds(torch, SimulatedMeter)
+    return flops, bandwidth, op_seconds, half_rate_rows(small / flops, n), _head_tile_seconds(torch)
+
+
+def _operator_seconds(torch, meter_class) -> float:
+    """One operator of a model's forward and backward under the simulated meter: modules' calls, autograd's nodes
+    and the meter's bookkeeping, on tensors too small for their arithmetic to count."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.linear = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return x + torch.nn.functional.silu(self.linear(self.norm(x)))
+
+    net, x = torch.nn.Sequential(*[Block() for _ in range(BLOCKS)]), torch.randn(4, 8)
+
+    class Count(TorchDispatchMode):
+        operators = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.operators += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        net(x).sum().backward()
+    with meter_class():
+        net(x).sum().backward()
+        return _best_seconds(lambda: net(x).sum().backward(), 5) / max(Count.operators, 1)
+
+
+def _head_tile_seconds(torch) -> float:
+    """Seconds per logit of TRL's fused LM head without Triton, forward and backward, beyond its four matmuls (the
+    torch fallback's whole-tile passes); 0 where the installed TRL has no fused head."""
+    try:
+        from trl.kernels import ChunkedLogProbFunction
+    except ImportError:
+        return 0.0
+    hidden = torch.randn(HEAD_TOKENS, HEAD_HIDDEN, requires_grad=True)
+    weight = torch.randn(HEAD_VOCAB, HEAD_HIDDEN, requires_grad=True)
+    targets = torch.randint(0, HEAD_VOCAB, (HEAD_TOKENS,))
+
+    def head() -> None:
+        out = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, HEAD_VOCAB, None, 1.0,
+                                           ("entropy", "is_top1"))
+        out[0].sum().backward()
+
+    head()
+    plain_h, plain_w = hidden.detach(), weight.detach()
+    total = _best_seconds(head, 3)
+    matmuls = _best_seconds(lambda: [plain_h @ plain_w.T for _ in range(4)], 3)
+    return max(total - matmuls, 0.0) / (HEAD_TOKENS * HEAD_VOCAB)
+
+
+def half_rate_rows(ratio: float, rows: int) -> float:
+    """The rows h at which rate(r) = peak·r/(r + h) is half the peak, from the rate at ``SMALL_ROWS`` over the rate
+    at ``rows``; bounded to [1, 4096] where noise puts the ratio out of reach."""
+    ratio = min(max(ratio, 1.5 * SMALL_ROWS / rows), 0.999)
+    return min(max(rows * SMALL_ROWS * (1 - ratio) / (rows * ratio - SMALL_ROWS), 1.0), 4096.0)
 
 
 if __name__ == "__main__":
-    flops, bandwidth = measure_rates()
-    print(json.dumps({"flops": flops, "bandwidth": bandwidth}))
+    print(json.dumps(dict(zip(RATE_NAMES, measure_rates(), strict=True))))

@@ -16,8 +16,14 @@ import subprocess
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from autofit.core import ProbeResult, SearchSpec
-from autofit.memory_model import Card, SpeedCalibration, calibrate_speed, card_named, measured_rates_card
+from autofit.core import RATE_NAMES, ProbeResult, SearchSpec
+from autofit.memory_model import (
+    Card,
+    SpeedCalibration,
+    calibrate_speed,
+    card_named,
+    measured_rates_card,
+)
 from autofit.search._guide import MemoryGuide
 from autofit.search._result import Fit, Record
 
@@ -26,18 +32,18 @@ log = logging.getLogger(__name__)
 # Two timings of one or two steps closer than this are a tie [M: the 3% of the issue's example ranked two fits the
 # wrong way round; one-step timings of the same candidate on a shared CPU spread by 5-10%, 10 assumed].
 SPEED_NOISE = 0.10
-_RATES: Dict[str, Optional[Tuple[float, float]]] = {}
+_RATES: Dict[str, Optional[Tuple[float, ...]]] = {}
 
 
-def machine_rates() -> Optional[Tuple[float, float]]:
-    """This machine's (FLOP/s, bytes/s), measured once per search process by ``autofit.probe._rates``; None where it
-    cannot run (the tie then stays with the measurement)."""
+def machine_rates() -> Optional[Tuple[float, ...]]:
+    """This machine's rates (``RATE_NAMES``: ``measured_rates_card``'s arguments), measured once per search process by
+    ``autofit.probe._rates``; None where it cannot run (the tie then stays with the measurement)."""
     if "cpu" not in _RATES:
         try:
             done = subprocess.run([sys.executable, "-m", "autofit.probe._rates"], capture_output=True, text=True,
                                   timeout=120, check=True)
             rates = json.loads(done.stdout.strip().splitlines()[-1])
-            _RATES["cpu"] = (float(rates["flops"]), float(rates["bandwidth"]))
+            _RATES["cpu"] = tuple(float(rates[key]) for key in RATE_NAMES)
         except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError) as exc:
             log.info("this machine's rates could not be measured (%s): ties of speed stay with the timing", exc)
             _RATES["cpu"] = None
