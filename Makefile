@@ -205,7 +205,7 @@ bench-liger: venv
 
 # The throughput model against measured speed on the CPU meter: each configuration's tok/s over its workload's
 # baseline (checkpointing, micro-batch, LoRA), predicted on this machine's measured rates against measured; the table
-# between the "speed" markers of docs/benchmarks.md (about 8 minutes on a busy 2-core machine; not part of bench).
+# between the "speed" markers of docs/benchmarks.md (about a minute idle, 8 on a busy 2-core machine; not part of bench).
 bench-speed: venv
 	$(BIN)/python -m benchmarks.speed $(BENCH_WRITE)
 
