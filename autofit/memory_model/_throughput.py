@@ -46,7 +46,7 @@ OPS_FORWARD_REST = 32
 OPS_BACKWARD_REST = 34
 OPS_LORA_PER_MODULE = 10  # in the forward, and as many in the backward and in a recompute
 OPS_OPTIMIZER_PER_TENSOR = 10
-OPS_OPTIMIZER_FOREACH = 30
+OPS_OPTIMIZER_FOREACH = 30  # [A: a few foreach kernels per state and group]
 # TRL's fused LM head with Triton reads the logits tile once in its forward and reads and writes it in its backward,
 # in the compute dtype [V code: trl 1.16 kernels/chunked_logprob.py]; without Triton (the CPU) its torch fallback
 # makes about 24 whole-tile fp32 passes, some compute-bound (exp, masked_fill): the card's measured
