@@ -50,6 +50,20 @@ def machine_rates() -> Optional[Tuple[float, ...]]:
     return _RATES["cpu"]
 
 
+# The noise a search measures (a fit's probe against its own verification) counts up to this: beyond it the two
+# timings disagree by more than any tie, and the machine's load changed under the search [A]
+MAX_MEASURED_NOISE = 0.30
+
+
+def measured_noise(probe: ProbeResult, verification: ProbeResult) -> float:
+    """How far one configuration's two timings (its short probe and its longer verification) are apart, relative to
+    the faster; 0 where either did not fit or has no timing."""
+    a, b = probe.tokens_per_second, verification.tokens_per_second
+    if not (probe.fits and verification.fits and a > 0 and b > 0):
+        return 0.0
+    return abs(a - b) / max(a, b)
+
+
 VERIFIED_TIE = "two fits within the noise"  # how the note of a tie settled by verifying both begins
 
 
@@ -75,9 +89,9 @@ class SpeedJudge:
                 self._card = measured_rates_card(*rates) if rates else None
         return self._card
 
-    def tied(self, fit: Fit, other: Fit) -> bool:
+    def tied(self, fit: Fit, other: Fit, band: float = SPEED_NOISE) -> bool:
         a, b = fit.result.tokens_per_second, other.result.tokens_per_second
-        return a > 0 and b > 0 and abs(a - b) < SPEED_NOISE * max(a, b)
+        return a > 0 and b > 0 and abs(a - b) < band * max(a, b)
 
     def _calibration(self, fits: Sequence[Fit]) -> Optional[SpeedCalibration]:
         """The throughput model calibrated on the search's timed probes (``fits`` where there are none); None
@@ -151,21 +165,30 @@ class SpeedJudge:
                 best = fit
         return [best] + [f for f in ranked if f is not best]
 
-    def rival(self, ranked: Sequence[Fit]) -> Optional[Fit]:
-        """The fastest measured fit after the first of ``ranked`` whose timing ties with it and that the model
-        cannot split from it (at the same length, when the length is maximized); None when there is none."""
+    def rival(self, ranked: Sequence[Fit], band: float = SPEED_NOISE) -> Optional[Fit]:
+        """The fastest measured fit after the first of ``ranked`` whose timing ties with it within ``band`` and that
+        the model cannot split from it (at the same length, when the length is maximized); None when there is
+        none."""
         if len(ranked) < 2:
             return None
         first = ranked[0]
-        rivals = [f for f in ranked[1:] if f.candidate.key() != first.candidate.key() and self.tied(f, first)
+        rivals = [f for f in ranked[1:] if f.candidate.key() != first.candidate.key() and self.tied(f, first, band)
                   and f.candidate.max_length == first.candidate.max_length and not self.splits(first, f)]
         return max(rivals, key=lambda f: f.result.tokens_per_second, default=None)
 
     def settle(self, ranked: List[Fit], verify: Callable[[Fit], ProbeResult]) -> List[Fit]:
         """``ranked`` with a tie the model cannot split settled by measuring longer: the first and its rival (see
         ``rival``) are both verified (``verify``: the verification run the chosen fit gets anyway) and the faster
-        verified one that fits goes first, said in one note. Unchanged where there is no such tie."""
+        verified one that fits goes first, said in one note. Where no timing ties within the assumed noise, the
+        first's own verification measures the noise (its spread from the first's probe) and a rival within that
+        is verified too. Unchanged where there is no such tie."""
+        band = SPEED_NOISE
         rival = self.rival(ranked)
+        if rival is None and ranked and self.rival(ranked, MAX_MEASURED_NOISE) is not None:
+            spread = measured_noise(ranked[0].result, verify(ranked[0]))  # the verification it gets anyway
+            if spread > SPEED_NOISE:
+                band = min(spread, MAX_MEASURED_NOISE)
+                rival = self.rival(ranked, band)
         if rival is None:
             return ranked
         first = ranked[0]
@@ -183,7 +206,9 @@ class SpeedJudge:
                f"±{predicted[2]:.0%}, so it cannot split them")
         against = (f"{lost.tokens_per_second:,.0f} for {loser.candidate.describe()}" if lost.fits else
                    f"{loser.candidate.describe()}, whose verification did not fit ({lost.outcome.value})")
-        note = (f"{VERIFIED_TIE} (±{SPEED_NOISE:.0%}): {first.candidate.describe()}'s probe timed "
+        noise = (f"±{band:.0%}, the spread between {first.candidate.describe()}'s probe and its verification"
+                 if band > SPEED_NOISE else f"±{SPEED_NOISE:.0%}")
+        note = (f"{VERIFIED_TIE} ({noise}): {first.candidate.describe()}'s probe timed "
                 f"{first.result.tokens_per_second:,.0f} tok/s, {rival.candidate.describe()}'s "
                 f"{rival.result.tokens_per_second:,.0f}, and {why}: both verified over {over}, "
                 f"{won.tokens_per_second:,.0f} tok/s for {winner.candidate.describe()} against {against}; the faster "
