@@ -35,16 +35,19 @@ HOST_LINK_EFFICIENCY = 0.80  # [M: pinned host copies reach about 25 of PCIe 4's
 GPU_LINK_EFFICIENCY = 0.70  # [M: nccl-tests' bus bandwidth, 70-80% of NVLink's peak]
 # Operators eager PyTorch dispatches, each costing the card's ``op_seconds`` of host time [M: counted with a
 # TorchDispatchMode by ``python -m benchmarks.operator_counts`` on tiny-qwen2 with transformers 5.17, TRL 1.16's fused
-# LM head and peft 0.18; a layer of another family differs by its norms and rotary, a few operators]: per decoder layer
-# and pass, checkpointing's recomputed forward (its hooks included), the rest of a pass (embeddings, rotary tables,
-# the final norm, the fused head and the loss), LoRA's adapter per module (dropout, A, B, the scale, the add) and the
-# optimizer's step with gradient clipping per trainable tensor, or per step where it runs foreach (CUDA).
-OPS_FORWARD_PER_LAYER = 77
-OPS_BACKWARD_PER_LAYER = 151
-OPS_RECOMPUTE_PER_LAYER = 126
-OPS_FORWARD_REST = 32
-OPS_BACKWARD_REST = 34
-OPS_LORA_PER_MODULE = 10  # in the forward, and as many in the backward and in a recompute
+# LM head (its torch fallback) and peft; a layer of another family differs by its norms and rotary, a few operators]:
+# per decoder layer and pass, checkpointing's recomputed forward (its hooks included), the rest of a pass
+# (embeddings, rotary tables, the final norm, the fused head and the loss; a frozen head's backward has fewer),
+# LoRA's adapter per module and pass (dropout, A, B, the scale, the add) and the optimizer's step with gradient
+# clipping per trainable tensor, or per step where it runs foreach (CUDA).
+OPS_FORWARD_PER_LAYER = 73
+OPS_BACKWARD_PER_LAYER = 147
+OPS_RECOMPUTE_PER_LAYER = 130
+OPS_FORWARD_REST = 120
+OPS_BACKWARD_REST = 64
+OPS_BACKWARD_REST_FROZEN_HEAD = 12
+OPS_LORA_FORWARD_PER_MODULE = 10  # and as many again in a recompute
+OPS_LORA_BACKWARD_PER_MODULE = 13
 OPS_OPTIMIZER_PER_TENSOR = 10
 OPS_OPTIMIZER_FOREACH = 30  # [A: a few foreach kernels per state and group]
 # TRL's fused LM head with Triton reads the logits tile once in its forward and reads and writes it in its backward,
@@ -170,10 +173,12 @@ def _pass_operators(candidate: Candidate, shape: ModelShape) -> float:
     per_layer = OPS_FORWARD_PER_LAYER + OPS_BACKWARD_PER_LAYER + (
         OPS_RECOMPUTE_PER_LAYER if candidate.checkpointing else 0)
     adapters = 0.0
-    if candidate.lora is not None:  # A and B per adapted module; checkpointing recomputes their forward too
+    if candidate.lora is not None:  # A and B per adapted module
         modules = sum(t.count for t in trainable_tensors(shape, candidate)) / 2
-        adapters = modules * OPS_LORA_PER_MODULE * (3 if candidate.checkpointing else 2)
-    return shape.layers * per_layer + OPS_FORWARD_REST + OPS_BACKWARD_REST + adapters
+        forwards = 2 if candidate.checkpointing else 1
+        adapters = modules * (forwards * OPS_LORA_FORWARD_PER_MODULE + OPS_LORA_BACKWARD_PER_MODULE)
+    rest = OPS_FORWARD_REST + (OPS_BACKWARD_REST if head_trained(candidate) else OPS_BACKWARD_REST_FROZEN_HEAD)
+    return shape.layers * per_layer + rest + adapters
 
 
 def _rl_terms(candidate: Candidate, shape: ModelShape, card: Card, params: float, weights: float, seq: int
