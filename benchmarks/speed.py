@@ -72,13 +72,13 @@ def rows(root: Path) -> Tuple[List[Dict], Tuple[float, ...]]:
 
 
 def table(root: Path) -> str:
-    found, (flops, bandwidth, op_seconds, half_rows, head_tile) = rows(root)
+    found, (flops, bandwidth, op_seconds, half_rows, elementwise) = rows(root)
     load = os.getloadavg()[0]
     lines = [f"Rates measured on this machine ({os.cpu_count()} cores, load average {load:.1f} at the end): "
              f"{flops / 1e9:,.1f} GFLOP/s float32 matmul (1024², the model's large-matmul rate), half of it at "
              f"{half_rows:.0f} rows; {bandwidth / 1e9:,.1f} GB/s copy bandwidth; {op_seconds * 1e6:.1f} µs per "
-             f"operator of a model under the simulated meter; {head_tile * 1e9:.1f} ns per logit in TRL's fused "
-             f"head's torch fallback beyond its matmuls.", "",
+             f"operator of a model under the simulated meter; {elementwise * 1e9:.2f} ns per element of an fp32 "
+             f"pass over a logits tile (TRL's fused head's torch fallback makes 24 of them).", "",
              "| workload | configuration | measured tok/s | predicted tok/s | measured ratio | predicted ratio | "
              "error |", "|---|---|---:|---:|---:|---:|---:|"]
     errors = []

@@ -10,7 +10,7 @@ from typing import Optional, Union
 log = logging.getLogger(__name__)
 
 # The CPU meter's rates, as ``autofit.probe._rates`` measures them and ``memory_model.measured_rates_card`` takes them
-RATE_NAMES = ("flops", "bandwidth", "op_seconds", "half_rows", "head_tile_seconds")
+RATE_NAMES = ("flops", "bandwidth", "op_seconds", "half_rows", "elementwise_seconds")
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,9 @@ class Card:
     # tensors one at a time (foreach is their default on CUDA only [V code: torch.optim.optimizer
     # _default_to_fused_or_foreach])
     cpu: bool = False
-    # Seconds per logit of TRL's fused head's torch fallback beyond its matmuls (the CPU meter, measured); 0: Triton's
-    # fused passes at the card's bandwidth
-    head_tile_seconds: float = 0.0
+    # Seconds per element of a whole-tensor fp32 pass (the CPU meter, measured), which TRL's fused head's torch
+    # fallback is made of; 0: its Triton kernel's fused passes at the card's bandwidth
+    elementwise_seconds: float = 0.0
 
 
 CARDS = {card.name: card for card in (

@@ -52,19 +52,21 @@ OPS_OPTIMIZER_PER_TENSOR = 10
 OPS_OPTIMIZER_FOREACH = 30  # [A: a few foreach kernels per state and group]
 # TRL's fused LM head with Triton reads the logits tile once in its forward and reads and writes it in its backward,
 # in the compute dtype [V code: trl 1.16 kernels/chunked_logprob.py]; without Triton (the CPU) its torch fallback
-# makes about 24 whole-tile fp32 passes, some compute-bound (exp, masked_fill): the card's measured
-# ``head_tile_seconds`` per logit.
+# makes about 24 whole-tile fp32 passes, 10 in the forward (scale, temperature, the top-1 mask, max, exp, the
+# entropy's sums) and 14 in the backward (the recomputed scale, exp, the target mask, the gradient's terms), each at
+# the card's measured ``elementwise_seconds`` per element.
 HEAD_TILE_PASSES_TRITON = 3
+HEAD_TILE_PASSES_TORCH = 24
 # DeepSpeed's CPU Adam updates about 1e9 parameters a second on a server's cores [A: ZeRO-Offload (Ren et al. 2021)
 # reports its CPU Adam 5-7x faster than PyTorch's on the host; no single rate is published for every machine].
 HOST_ADAM_PARAMS_PER_SECOND = 1e9
 PRIOR_SPEED_UNCERTAINTY = 0.40  # the band before the search has timed a step [A]
 # The CPU meter's rates where a caller measured only the matmul and the copy [M: ``autofit.probe._rates`` on a
-# 2-core x86 runner]: an operator of a model under the simulated meter, a CPU matmul's half-rate rows, and a logit
-# of TRL's fused head's torch fallback
+# 2-core x86 runner]: an operator of a model under the simulated meter, a CPU matmul's half-rate rows, and an
+# element of a whole-tensor fp32 pass
 CPU_OP_SECONDS = 18e-6
 CPU_HALF_ROWS = 16.0
-CPU_HEAD_TILE_SECONDS = 9e-9
+CPU_ELEMENTWISE_SECONDS = 0.35e-9
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,8 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     terms["backward"] = micro * _pass_seconds(backward_flops, 2 * weights, rows, card)
     if candidate.checkpointing:
         terms["recompute"] = terms["forward"]
-    if head_rows and card.head_tile_seconds:
-        terms["LM head tiles"] = micro * head_rows * shape.vocab * card.head_tile_seconds
+    if head_rows and card.elementwise_seconds:
+        terms["LM head tiles"] = micro * HEAD_TILE_PASSES_TORCH * head_rows * shape.vocab * card.elementwise_seconds
     elif head_rows:
         terms["LM head tiles"] = micro * HEAD_TILE_PASSES_TRITON * 2 * head_rows * shape.vocab / (
             card.bandwidth * BANDWIDTH_EFFICIENCY)
@@ -200,16 +202,16 @@ def _rl_terms(candidate: Candidate, shape: ModelShape, card: Card, params: float
 
 
 def measured_rates_card(flops: float, bandwidth: float, op_seconds: float = CPU_OP_SECONDS,
-                        half_rows: float = CPU_HALF_ROWS, head_tile_seconds: float = CPU_HEAD_TILE_SECONDS,
+                        half_rows: float = CPU_HALF_ROWS, elementwise_seconds: float = CPU_ELEMENTWISE_SECONDS,
                         *, name: str = "cpu") -> Card:
     """A card for this machine's own measured rates (``autofit.probe._rates``; the CPU meter): host and GPU links
     are its memory. ``flops`` is a large matmul's rate, which a matmul of ``half_rows`` rows reaches half of;
-    ``op_seconds`` one operator of a model under the probe's meter; ``head_tile_seconds`` a logit of TRL's fused
-    head beyond its matmuls."""
+    ``op_seconds`` one operator of a model under the probe's meter; ``elementwise_seconds`` an element of an fp32
+    pass over a tensor."""
     large = (1024 + half_rows) / 1024  # the measured matmul's own rows: its rate is a little below the plateau
     return Card(name, flops * large / MATMUL_EFFICIENCY, bandwidth / BANDWIDTH_EFFICIENCY, bandwidth, bandwidth,
                 "measured on this machine", half_rows=half_rows, op_seconds=op_seconds, cpu=True,
-                head_tile_seconds=head_tile_seconds)
+                elementwise_seconds=elementwise_seconds)
 
 
 def calibrated_scale(pairs: Iterable[Tuple[float, float]]) -> Optional[float]:

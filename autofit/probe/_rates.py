@@ -24,12 +24,13 @@ def _best_seconds(run: Callable[[], object], repeats: int) -> float:
 
 SMALL_ROWS = 32  # the few-row matmul that places the half-rate point
 BLOCKS = 20  # tiny residual blocks (norm, linear, SiLU) whose forward and backward time one operator in a model
-HEAD_TOKENS, HEAD_HIDDEN, HEAD_VOCAB = 512, 256, 8192  # the fused LM head's tile, timed apart from its matmuls
+WARM_UPS, REPEATS = 3, 7  # for the operator's and the passes' timings, which spread by half on a first run
+TILE_ROWS, TILE_COLUMNS, TILE_PASSES = 512, 8192, 5  # a logits tile, and the passes ``_elementwise_seconds`` makes
 
 
 def measure_rates(n: int = 1024, copy_mib: int = 64) -> Tuple[float, float, float, float, float]:
     """(FLOP/s of an n x n float32 matmul, bytes/s of a ``copy_mib`` MiB copy, seconds per operator of a model under
-    the simulated meter, rows at half the matmul rate, seconds per logit of TRL's fused head's tile: ``RATE_NAMES``),
+    the simulated meter, rows at half the matmul rate, seconds per element of an fp32 pass: ``RATE_NAMES``),
     the best of three runs each (a busy machine only slows a run down), with as many threads as torch gives a
     probe."""
     import torch
@@ -46,7 +47,7 @@ def measure_rates(n: int = 1024, copy_mib: int = 64) -> Tuple[float, float, floa
     target.copy_(source)
     bandwidth = 2 * source.numel() * 4 * 5 / _best_seconds(lambda: [target.copy_(source) for _ in range(5)], 3)
     op_seconds = _operator_seconds(torch, SimulatedMeter)
-    return flops, bandwidth, op_seconds, half_rate_rows(small / flops, n), _head_tile_seconds(torch)
+    return flops, bandwidth, op_seconds, half_rate_rows(small / flops, n), _elementwise_seconds(torch)
 
 
 def _operator_seconds(torch, meter_class) -> float:
@@ -74,31 +75,27 @@ def _operator_seconds(torch, meter_class) -> float:
     with Count():
         net(x).sum().backward()
     with meter_class():
-        net(x).sum().backward()
-        return _best_seconds(lambda: net(x).sum().backward(), 5) / max(Count.operators, 1)
+        for _ in range(WARM_UPS):
+            net(x).sum().backward()
+        return _best_seconds(lambda: net(x).sum().backward(), REPEATS) / max(Count.operators, 1)
 
 
-def _head_tile_seconds(torch) -> float:
-    """Seconds per logit of TRL's fused LM head without Triton, forward and backward, beyond its four matmuls (the
-    torch fallback's whole-tile passes); 0 where the installed TRL has no fused head."""
-    try:
-        from trl.kernels import ChunkedLogProbFunction
-    except ImportError:
-        return 0.0
-    hidden = torch.randn(HEAD_TOKENS, HEAD_HIDDEN, requires_grad=True)
-    weight = torch.randn(HEAD_VOCAB, HEAD_HIDDEN, requires_grad=True)
-    targets = torch.randint(0, HEAD_VOCAB, (HEAD_TOKENS,))
+def _elementwise_seconds(torch) -> float:
+    """Seconds per element of one whole-tensor fp32 pass over a logits-sized tile: the mean of the passes TRL's fused
+    head's torch fallback is made of (a scale, a broadcast subtraction, exp, a comparison, a product and its sum).
+    Timed directly rather than as the kernel's time less its matmuls, a difference that spread by 2x run to run."""
+    tile = torch.randn(TILE_ROWS, TILE_COLUMNS)
+    row, index = torch.randn(TILE_ROWS, 1), torch.randint(0, TILE_COLUMNS, (TILE_ROWS,))
+    columns = torch.arange(TILE_COLUMNS)
 
-    def head() -> None:
-        out = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, HEAD_VOCAB, None, 1.0,
-                                           ("entropy", "is_top1"))
-        out[0].sum().backward()
+    def passes() -> None:
+        scaled, exp = tile * 1.5, torch.exp(tile - row)
+        _ = columns < index.unsqueeze(-1)
+        (scaled * exp).sum(-1)
 
-    head()
-    plain_h, plain_w = hidden.detach(), weight.detach()
-    total = _best_seconds(head, 3)
-    matmuls = _best_seconds(lambda: [plain_h @ plain_w.T for _ in range(4)], 3)
-    return max(total - matmuls, 0.0) / (HEAD_TOKENS * HEAD_VOCAB)
+    for _ in range(WARM_UPS):  # the first runs also fault in the tiles' pages
+        passes()
+    return _best_seconds(passes, REPEATS) / (TILE_PASSES * TILE_ROWS * TILE_COLUMNS)
 
 
 def half_rate_rows(ratio: float, rows: int) -> float:
