@@ -16,13 +16,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from autofit.core import Candidate
 from autofit.memory_model._activations import sequence_length, sequences_per_micro_batch
 from autofit.memory_model._cards import Card
 from autofit.memory_model._logits import logit_tokens
-from autofit.memory_model._parameters import _beta, head_trained, param_counts, trainable_tensors, weight_bytes
+from autofit.memory_model._parameters import (
+    Tensors,
+    _beta,
+    head_trained,
+    param_counts,
+    trainable_tensors,
+    weight_bytes,
+)
 from autofit.memory_model._shape import ModelShape
 
 # What a training step achieves of the card's peak tensor FLOP rate at large micro-batches [M: PaLM (Chowdhery et
@@ -143,8 +150,9 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
             card.bandwidth * BANDWIDTH_EFFICIENCY)
     if dequantize:
         terms["dequantize"] = micro * passes * dequantize / (card.bandwidth * BANDWIDTH_EFFICIENCY)
-    terms["launch"] = micro * _pass_operators(candidate, shape) * card.op_seconds
-    trainable = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))
+    trained = trainable_tensors(shape, candidate)
+    terms["launch"] = micro * _pass_operators(candidate, shape, trained) * card.op_seconds
+    trainable = sum(t.numel * t.count for t in trained)
     param_bytes = weight_bytes(candidate, shape)
     host = card.host_link * HOST_LINK_EFFICIENCY
     if candidate.offload:
@@ -152,7 +160,7 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     else:
         terms["optimizer"] = trainable * _optimizer_bytes_per_param(candidate, param_bytes) / (
             card.bandwidth * BANDWIDTH_EFFICIENCY)
-    tensors = sum(t.count for t in trainable_tensors(shape, candidate))
+    tensors = sum(t.count for t in trained)
     terms["optimizer launch"] = (OPS_OPTIMIZER_PER_TENSOR * tensors if card.cpu else OPS_OPTIMIZER_FOREACH
                                  ) * card.op_seconds
     if candidate.activation_offload:
@@ -170,13 +178,13 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     return SpeedEstimate(sum(terms.values()), tokens, PRIOR_SPEED_UNCERTAINTY, terms)
 
 
-def _pass_operators(candidate: Candidate, shape: ModelShape) -> float:
+def _pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensors]) -> float:
     """Operators one micro-batch dispatches: its forward, backward and checkpointing's recompute."""
     per_layer = OPS_FORWARD_PER_LAYER + OPS_BACKWARD_PER_LAYER + (
         OPS_RECOMPUTE_PER_LAYER if candidate.checkpointing else 0)
     adapters = 0.0
     if candidate.lora is not None:  # A and B per adapted module
-        modules = sum(t.count for t in trainable_tensors(shape, candidate)) / 2
+        modules = sum(t.count for t in trained) / 2
         forwards = 2 if candidate.checkpointing else 1
         adapters = modules * (forwards * OPS_LORA_FORWARD_PER_MODULE + OPS_LORA_BACKWARD_PER_MODULE)
     rest = OPS_FORWARD_REST + (OPS_BACKWARD_REST if head_trained(candidate) else OPS_BACKWARD_REST_FROZEN_HEAD)
