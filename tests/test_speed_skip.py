@@ -1,11 +1,14 @@
 """Issue 37, item 3: what the throughput model predicts slower than a measured fit is not timed, and the model is
 calibrated on the search's own timed steps (best.json's "speed_model", read back by ``autofit estimate --from``).
 The fake device follows the memory ledger (scaled) for its peaks and the throughput model (scaled) for its speed, on
-fixed rates for this machine: a world both models describe, so every expectation is derived from them."""
+fixed rates for this machine: a world both models describe, so every expectation is derived from them. Its model is
+tiny-qwen2 with 12 layers: its body outweighs its LM head, as in the models users train, so that checkpointing (which
+recomputes the layers, not the head) costs the fifth of a step it costs them."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fakes import spec_of
@@ -19,7 +22,8 @@ MiB = 2**20
 RATES = (50e9, 10e9, 10e-6, 256.0, 0.0)  # a machine's rates as autofit.probe._rates measures them (RATE_NAMES), for a
 # world whose layers' matmuls dominate: 10 µs operators, no torch-fallback head
 CARD = memory_model.measured_rates_card(*RATES)
-SHAPE = memory_model.ModelShape.from_model("tiny-qwen2")
+MODEL = str(Path(__file__).parent / "data" / "tiny-qwen2-deep")
+SHAPE = memory_model.ModelShape.from_model(MODEL)
 COMPUTE, FIXED = 2.5, 4.0  # how far the device's step time is from the uncalibrated model, by part
 
 
@@ -54,7 +58,7 @@ def rates(monkeypatch):
 def search(tmp_path, budget_mib, **spec_kw):
     spec_kw.setdefault("effective_batch", 16)
     spec_kw.setdefault("max_length", 256)
-    spec = spec_of(model="tiny-qwen2", budget_bytes=budget_mib * MiB, out_dir=tmp_path, **spec_kw)
+    spec = spec_of(model=MODEL, budget_bytes=budget_mib * MiB, out_dir=tmp_path, **spec_kw)
     runner = ModelRunner(spec.budget_bytes)
     return Search(spec, runner, resolve_ladder(spec.ladder)).run(), runner
 
@@ -66,7 +70,7 @@ def no_gate(monkeypatch):
 
 
 def test_a_candidate_predicted_slower_is_never_timed_and_is_recorded(tmp_path, monkeypatch):
-    report, runner = search(tmp_path / "gate", 400)
+    report, runner = search(tmp_path / "gate", 900)
     assert report.speed_skipped, "the checkpointing level's candidates are predicted slower than the plain fit"
     timed = {c.key() for c in runner.calls}
     for skip in report.speed_skipped:
@@ -87,7 +91,7 @@ def test_a_candidate_predicted_slower_is_never_timed_and_is_recorded(tmp_path, m
     assert not set(listed) & {s["candidate"] for s in best["skipped"]}  # nor a memory skip
     # the same search without the gate times them, and chooses the same configuration
     no_gate(monkeypatch)
-    without, plain_runner = search(tmp_path / "plain", 400)
+    without, plain_runner = search(tmp_path / "plain", 900)
     assert not without.speed_skipped
     assert without.chosen.candidate.key() == report.chosen.candidate.key()
     assert len(runner.calls) < len(plain_runner.calls)
@@ -95,9 +99,9 @@ def test_a_candidate_predicted_slower_is_never_timed_and_is_recorded(tmp_path, m
 
 
 def test_the_rule_is_off_under_no_predict(tmp_path):
-    gated, _ = search(tmp_path / "gate", 400)
+    gated, _ = search(tmp_path / "gate", 900)
     skipped = {s.candidate.key() for s in gated.speed_skipped}
-    report, runner = search(tmp_path / "off", 400, predict=False)
+    report, runner = search(tmp_path / "off", 900, predict=False)
     assert report.speed_skipped == [] and report.speed_model is None
     assert skipped & {c.key() for c in runner.calls}  # what the gate skipped is timed without the model
     assert not any(n.startswith("not timed, predicted slower") for n in report.notes)
@@ -106,14 +110,14 @@ def test_the_rule_is_off_under_no_predict(tmp_path):
 def test_a_level_skipped_for_speed_still_climbs_to_faster_values(tmp_path):
     """A skipped value is not a value that does not fit: the search goes up from it (a larger micro-batch may be
     faster), never down (smaller ones are slower still)."""
-    report, runner = search(tmp_path, 400)
+    report, runner = search(tmp_path, 900)
     for skip in report.speed_skipped:
         assert not [c for c in runner.calls
                     if c.rungs == skip.candidate.rungs and c.micro_batch < skip.candidate.micro_batch]
 
 
 def test_two_timed_micro_batch_sizes_pin_both_terms():
-    base = memory_model.base_candidate(spec_of(model="tiny-qwen2", budget_bytes=2**30, effective_batch=16,
+    base = memory_model.base_candidate(spec_of(model=MODEL, budget_bytes=2**30, effective_batch=16,
                                                max_length=256))
     points = [(base.replace(micro_batch=mb, grad_accum=16 // mb), ModelRunner.tokens_per_second(
         base.replace(micro_batch=mb, grad_accum=16 // mb))) for mb in (1, 4)]
@@ -129,13 +133,13 @@ def test_two_timed_micro_batch_sizes_pin_both_terms():
 
 
 def test_the_calibration_round_trips_through_best_json_and_estimate_applies_it(tmp_path, capsys):
-    report, _ = search(tmp_path, 500)  # two micro-batch sizes timed: both terms
+    report, _ = search(tmp_path, 1200)  # two micro-batch sizes timed: both terms
     assert report.speed_model is not None and report.speed_model.method == "two-term"
     export.write(report, tmp_path)
     stored = json.loads((tmp_path / "best.json").read_text())["speed_model"]
     loaded = memory_model.SpeedCalibration.from_dict(stored)
     assert loaded == report.speed_model and loaded.card_of() == CARD
-    code = cli.main(["estimate", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "500MiB",
+    code = cli.main(["estimate", "--model", MODEL, "--device", "cpu", "--gpu-memory", "1200MiB",
                      "--max-length", "256", "--effective-batch", "16", "--from", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
@@ -143,7 +147,7 @@ def test_the_calibration_round_trips_through_best_json_and_estimate_applies_it(t
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("lvl "))
     assert lines[header].split()[-1] == "tok/s"
-    base = memory_model.base_candidate(spec_of(model="tiny-qwen2", budget_bytes=500 * MiB, effective_batch=16,
+    base = memory_model.base_candidate(spec_of(model=MODEL, budget_bytes=1200 * MiB, effective_batch=16,
                                                max_length=256))
     assert base.micro_batch == 16 and lines[header + 1].split()[0] == "0"
     printed = float(lines[header + 1].split()[-1].replace(",", ""))
@@ -151,7 +155,7 @@ def test_the_calibration_round_trips_through_best_json_and_estimate_applies_it(t
     prior = memory_model.predict_speed(base, SHAPE, CARD).tokens_per_second
     assert abs(printed / prior - 1) > 0.5
     # made for another device: not applied, and said
-    code = cli.main(["estimate", "--model", "tiny-qwen2", "--gpu-memory", "H100", "--max-length", "256",
+    code = cli.main(["estimate", "--model", MODEL, "--gpu-memory", "H100", "--max-length", "256",
                      "--effective-batch", "16", "--from", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0 and "throughput model was calibrated for device cpu" in out and "uncalibrated" in out

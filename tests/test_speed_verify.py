@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -53,8 +54,8 @@ def world(tmp_path, noise, *, model=True, **spec_kw):
     assert spec0.options.effective_batch == 8
     runner = NoisyRunner(spec.budget_bytes, noise, ckpt_speed=0.7)
     search = Search(spec, runner, resolve_ladder(spec.ladder))
-    if model:
-        shape = memory_model.ModelShape.from_config(resolve_model(spec.options.model).config)
+    if model:  # the model's world: tiny-qwen2 at 12 layers, whose body outweighs its head as a user's model's does
+        shape = memory_model.ModelShape.from_model(str(Path(__file__).parent / "data" / "tiny-qwen2-deep"))
         search.judge = _speed_tie.SpeedJudge(spec, SimpleNamespace(shape=shape), search.report.notes,  # type: ignore
                                              search.report.records)
     return search, runner

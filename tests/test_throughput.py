@@ -17,17 +17,23 @@ def speed(candidate, card="H100"):
     return predict_speed(candidate, SHAPE, CARDS[card])
 
 
-def test_checkpointing_recomputes_one_forward():
+def test_checkpointing_recomputes_the_layers_forward():
     plain, ckpt = speed(BASE), speed(BASE.replace(checkpointing=True))
-    assert ckpt.terms["recompute"] == pytest.approx(plain.terms["forward"])
+    # transformers checkpoints the decoder layers: the LM head's matmul is not recomputed
+    assert 0.85 * plain.terms["forward"] < ckpt.terms["recompute"] < plain.terms["forward"]
+    assert ckpt.terms["attention"] == pytest.approx(plain.terms["attention"] * 4 / 3)  # one more forward of three
+    assert ckpt.terms["elementwise"] > 1.2 * plain.terms["elementwise"]
     # a forward is a third of a full fine-tune's compute: about a third more time
-    assert 1.25 < ckpt.seconds_per_step / plain.seconds_per_step < 1.40
+    assert 1.2 < ckpt.seconds_per_step / plain.seconds_per_step < 1.40
 
 
-def test_lora_skips_the_weight_gradients():
+def test_lora_skips_the_weight_gradients_and_moves_its_adapters_activations():
     full, lora = speed(BASE), speed(BASE.replace(lora=LoraSettings()))
-    assert 1.3 < full.seconds_per_step / lora.seconds_per_step < 1.6
+    assert lora.terms["backward"] == pytest.approx(full.terms["backward"] / 2, rel=0.05)  # input gradients only
     assert lora.terms["optimizer"] < full.terms["optimizer"] / 50
+    assert lora.terms["elementwise"] > full.terms["elementwise"]  # each adapter's dropout, scale and add
+    attention_only = speed(BASE.replace(lora=LoraSettings(target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))))
+    assert full.seconds_per_step / attention_only.seconds_per_step > 1.05  # fewer adapters: faster than full
 
 
 def test_smaller_micro_batches_cost_their_launches_and_efficiency():
@@ -115,3 +121,54 @@ def test_estimate_compares_cards(capsys):
     # one card that is no card: refused as --gpu-memory alone would refuse it, naming it
     assert main(["estimate", "--model", "Qwen/Qwen2.5-7B", "--gpu-memory", "H100,L5"]) == 2
     assert "'L5' is not valid" in capsys.readouterr().err
+
+
+def test_elementwise_traffic_is_counted_by_how_the_step_holds_its_weights():
+    from autofit.memory_model._traffic import elementwise_bytes, traffic_mode
+
+    fp32 = BASE.replace(dtype="float32")
+    assert traffic_mode(BASE, SHAPE, cpu=False) == "bf16"
+    assert traffic_mode(fp32, SHAPE, cpu=False) == "autocast" and traffic_mode(fp32, SHAPE, cpu=True) == "fp32"
+    tokens = BASE.micro_batch * BASE.max_length
+    bf16, autocast = elementwise_bytes(BASE, SHAPE, tokens, False), elementwise_bytes(fp32, SHAPE, tokens, False)
+    assert autocast.forward > bf16.forward and autocast.backward > bf16.backward
+    assert bf16.recompute == 0 and elementwise_bytes(BASE.replace(checkpointing=True), SHAPE, tokens, False).recompute
+    # LoRA's dropout copies and masks every adapted module's input: more bytes than without it
+    dropped = elementwise_bytes(BASE.replace(lora=LoraSettings(dropout=0.1)), SHAPE, tokens, False)
+    plain = elementwise_bytes(BASE.replace(lora=LoraSettings(dropout=0.0)), SHAPE, tokens, False)
+    assert sum(dropped) > sum(plain) > sum(bf16)
+
+
+def test_a_mixture_of_experts_runs_its_active_experts_and_gathers_all_of_them():
+    """Mixtral: a token runs 2 of 8 experts (about 13B of 47B parameters): its compute is a 13B model's, positive,
+    and its routing moves bytes of its own; FSDP gathers every expert's weights, not the active ones."""
+    mixtral = ModelShape.from_model("mistralai/Mixtral-8x7B-v0.1")
+    dense = ModelShape.from_model("Qwen/Qwen2.5-7B")
+    candidate = BASE.replace(model="mistralai/Mixtral-8x7B-v0.1", checkpointing=True,
+                             lora=LoraSettings(target_modules=("q_proj", "k_proj", "v_proj", "o_proj")))
+    moe = predict_speed(candidate, mixtral, CARDS["A100-80GB"])
+    assert all(seconds >= 0 for seconds in moe.terms.values()) and moe.tokens_per_second > 0
+    seven_b = predict_speed(BASE.replace(checkpointing=True, lora=candidate.lora), dense, CARDS["A100-80GB"])
+    assert 1.3 < moe.terms["forward"] / seven_b.terms["forward"] < 2.5  # ~13B active against ~7B
+    sharded = predict_speed(candidate.replace(ranks=2, sharding="fsdp2"), mixtral, CARDS["A100-80GB"])
+    # 3 passes x half of 47B bf16 parameters over NVLink at 70% of 600 GB/s
+    assert sharded.terms["parameter gathers"] == pytest.approx(3 * 0.5 * 46.7e9 * 2 / (600e9 * 0.7), rel=0.05)
+
+
+def test_your_runs_speed_is_printed_per_gpu_as_the_trainer_counts_it(tmp_path, capsys):
+    import json
+
+    from autofit.cli import main
+
+    config = tmp_path / "sft.yaml"
+    config.write_text("model_name_or_path: Qwen/Qwen2.5-7B\nper_device_train_batch_size: 2\nmax_length: 2048\n"
+                      "use_peft: true\n")
+    args = ["estimate", "--config", str(config), "--gpus", "2", "--gpu-memory", "A100-80GB"]
+    assert main(args) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("your run's speed"))
+    assert line.startswith("your run's speed on 2 x A100-80GB: ") and "per GPU, what the Trainer's" in line
+    assert main(args + ["--json"]) == 0
+    run = json.loads(capsys.readouterr().out)["estimates"][0]["your_run"]
+    assert run["speed"]["tokens_per_second_per_gpu"] == pytest.approx(run["speed"]["tokens_per_second"] / 2)
+    assert f"{run['speed']['tokens_per_second']:,.0f} tok/s ({run['speed']['tokens_per_second_per_gpu']:,.0f} per GPU" \
+        in line

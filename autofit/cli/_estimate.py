@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from autofit.cli._estimate_facts import CardEstimate, card_estimate, parameters_line, phase_label
 from autofit.cli._estimate_json import estimate_json
-from autofit.cli._speed import comparison_lines, speed_cell, speed_lines
+from autofit.cli._speed import comparison_lines, speed_cell, speed_lines, your_run_speed_line
 from autofit.core import (
     ESTIMATE,
     RL_ALGOS,
@@ -157,6 +157,8 @@ def render_text(facts: CardEstimate) -> str:
     if spec.baseline is not None:
         lines.append(your_run_line(spec, result))
         lines += phase_lines(facts.run_phases, unit, scale)
+        speed_line = your_run_speed_line(spec, facts.speeds)
+        lines += [speed_line] if speed_line else []
     lines += facts.vllm
     lines += [f"note: {note}" for note in (*facts.left_out, *facts.ladder_notes)]
     host = any(level.ledger.host for level in result.levels)  # an offloading level: its host memory, a column

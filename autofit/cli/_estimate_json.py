@@ -108,8 +108,9 @@ def _level(level: Any, before: Any, budget: int, speed: Optional[SpeedEstimate])
 def _speed_of(speed: Optional[SpeedEstimate]) -> Optional[Dict[str, Any]]:
     if speed is None:
         return None
-    return {"tokens_per_second": speed.tokens_per_second, "seconds_per_step": speed.seconds_per_step,
-            "uncertainty": speed.uncertainty, "seconds_by_part": dict(speed.terms)}
+    return {"tokens_per_second": speed.tokens_per_second, "tokens_per_second_per_gpu": speed.tokens_per_second_per_gpu,
+            "seconds_per_step": speed.seconds_per_step, "uncertainty": speed.uncertainty,
+            "seconds_by_part": dict(speed.terms)}
 
 
 def _your_run(facts: CardEstimate) -> Optional[Dict[str, Any]]:
@@ -122,6 +123,7 @@ def _your_run(facts: CardEstimate) -> Optional[Dict[str, Any]]:
         "config": facts.spec.options.config,
         "configuration": _configuration(level.candidate),
         **_figures(level.ledger, facts.budget),
+        "speed": _speed_of(facts.speeds[0] if facts.speeds else None),
         "phases": [{"phase": ledger.phase, "label": phase_label(ledger.phase), "peak": ledger.phase == peak,
                     "terms": {term: size(getattr(ledger, term)) for term in TERMS if term not in OUTSIDE},
                     "pytorch": size(ledger.allocated), "allocator": size(ledger.allocator),

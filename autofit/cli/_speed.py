@@ -82,6 +82,20 @@ def speed_cell(speed: SpeedEstimate) -> str:
     return f"{speed.tokens_per_second:,.0f}"
 
 
+def your_run_speed_line(spec: SearchSpec, speeds: Optional[List[SpeedEstimate]]) -> Optional[str]:
+    """The user's run (level 0) at the predicted speed, per GPU where it runs on several, as the Trainer counts it."""
+    if not speeds:
+        return None
+    speed = speeds[0]
+    calibration, _ = load_speed_calibration(spec)
+    card = estimate_card(spec) or (calibration.card_of() if calibration is not None else None)
+    per_gpu = (f" ({speed.tokens_per_second_per_gpu:,.0f} per GPU, what the Trainer's train_tokens_per_second "
+               f"reports)") if speed.ranks > 1 else ""
+    where = f"{speed.ranks} x {card.name}" if speed.ranks > 1 and card else f"one {card.name}" if card else "here"
+    return (f"your run's speed on {where}: {speed_cell(speed)} tok/s{per_gpu}, {speed.seconds_per_step:.2f} s per "
+            f"optimizer step, ± {speed.uncertainty:.0%}")
+
+
 def speed_lines(spec: SearchSpec, levels: Sequence[Any], speeds: Optional[List[SpeedEstimate]]) -> List[str]:
     """The fastest level predicted to fit, and the trade against the next fastest; or how to get a speed."""
     budget = spec.budget_bytes

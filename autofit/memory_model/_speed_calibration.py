@@ -69,7 +69,7 @@ class SpeedCalibration:
             return prior
         terms = {name: seconds * (self.fixed_scale if name in FIXED_TERMS else self.compute_scale)
                  for name, seconds in prior.terms.items()}
-        return SpeedEstimate(sum(terms.values()), prior.tokens_per_step, self.uncertainty, terms)
+        return SpeedEstimate(sum(terms.values()), prior.tokens_per_step, self.uncertainty, terms, prior.ranks)
 
     def to_dict(self) -> Dict[str, Any]:
         data = asdict(self)

@@ -31,12 +31,18 @@ from autofit.memory_model._parameters import (
     weight_bytes,
 )
 from autofit.memory_model._shape import ModelShape
+from autofit.memory_model._traffic import elementwise_bytes
 
-# What a training step achieves of the card's peak tensor FLOP rate at large micro-batches [M: PaLM (Chowdhery et
-# al. 2022) reports 46% model FLOPs utilization, Megatron-LM (Narayanan et al. 2021) up to 52% on A100s, both with
-# fused kernels; eager PyTorch through the Trainer gets less: 0.40 assumed]. Small matmuls achieve less: the
-# efficiency halves at the card's ``half_rows`` rows per matmul.
-MATMUL_EFFICIENCY = 0.40
+# What a large matmul achieves of the card's peak tensor FLOP rate [M: Dao 2023, FlashAttention-2 (arXiv 2307.08691),
+# section 1: "optimized GEMM can reach up to 80-90% of the theoretical maximum device throughput" on an A100; the low
+# end]. The rest of a step that a model FLOPs utilization (PaLM's 46%, Megatron-LM's 52%) also counts is the model's
+# own terms here: attention, elementwise traffic, launches, the optimizer. Small matmuls achieve less: the efficiency
+# halves at the card's ``half_rows`` rows per matmul.
+GEMM_EFFICIENCY = 0.80
+# The attention kernel (flash attention, or SDPA's flash/memory-efficient kernels) [M: Dao 2023, FlashAttention-2
+# reaches "50-73% of the theoretical maximum FLOPs/s" on an A100, forward and backward; the low end, for a
+# fine-tune's shorter sequences]. On the CPU meter attention runs at the measured matmul rate.
+ATTENTION_EFFICIENCY = 0.50
 BANDWIDTH_EFFICIENCY = 0.80  # [M: STREAM-like copies reach 80-90% of HBM's peak]
 HOST_LINK_EFFICIENCY = 0.80  # [M: pinned host copies reach about 25 of PCIe 4's 32 GB/s]
 GPU_LINK_EFFICIENCY = 0.70  # [M: nccl-tests' bus bandwidth, 70-80% of NVLink's peak]
@@ -82,27 +88,57 @@ class SpeedEstimate:
     tokens_per_step: int
     uncertainty: float = PRIOR_SPEED_UNCERTAINTY
     terms: Dict[str, float] = field(default_factory=dict)  # seconds per optimizer step, by what takes them
+    ranks: int = 1  # the GPUs whose tokens ``tokens_per_step`` counts
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens_per_step / self.seconds_per_step if self.seconds_per_step > 0 else 0.0
 
+    @property
+    def tokens_per_second_per_gpu(self) -> float:
+        """What one GPU trains on per second: what the Trainer's ``train_tokens_per_second`` reports, since each
+        process counts the tokens of its own batches."""
+        return self.tokens_per_second / self.ranks
+
     def scaled(self, scale: float) -> SpeedEstimate:
         """The estimate with every term's time multiplied by ``scale`` (a calibration on timed steps)."""
         return SpeedEstimate(self.seconds_per_step * scale, self.tokens_per_step, self.uncertainty,
-                             {k: v * scale for k, v in self.terms.items()})
+                             {k: v * scale for k, v in self.terms.items()}, self.ranks)
 
 
 def _matmul_efficiency(rows: float, card: Card) -> float:
-    return MATMUL_EFFICIENCY * rows / (rows + card.half_rows)
+    return GEMM_EFFICIENCY * rows / (rows + card.half_rows)
 
 
 def _pass_seconds(flops: float, bytes_read: float, rows: Optional[float], card: Card) -> float:
     """A roofline: the longer of the matmuls at the achievable FLOP rate and the reads at the achievable bandwidth.
     ``rows``: the matmuls' rows, where few rows leave the tensor cores idle; None for decode, whose few rows are
     bound by reading the weights (the bandwidth term) instead."""
-    efficiency = MATMUL_EFFICIENCY if rows is None else _matmul_efficiency(rows, card)
+    efficiency = GEMM_EFFICIENCY if rows is None else _matmul_efficiency(rows, card)
     return max(flops / (card.flops * efficiency), bytes_read / (card.bandwidth * BANDWIDTH_EFFICIENCY))
+
+
+def _traffic_seconds(moved: float, card: Card) -> float:
+    """Bytes of elementwise passes at the card's achievable bandwidth; on the CPU meter at its measured time per
+    element of an fp32 pass (one read and one write: 8 bytes)."""
+    if card.elementwise_seconds:
+        return moved / 8 * card.elementwise_seconds
+    return moved / (card.bandwidth * BANDWIDTH_EFFICIENCY)
+
+
+def _active_parameters(shape: ModelShape, candidate: Candidate) -> Tuple[float, float]:
+    """The linear parameters one token runs through (a mixture of experts': its ``experts_per_token`` of them), and
+    those of them bitsandbytes quantizes. transformers 5 fuses the experts into tensors outside ``linear`` (never
+    quantized); transformers 4 keeps them as quantized nn.Linear layers inside it."""
+    counts = param_counts(shape, candidate.algo)
+    if not shape.experts:
+        return float(counts.linear), float(counts.linear)
+    share = shape.experts_per_token / shape.experts
+    if counts.experts:
+        return counts.linear + counts.experts * share, float(counts.linear)
+    experts = shape.moe_layers * shape.experts * 3 * shape.hidden * shape.expert_intermediate
+    active = counts.linear - experts + experts * share
+    return active, active
 
 
 def _optimizer_bytes_per_param(candidate: Candidate, param_bytes: int) -> float:
@@ -118,31 +154,33 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     """Seconds per optimizer step of ``candidate`` on one ``card`` (per rank, the ranks stepping together) and the
     tokens it trains on, by term."""
     counts = param_counts(shape, candidate.algo)
-    active: float = counts.linear - counts.experts
-    if counts.experts and shape.experts:
-        active += counts.experts * shape.experts_per_token / shape.experts
+    active, quantized = _active_parameters(shape, candidate)
     tied_head = shape.tied_embeddings and not candidate.unit.sequence_classifier  # a reward model has no LM head
     head = counts.lm_head or (counts.embedding if tied_head else 0)
     frozen_base = candidate.lora is not None or candidate.quantization is not None
     seq = sequence_length(candidate)
     rows = sequences_per_micro_batch(candidate) * seq  # tokens of one micro-batch
     head_rows = logit_tokens(candidate, "cpu" if card.cpu else "cuda") if head else 0
-    attention = 2 * shape.layers * shape.heads * shape.head_dim * seq  # causal scores and values, per token
+    attention = rows * 2 * shape.layers * shape.heads * shape.head_dim * seq  # causal scores and values
     # TRL's fused head recomputes the logits in its backward: the head's gradients come on top of a second forward
     head_backward = (3 if head_trained(candidate) else 2) * 2 * head * head_rows
-    forward_flops = rows * (2 * active + attention) + 2 * head * head_rows
-    backward_flops = rows * ((1 if frozen_base else 2) * 2 * active + 2 * attention) + head_backward
+    layers_forward = rows * 2 * active
     stored = 0.5 if candidate.quantization == "4bit" else 1 if candidate.quantization == "8bit" else 0
     bytes_per_weight: float = weight_bytes(candidate, shape) if not stored else 2
     weights = (active + head) * bytes_per_weight
-    dequantize = float(active * (stored + 2 * 2)) if stored else 0.0  # read packed, write and read the bf16 copy
+    dequantize = float(quantized * (stored + 2 * 2)) if stored else 0.0  # read packed, write and read the bf16 copy
     passes = 3 if candidate.checkpointing else 2
     terms: Dict[str, float] = {}
     micro = candidate.grad_accum
-    terms["forward"] = micro * _pass_seconds(forward_flops, weights, rows, card)
-    terms["backward"] = micro * _pass_seconds(backward_flops, 2 * weights, rows, card)
-    if candidate.checkpointing:
-        terms["recompute"] = terms["forward"]
+    terms["forward"] = micro * _pass_seconds(layers_forward + 2 * head * head_rows, weights, rows, card)
+    terms["backward"] = micro * _pass_seconds((1 if frozen_base else 2) * layers_forward + head_backward,
+                                              2 * weights, rows, card)
+    if candidate.checkpointing:  # transformers checkpoints the decoder layers: the head is not recomputed
+        terms["recompute"] = micro * _pass_seconds(layers_forward, active * bytes_per_weight, rows, card)
+    attention_rate = card.flops * (_matmul_efficiency(rows, card) if card.cpu else ATTENTION_EFFICIENCY)
+    terms["attention"] = micro * (passes + 1) * attention / attention_rate  # its backward is two forwards
+    traffic = elementwise_bytes(candidate, shape, rows, card.cpu)
+    terms["elementwise"] = micro * _traffic_seconds(sum(traffic), card)
     if head_rows and card.elementwise_seconds:
         terms["LM head tiles"] = micro * HEAD_TILE_PASSES_TORCH * head_rows * shape.vocab * card.elementwise_seconds
     elif head_rows:
@@ -171,11 +209,14 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
         share = (candidate.ranks - 1) / candidate.ranks
         terms["gradient reduction"] = 2 * share * trainable * 2 / link
         if candidate.sharding in ("zero3", "fsdp2", "zero3-offload", "fsdp2-offload"):
-            terms["parameter gathers"] = micro * passes * share * weights / link
+            # every parameter is gathered for its module's pass, every expert's too
+            stored_bytes = (counts.linear * stored + (counts.total - counts.linear) * bytes_per_weight if stored
+                            else counts.total * bytes_per_weight)
+            terms["parameter gathers"] = micro * passes * share * stored_bytes / link
     if candidate.is_rl:
         terms.update(_rl_terms(candidate, shape, card, active + head, weights, seq))
     tokens = sequences_per_micro_batch(candidate) * seq * micro * candidate.ranks
-    return SpeedEstimate(sum(terms.values()), tokens, PRIOR_SPEED_UNCERTAINTY, terms)
+    return SpeedEstimate(sum(terms.values()), tokens, PRIOR_SPEED_UNCERTAINTY, terms, candidate.ranks)
 
 
 def _pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensors]) -> float:
@@ -217,7 +258,7 @@ def measured_rates_card(flops: float, bandwidth: float, op_seconds: float = CPU_
     ``op_seconds`` one operator of a model under the probe's meter; ``elementwise_seconds`` an element of an fp32
     pass over a tensor."""
     large = (1024 + half_rows) / 1024  # the measured matmul's own rows: its rate is a little below the plateau
-    return Card(name, flops * large / MATMUL_EFFICIENCY, bandwidth / BANDWIDTH_EFFICIENCY, bandwidth, bandwidth,
+    return Card(name, flops * large / GEMM_EFFICIENCY, bandwidth / BANDWIDTH_EFFICIENCY, bandwidth, bandwidth,
                 "measured on this machine", half_rows=half_rows, op_seconds=op_seconds, cpu=True,
                 elementwise_seconds=elementwise_seconds)
 

@@ -1,0 +1,108 @@
+"""What a training step moves besides its matmuls: the bytes of its elementwise work per micro-batch.
+
+The norms (transformers' RMSNorm upcasts to fp32 and back), the rotary embedding, the gated MLP's activation and
+product, the residual adds and casts, each with its gradient in the backward, and LoRA's dropout, scale and add per
+adapted module, each read and write whole activations: bound by memory bandwidth, not FLOPs. Counted, not fitted:
+``python -m benchmarks.traffic_counts`` adds up the bytes every such operator reads and writes (a TorchDispatchMode over
+tiny-qwen2's architecture with transformers 5 and peft, views, matmuls, the attention kernel and the embedding
+excluded) and gives them per token and layer, per unit of the hidden size and of the MLP's intermediate size, for
+the three ways a step holds its weights [M: that benchmark, 2026-11-27]. A family with other norms or no gated MLP
+differs by a few of these passes.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, NamedTuple
+
+from autofit.core import Candidate
+from autofit.memory_model._parameters import census_for, weight_bytes
+from autofit.memory_model._shape import ModelShape
+
+
+class LayerTraffic(NamedTuple):
+    """Bytes per token and layer: per unit of the hidden size, and per unit of the MLP's intermediate size."""
+
+    hidden: float
+    intermediate: float
+
+
+class AdapterTraffic(NamedTuple):
+    """Bytes per token and LoRA-adapted module: per input feature, and per output feature."""
+
+    per_input: float
+    per_output: float
+
+
+class ModeTraffic(NamedTuple):
+    forward: LayerTraffic
+    backward: LayerTraffic
+    recompute: LayerTraffic  # checkpointing's recomputed forward, its hooks included
+    lora_forward: AdapterTraffic  # with dropout (its mask and product)
+    lora_backward: AdapterTraffic
+    lora_forward_no_dropout: AdapterTraffic
+    lora_backward_no_dropout: AdapterTraffic
+
+
+# Weights in bf16 (or a quantized base's bf16 rest), in fp32 without autocast (the CPU meter), and in fp32 under
+# bf16 autocast (TRL's default on CUDA: it loads fp32 weights). A LoRA backward's negative count per output feature
+# (the bias gradient a frozen base no longer computes, -32) is taken as 0.
+TRAFFIC: Dict[str, ModeTraffic] = {
+    "bf16": ModeTraffic(LayerTraffic(126.7, 18.0), LayerTraffic(280.8, 18.0), LayerTraffic(112.7, 18.0),
+                        AdapterTraffic(34.0, 32.5), AdapterTraffic(24.0, 0.0),
+                        AdapterTraffic(6.0, 32.5), AdapterTraffic(12.0, 0.0)),
+    "fp32": ModeTraffic(LayerTraffic(165.2, 36.0), LayerTraffic(369.3, 36.0), LayerTraffic(137.2, 36.0),
+                        AdapterTraffic(28.0, 28.5), AdapterTraffic(24.0, 0.0),
+                        AdapterTraffic(0.0, 28.5), AdapterTraffic(12.0, 0.0)),
+    "autocast": ModeTraffic(LayerTraffic(175.2, 18.0), LayerTraffic(392.3, 18.0), LayerTraffic(155.2, 18.0),
+                            AdapterTraffic(43.4, 4.8), AdapterTraffic(30.0, 0.0),
+                            AdapterTraffic(15.4, 4.8), AdapterTraffic(18.0, 0.0)),
+}
+# A mixture-of-experts layer's routing beyond its experts' MLPs (each token gathered to its experts, weighted and
+# added back; transformers' expert loop), per token per hidden unit per expert the token runs, forward and backward
+# (the recompute as the forward), counted in bf16 on a Mixtral of tiny-qwen2's sizes.
+MOE_ROUTING_FORWARD, MOE_ROUTING_BACKWARD = 27.4, 136.0
+
+
+class PassBytes(NamedTuple):
+    """Elementwise bytes of one micro-batch's forward, backward and checkpointing's recompute."""
+
+    forward: float
+    backward: float
+    recompute: float
+
+
+def traffic_mode(candidate: Candidate, shape: ModelShape, cpu: bool) -> str:
+    """How the step holds its weights: fp32 ones run under bf16 autocast on CUDA and as they are on the CPU."""
+    if candidate.quantization is not None or weight_bytes(candidate, shape) <= 2:
+        return "bf16"
+    return "fp32" if cpu else "autocast"
+
+
+def elementwise_bytes(candidate: Candidate, shape: ModelShape, tokens: float, cpu: bool) -> PassBytes:
+    """The bytes ``tokens`` tokens of one micro-batch move outside the matmuls and the attention kernel, by pass."""
+    mode = TRAFFIC[traffic_mode(candidate, shape, cpu)]
+    intermediate = shape.dense_layers * shape.intermediate + shape.moe_layers * (
+        shape.experts_per_token * shape.expert_intermediate + shape.shared_intermediate)
+
+    def layers(traffic: LayerTraffic) -> float:
+        return tokens * (shape.layers * shape.hidden * traffic.hidden + intermediate * traffic.intermediate)
+
+    forward, backward, recompute = layers(mode.forward), layers(mode.backward), layers(mode.recompute)
+    if shape.moe_layers:
+        routed = tokens * shape.moe_layers * shape.hidden * shape.experts_per_token
+        forward += routed * MOE_ROUTING_FORWARD
+        recompute += routed * MOE_ROUTING_FORWARD
+        backward += routed * MOE_ROUTING_BACKWARD
+    if candidate.lora is not None:
+        modules = census_for(shape, candidate.algo).lora_modules(candidate.lora.target_modules)
+        inputs, outputs = sum(g.d_in * g.count for g in modules), sum(g.d_out * g.count for g in modules)
+
+        def adapters(traffic: AdapterTraffic) -> float:
+            return tokens * (inputs * traffic.per_input + outputs * traffic.per_output)
+
+        dropout = candidate.lora.dropout > 0
+        adapters_forward = adapters(mode.lora_forward if dropout else mode.lora_forward_no_dropout)
+        forward += adapters_forward
+        recompute += adapters_forward
+        backward += adapters(mode.lora_backward if dropout else mode.lora_backward_no_dropout)
+    return PassBytes(forward, backward, recompute if candidate.checkpointing else 0.0)
