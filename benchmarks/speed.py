@@ -8,6 +8,8 @@ measured here with torch (``measured_rates_card``). What must hold is the ratio 
 its workload's baseline; the absolute speed is what the search calibrates on its own timed steps.
 
     .venv/bin/python -m benchmarks.speed [--write docs/benchmarks.md]      (make bench-speed; --quick: one ratio)
+
+After the ratios, the throughput model against published GPU throughput (``benchmarks.speed_public``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from autofit.memory_model import ModelShape, measured_rates_card, predict_speed
 from autofit.probe import ProcessRunner
 from autofit.probe._rates import measure_rates
 from benchmarks.page import quick, table_main
+from benchmarks.speed_public import table as published_table
 
 GOAL = 0.10  # issue 37: ratios within ±10% on the CPU meter
 STEPS = 6  # optimizer steps per measurement; the first (warm-up) is not timed
@@ -99,6 +102,8 @@ def table(root: Path) -> str:
         lines += ["", f"{within} of {len(errors)} ratios within ±{GOAL:.0%} (goal); largest error "
                       f"{max(errors):.0%}. Ratios are each configuration's tok/s over its workload's baseline; "
                       f"error = predicted ratio / measured ratio - 1."]
+    lines += ["", "Published GPU rows (`python -m benchmarks.speed_public`, through the estimate's door):", "",
+              published_table()]
     return "\n".join(lines)
 
 
