@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, List, Optional, Sequence, Tuple
 
-from autofit.cli._speed import level_speeds
+from autofit.cli._speed import fastest_first, level_speeds
 from autofit.core import DEFAULT_ALGO, SearchSpec
 from autofit.memory_model import (
     Calibration,
@@ -85,12 +85,9 @@ class CardEstimate:
         return [*self.question_notes(), *self.left_out, *self.ladder_notes]
 
     def fastest_fits(self) -> List[Tuple[SpeedEstimate, Any]]:
-        """(speed, level) of the levels predicted to fit, fastest first; empty without a named card."""
-        if self.speeds is None:
-            return []
-        pairs = [(speed, level) for speed, level in zip(self.speeds, self.result.levels, strict=True)
-                 if level.ledger.fits(self.budget)]
-        return sorted(pairs, key=lambda pair: -pair[0].tokens_per_second)
+        """(speed, level) of the levels predicted to fit, fastest first (``_speed.fastest_first``); empty without a
+        named card."""
+        return fastest_first(self.speeds, self.result.levels, self.budget) if self.speeds is not None else []
 
 
 def card_estimate(spec: SearchSpec, calibration: Optional[Calibration] = None, notes: Sequence[str] = (),

@@ -23,6 +23,23 @@ from autofit.memory_model import (
 from autofit.rungs import rung_named
 
 SPEED_MODEL_KEY = "speed_model"  # best.json key of the calibrated throughput model (SpeedCalibration.to_dict())
+# Levels predicted within this of the fastest are named in ladder order: a level that trades more (8-bit states, LoRA)
+# for a percent of predicted speed is not the one to recommend, the model being no finer than that.
+PREDICTED_TIE = 0.02
+
+
+def fastest_first(speeds: Sequence[SpeedEstimate], levels: Sequence[Any], budget: int
+                  ) -> List[Tuple[SpeedEstimate, Any]]:
+    """(speed, level) of the levels predicted to fit, fastest first; where several are within ``PREDICTED_TIE`` of the
+    fastest, the earliest of them (the fewest trades) comes first."""
+    pairs = sorted(((speed, level) for speed, level in zip(speeds, levels, strict=True) if level.ledger.fits(budget)),
+                   key=lambda pair: -pair[0].tokens_per_second)
+    if not pairs:
+        return pairs
+    top = pairs[0][0].tokens_per_second
+    first = min((pair for pair in pairs if pair[0].tokens_per_second >= (1 - PREDICTED_TIE) * top),
+                key=lambda pair: pair[1].level)
+    return [first] + [pair for pair in pairs if pair is not first]
 
 
 def load_speed_calibration(spec: SearchSpec) -> Tuple[Optional[SpeedCalibration], List[str]]:
@@ -108,8 +125,7 @@ def speed_lines(spec: SearchSpec, levels: Sequence[Any], speeds: Optional[List[S
         return lines
     card = estimate_card(spec) or (calibration.card_of() if calibration is not None else None)
     assert card is not None and budget is not None  # speeds come with a card; an estimate has a budget
-    fitting = sorted(((s, level) for s, level in zip(speeds, levels, strict=True) if level.ledger.fits(budget)),
-                     key=lambda pair: -pair[0].tokens_per_second)
+    fitting = fastest_first(speeds, levels, budget)
     lines = [f"speed on one {card.name} ({_rates(card)}): tok/s predicted ± {speeds[0].uncertainty:.0%}, "
              + ("calibrated" if calibration is not None else "uncalibrated")]
     lines += [f"note: {note}" for note in notes]
@@ -122,9 +138,11 @@ def speed_lines(spec: SearchSpec, levels: Sequence[Any], speeds: Optional[List[S
                  f"step (most of it {slowest[0]})")
     if len(fitting) > 1:
         second, other = fitting[1]
+        gap = 1 - second.tokens_per_second / best.tokens_per_second
+        relation = (f"{gap:.0%} slower" if gap >= 0.005 else "as fast" if gap > -0.005 else
+                    f"{-gap:.0%} faster, inside the model's {PREDICTED_TIE:.0%}: the fewer trades first")
         lines.append(f"  next: level {other.level} ({'+'.join(other.rungs) or 'baseline'}) at "
-                     f"{speed_cell(second)} tok/s, {1 - second.tokens_per_second / best.tokens_per_second:.0%} slower"
-                     + _trade(level, other))
+                     f"{speed_cell(second)} tok/s, {relation}" + _trade(level, other))
     return lines
 
 
@@ -152,9 +170,8 @@ def comparison_lines(compared: Sequence[Any]) -> List[str]:
         levels = result.levels
         shape = ModelShape.from_model(spec.options.model)
         speeds = level_speeds(spec, shape, levels)
-        fitting = [(s, level) for s, level in zip(speeds or [], levels, strict=False) if level.ledger.fits(
-            spec.budget_bytes)]
-        fastest = max(fitting, key=lambda pair: pair[0].tokens_per_second) if fitting else None
+        fitting = fastest_first(speeds, levels, spec.budget_bytes) if speeds else []
+        fastest = fitting[0] if fitting else None
         rows.append((card, format_size(spec.budget_bytes),
                      f"{expected.level} ({'+'.join(expected.rungs[-1:]) or 'baseline'})" if expected else "none fits",
                      format_size(expected.ledger.total) if expected else "-",
