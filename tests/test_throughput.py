@@ -172,3 +172,22 @@ def test_your_runs_speed_is_printed_per_gpu_as_the_trainer_counts_it(tmp_path, c
     assert run["speed"]["tokens_per_second_per_gpu"] == pytest.approx(run["speed"]["tokens_per_second"] / 2)
     assert f"{run['speed']['tokens_per_second']:,.0f} tok/s ({run['speed']['tokens_per_second_per_gpu']:,.0f} per GPU" \
         in line
+
+
+def test_levels_predicted_within_two_percent_of_the_fastest_go_in_ladder_order():
+    from types import SimpleNamespace
+
+    from autofit.cli._speed import fastest_first
+    from autofit.memory_model import SpeedEstimate
+
+    def level(number, fits=True):
+        return SimpleNamespace(level=number, ledger=SimpleNamespace(fits=lambda budget: fits))
+
+    def tps(value):
+        return SpeedEstimate(1.0, int(value))
+
+    levels = [level(0, fits=False), level(5), level(6), level(7)]
+    speeds = [tps(500), tps(368), tps(369), tps(300)]  # level 6 (8-bit states) 0.3% ahead of level 5
+    assert [lvl.level for _, lvl in fastest_first(speeds, levels, 1)] == [5, 6, 7]
+    speeds[2] = tps(400)  # 9% ahead: the faster first
+    assert [lvl.level for _, lvl in fastest_first(speeds, levels, 1)] == [6, 5, 7]
