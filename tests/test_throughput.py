@@ -32,6 +32,9 @@ def test_lora_skips_the_weight_gradients_and_moves_its_adapters_activations():
     assert lora.terms["backward"] == pytest.approx(full.terms["backward"] / 2, rel=0.05)  # input gradients only
     assert lora.terms["optimizer"] < full.terms["optimizer"] / 50
     assert lora.terms["elementwise"] > full.terms["elementwise"]  # each adapter's dropout, scale and add
+    assert "LoRA adapters" in lora.terms and "LoRA adapters" not in full.terms  # their thin matmuls
+    higher = speed(BASE.replace(lora=LoraSettings(r=64)))
+    assert higher.terms["LoRA adapters"] > lora.terms["LoRA adapters"]
     attention_only = speed(BASE.replace(lora=LoraSettings(target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))))
     assert full.seconds_per_step / attention_only.seconds_per_step > 1.05  # fewer adapters: faster than full
 

@@ -25,6 +25,7 @@ from autofit.memory_model._logits import logit_tokens
 from autofit.memory_model._parameters import (
     Tensors,
     _beta,
+    census_for,
     head_trained,
     param_counts,
     trainable_tensors,
@@ -118,6 +119,17 @@ def _pass_seconds(flops: float, bytes_read: float, rows: Optional[float], card: 
     return max(flops / (card.flops * efficiency), bytes_read / (card.bandwidth * BANDWIDTH_EFFICIENCY))
 
 
+def _adapter_seconds(candidate: Candidate, shape: ModelShape, rows: float, card: Card) -> float:
+    """One forward of every LoRA adapter: A (d_in to r) and B (r to d_out) per adapted module, matmuls as thin as the
+    rank, so at the efficiency of ``r`` rows (a GPU's are bound by reading their inputs instead). Their backward is two
+    of these (the input's and the weights' gradients)."""
+    assert candidate.lora is not None
+    modules = census_for(shape, candidate.algo).lora_modules(candidate.lora.target_modules)
+    widths = sum((g.d_in + g.d_out) * g.count for g in modules)
+    rank = candidate.lora.r
+    return _pass_seconds(2 * rank * widths * rows, widths * rows * 4, rank, card)  # fp32 adapters: inputs read
+
+
 def _traffic_seconds(moved: float, card: Card) -> float:
     """Bytes of elementwise passes at the card's achievable bandwidth; on the CPU meter at its measured time per
     element of an fp32 pass (one read and one write: 8 bytes)."""
@@ -181,6 +193,8 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     terms["attention"] = micro * (passes + 1) * attention / attention_rate  # its backward is two forwards
     traffic = elementwise_bytes(candidate, shape, rows, card.cpu)
     terms["elementwise"] = micro * _traffic_seconds(sum(traffic), card)
+    if candidate.lora is not None:
+        terms["LoRA adapters"] = micro * (passes + 1) * _adapter_seconds(candidate, shape, rows, card)
     if head_rows and card.elementwise_seconds:
         terms["LM head tiles"] = micro * HEAD_TILE_PASSES_TORCH * head_rows * shape.vocab * card.elementwise_seconds
     elif head_rows:
