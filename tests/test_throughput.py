@@ -33,8 +33,13 @@ def test_lora_skips_the_weight_gradients_and_moves_its_adapters_activations():
     assert lora.terms["optimizer"] < full.terms["optimizer"] / 50
     assert lora.terms["elementwise"] > full.terms["elementwise"]  # each adapter's dropout, scale and add
     assert "LoRA adapters" in lora.terms and "LoRA adapters" not in full.terms  # their thin matmuls
-    higher = speed(BASE.replace(lora=LoraSettings(r=64)))
-    assert higher.terms["LoRA adapters"] > lora.terms["LoRA adapters"]
+    # on an H100 they are bound by reading their inputs, whatever the rank; on a CPU a higher rank costs FLOPs
+    assert speed(BASE.replace(lora=LoraSettings(r=64))).terms["LoRA adapters"] == lora.terms["LoRA adapters"]
+    from autofit.memory_model import measured_rates_card
+
+    cpu = measured_rates_card(180e9, 60e9)
+    assert predict_speed(BASE.replace(lora=LoraSettings(r=64)), SHAPE, cpu).terms["LoRA adapters"] > \
+        predict_speed(BASE.replace(lora=LoraSettings()), SHAPE, cpu).terms["LoRA adapters"]
     attention_only = speed(BASE.replace(lora=LoraSettings(target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))))
     assert full.seconds_per_step / attention_only.seconds_per_step > 1.05  # fewer adapters: faster than full
 
