@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from benchmarks.page import chosen, table_main
+from benchmarks.speed_public import memory_table
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
@@ -137,6 +138,8 @@ def table(_: Path) -> str:
                  "NCCL's buffers with several GPUs), the figure the search holds against the budget; PyTorch = "
                  "`max_memory_allocated`. The error is against the published figure (a range's middle), in the "
                  "meter the source reports.")
+    lines += ["", "fms-acceleration's A100 80GB benchmark, the same runs as `make bench-speed`'s published rows "
+              "(`benchmarks/speed_public.py`: the source, each row's file and launch):", "", memory_table()]
     return "\n".join(lines)
 
 

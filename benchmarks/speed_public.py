@@ -22,7 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks.page import chosen
 
@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 FOLDER = "benchmarks/public/fms"
 H100_FOLDER = "benchmarks/public/h100"
 GOAL = 0.20  # issue 37: published rows within ±20% where the configuration is expressible
+MEMORY_GOAL = 0.10  # the memory model's goal against published peaks (make bench-public)
 SOURCE = ("[fms-acceleration a100_80gb.csv @ 24bdadb](https://github.com/foundation-model-stack/fms-acceleration/"
           "blob/24bdadb/scripts/benchmarks/refs/a100_80gb.csv)")
 MISTRAL = "benchmarks/models/Mistral-7B-v0.1"
@@ -64,13 +65,15 @@ class Row:
     folder: str = FOLDER
     card: str = "A100-80GB"
     trainer: str = "sft"
+    peak: Optional[int] = None  # bytes: the source's PyTorch peak (max_memory_allocated, rank 0), where it gives one
 
 
-def _rows(key: str, what: str, config: str, model: str, published: Dict[Tuple[int, int], float],
+def _rows(key: str, what: str, config: str, model: str, published: Dict[Tuple[int, int], Tuple[float, int]],
           one_gpu: str = "", many: str = FSDP1) -> List[Row]:
-    """A configuration's rows by (GPUs, batch per GPU), with what each does not express beyond ``STACK``."""
-    return [Row(f"{key} {gpus}x{batch}", what, config, model, gpus, batch, tokens, one_gpu if gpus == 1 else many)
-            for (gpus, batch), tokens in published.items()]
+    """A configuration's rows by (GPUs, batch per GPU): (tokens/s per GPU, PyTorch's peak bytes), with what each does
+    not express beyond ``STACK``."""
+    return [Row(f"{key} {gpus}x{batch}", what, config, model, gpus, batch, tokens, one_gpu if gpus == 1 else many,
+                peak=peak) for (gpus, batch), (tokens, peak) in published.items()]
 
 
 H100_ROWS = (
@@ -83,18 +86,22 @@ H100_ROWS = (
 )
 ROWS = (
     _rows("mistral-full", "Mistral-7B full fine-tune, pure bf16", "mistral-full.yaml", MISTRAL,
-          {(1, 4): 3062.694, (1, 8): 3143.118, (2, 2): 2777.18, (2, 4): 3008.934})
+          {(1, 4): (3062.694, 72434837504), (1, 8): (3143.118, 72435230720), (2, 2): (2777.18, 36225939968),
+           (2, 4): (3008.934, 36226136576)})
     + _rows("mistral-lora", "Mistral-7B LoRA r16 q/k/v/o, pure bf16", "mistral-lora.yaml", MISTRAL,
-            {(1, 4): 3324.155, (1, 8): 3353.809, (2, 2): 2946.306, (2, 4): 3168.613})
+            {(1, 4): (3324.155, 26704571904), (1, 8): (3353.809, 38742912512), (2, 2): (2946.306, 15144870400),
+             (2, 4): (3168.613, 21959827968)})
     + _rows("mistral-qlora", "Mistral-7B QLoRA (NF4, nested) r16 q/k/v/o, bf16 autocast", "mistral-qlora.yaml",
-            MISTRAL, {(1, 4): 2903.78, (1, 8): 2987.456, (2, 2): 2949.205, (2, 4): 3398.665}, ONE_GPU_QLORA)
+            MISTRAL, {(1, 4): (2903.78, 20669338112), (1, 8): (2987.456, 37002646016), (2, 2): (2949.205, 9424594432),
+                     (2, 4): (3398.665, 15970067968)}, ONE_GPU_QLORA)
     + _rows("mixtral-lora", "Mixtral-8x7B LoRA r16 q/k/v/o, pure bf16", "mixtral-lora.yaml", MIXTRAL,
-            {(2, 2): 1571.223, (2, 4): 1834.376}, many=f"{FSDP1}; {MOE}")
+            {(2, 2): (1571.223, 57554708992), (2, 4): (1834.376, 64851605504)}, many=f"{FSDP1}; {MOE}")
     + _rows("mixtral-qlora", "Mixtral-8x7B QLoRA (NF4, nested) r16 q/k/v/o, bf16 autocast", "mixtral-qlora.yaml",
-            MIXTRAL, {(1, 4): 1528.07, (1, 8): 1690.27, (2, 2): 1579.814, (2, 4): 1880.667},
+            MIXTRAL, {(1, 4): (1528.07, 42794268160), (1, 8): (1690.27, 60545920512), (2, 2): (1579.814, 21129981952),
+                     (2, 4): (1880.667, 28146350592)},
             f"{ONE_GPU_QLORA}; {MOE}; {QUANT_MOE}", f"{FSDP1}; {MOE}; {QUANT_MOE}")
     + _rows("llama2-70b-qlora", "Llama-2-70B QLoRA (NF4, nested) r16 q/k/v/o, bf16 autocast", "llama70b-qlora.yaml",
-            LLAMA2_70B, {(2, 2): 433.53})
+            LLAMA2_70B, {(2, 2): (433.53, 46685287936)})
 )
 
 
@@ -109,15 +116,16 @@ def command(row: Row) -> Tuple[str, ...]:
     return ("autofit", "estimate", "--gpu-memory", row.card, *model, "--json", "--", *launch)
 
 
-def predicted(row: Row) -> Tuple[float, Dict[str, float], str]:
-    """The user's run's predicted tokens/s per GPU, its seconds per step by part, and its configuration."""
+def predicted(row: Row) -> Tuple[float, Dict[str, float], str, Dict[str, Any]]:
+    """The user's run's predicted tokens/s per GPU, its seconds per step by part, its configuration, and the whole
+    of ``your_run`` (its memory)."""
     done = subprocess.run([sys.executable, "-m", "autofit.cli", *command(row)[1:]], cwd=REPO, capture_output=True,
                           text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command(row))}: exit {done.returncode}: {done.stderr.strip()}")
     run = json.loads(done.stdout)["estimates"][0]["your_run"]
     speed = run["speed"]
-    return speed["tokens_per_second_per_gpu"], speed["seconds_by_part"], run["configuration"]["describe"]
+    return speed["tokens_per_second_per_gpu"], speed["seconds_by_part"], run["configuration"]["describe"], run
 
 
 def _largest(parts: Dict[str, float]) -> str:
@@ -138,7 +146,7 @@ def _group(rows: Sequence[Row], source: str, figure: str, stack: str) -> List[st
              "|---|---|---|---|---:|---:|---:|---|---|"]
     errors: List[float] = []
     for row in rows:
-        tokens, parts, describe = predicted(row)
+        tokens, parts, describe, _ = predicted(row)
         error = tokens / row.published - 1
         errors.append(abs(error))
         mark = "" if abs(error) <= GOAL else " ✗"
@@ -152,6 +160,29 @@ def _group(rows: Sequence[Row], source: str, figure: str, stack: str) -> List[st
                   f"row: {stack}. Predicted: the uncalibrated throughput model on the card's published peaks, the "
                   "user's run (`your_run.speed.tokens_per_second_per_gpu`) of what the command prints, nothing else."]
     return lines
+
+
+def memory_table() -> str:
+    """The same runs' memory: the source's PyTorch peak (the Trainer's memory metrics: ``max_memory_allocated`` on
+    rank 0) against the estimate's PyTorch figure of the user's run, read from the same command."""
+    lines = ["| run | GPUs x batch | command | published PyTorch peak | predicted (its phase) | error | "
+             "not expressed |", "|---|---|---|---:|---:|---:|---|"]
+    errors: List[float] = []
+    for row in chosen([row for row in ROWS if row.peak]):
+        assert row.peak is not None
+        run = predicted(row)[3]
+        allocated = run["pytorch"]["bytes"]
+        error = allocated / row.peak - 1
+        errors.append(abs(error))
+        mark = "" if abs(error) <= MEMORY_GOAL else " ✗"
+        lines.append(f"| {row.key} | {row.gpus} x {row.batch} | `{' '.join(command(row))}` | {row.peak / 1e9:.1f} GB | "
+                     f"{allocated / 1e9:.1f} GB ({run['phase']}) | {error:+.0%}{mark} | {row.not_expressed or '-'} |")
+    within = sum(error <= MEMORY_GOAL for error in errors)
+    lines += ["", f"{within} of {len(errors)} rows within ±{MEMORY_GOAL:.0%}; largest error {max(errors):.0%}, median "
+                  f"{sorted(errors)[len(errors) // 2]:.0%}. Source: {SOURCE}, `mem_peak_torch_mem_alloc_in_bytes` "
+                  "(the Trainer's memory metrics, rank 0). Predicted: the user's run's `pytorch` figure (PyTorch's "
+                  f"allocated peak) of what the command prints. Not expressed, every row: {STACK}."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
