@@ -165,5 +165,33 @@ def main(argv: List[str]) -> int:
             return 2
 
 
+def forked_main(argv: List[str], text: str, out: str, err: str, cwd: str, env: Dict[str, str]) -> None:
+    """``main`` in a process forked from the probe server (``autofit.probe._trl_read``), as ``python -m
+    autofit.probe._trl_config ARGV`` runs it: the caller's environment and working directory, ``text`` on its
+    standard input, its standard output and error written to the files ``out`` and ``err``, its exit code the
+    process's."""
+    import io
+
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, name in ((1, out), (2, err)):
+        os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    sys.stdout = os.fdopen(1, "w", encoding="utf-8", closefd=False)
+    sys.stderr = os.fdopen(2, "w", encoding="utf-8", closefd=False)
+    sys.stdin = io.StringIO(text)
+    sys.argv = [__file__, *argv]  # as `python -m` sets it: argparse names the program after it
+    if "transformers" in sys.modules and env.get("TRANSFORMERS_VERBOSITY") == "error":  # read at the server's import
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity_error()
+    try:
+        code = main(argv)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -9,7 +9,8 @@ the file and folded into its text (``autofit.search._launch_flags``); an acceler
 The file is read once, by autofit, in the search's process, with limits (``autofit.search._config_file``: a regular
 file or a pipe's content, its size, its YAML aliases, no key twice), and that text is what TRL's parser and the export
 read: ``--config <(cat sft.yaml)`` works. TRL's parser imports torch, so it runs in a process of its own
-(``autofit.probe._trl_config``), given the text on its standard input. Its errors are TRL's own messages, one line.
+(``autofit.probe._trl_config``, forked from the probe server: ``autofit.probe.read_trl_config``), given the text on
+its standard input. Its errors are TRL's own messages, one line.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -38,6 +38,7 @@ from autofit.core import (
     one_line,
     visible_gpu_count,
 )
+from autofit.probe import read_trl_config
 from autofit.search._accelerate_file import read_accelerate_config
 from autofit.search._as_written import ALLOCATOR_ENV, as_written, lora_as_written
 from autofit.search._config_file import read_config_text
@@ -311,10 +312,7 @@ def read_user_config(path: str, algo: str, fresh: bool = False, args: Optional[S
 def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> UserConfig:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_VERBOSITY": "error"}
     try:
-        done = subprocess.run([sys.executable, "-m", "autofit.probe._trl_config", algo, path, *flags], env=env,
-                              input=text,
-                              capture_output=True, text=True, encoding="utf-8", errors="replace",
-                              timeout=READ_TIMEOUT_S)
+        done = read_trl_config(algo, path, flags, text, env, READ_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InputError(f"--config {path}: TRL's parser did not run ({type(exc).__name__}: {one_line(exc)})") \
             from None
