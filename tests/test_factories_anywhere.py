@@ -11,7 +11,10 @@ import pytest
 pytestmark = pytest.mark.slow
 
 # The user's code: a factory on their own (here synthetic) dataset, using ``ROW_LENGTH`` and ``rows`` that the
-# script defines only under ``if __name__ == "__main__":`` (or in a notebook cell).
+# script defines only under ``if __name__ == "__main__":`` (or in a notebook cell). Searched without the memory model
+# (``predict=False``): each way is a fresh process, which would otherwise measure this machine's rates for the speed
+# model first (about 12 s of CPU each); where the factory comes from is the question, and the model's own tests are
+# the lambda's and the factories' below.
 FACTORY = textwrap.dedent("""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -32,7 +35,7 @@ MAIN = textwrap.dedent("""
     ROW_LENGTH = 16
     rows = [[(7 * i + j) % 400 + 1 for j in range(ROW_LENGTH)] for i in range(64)]
     result = autofit.fit(make_trainer, model="tiny-qwen2", device="cpu", gpu_memory="2GiB", max_length=ROW_LENGTH,
-                         effective_batch=2, verify_steps=3, out_dir=OUT, quiet=True)
+                         effective_batch=2, verify_steps=3, predict=False, out_dir=OUT, quiet=True)
     print("RESULT " + json.dumps({"rungs": list(result.candidate.rungs), "fits": result.report.fits,
                                   "peak": result.report.verified.peak_bytes}))
 """)
@@ -74,7 +77,7 @@ def test_a_lambda_calling_a_closure(tmp_path):
         return build_trainer(candidate)
 
     result = autofit.fit(lambda candidate: closure(candidate), model="tiny-qwen2", device="cpu", gpu_memory="2GiB",
-                         max_length=16, effective_batch=2, out_dir=tmp_path, quiet=True)
+                         max_length=16, effective_batch=2, verify_steps=3, out_dir=tmp_path, quiet=True)
     assert result.report.fits
     assert seen_rows == []
 
@@ -101,7 +104,7 @@ def test_the_trainer_that_was_built_is_the_one_exported(tmp_path):
     import autofit
 
     result = autofit.fit("probe_factories:own_lora_short_rows", model="tiny-qwen2", device="cpu", gpu_memory="2GiB",
-                         max_length=32, effective_batch=2, out_dir=tmp_path, quiet=True)
+                         max_length=32, effective_batch=2, verify_steps=3, out_dir=tmp_path, quiet=True)
     best = json.loads(result.best_json.read_text())
     assert best["peft"] == {"type": "lora", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
                             "target_modules": ["q_proj", "v_proj"]}
@@ -123,7 +126,8 @@ def test_a_grpo_factory_with_its_own_generations_and_prompts(tmp_path):
     import autofit
 
     result = autofit.fit("probe_factories:own_grpo_settings", model="tiny-qwen2", algo="grpo", device="cpu",
-                         gpu_memory="2GiB", max_completion_length=16, effective_batch=8, out_dir=tmp_path, quiet=True)
+                         gpu_memory="2GiB", max_completion_length=16, effective_batch=8, verify_steps=3,
+                         out_dir=tmp_path, quiet=True)
     best = json.loads(result.best_json.read_text())
     assert best["config"]["num_generations"] == 4
     verified = result.report.verified

@@ -103,7 +103,7 @@ def test_a_hostile_model_folder_name_cannot_add_keys_to_best_yaml(tmp_path):
     shutil.copy(BUNDLED_DIR / "tiny-qwen2.json", folder / "config.json")
     out = tmp_path / "out"
     code = cli.main(["search", "--model", str(folder), "--device", "cpu", "--gpu-memory", "2GiB", "--max-length",
-                     "16", "--effective-batch", "2", "-q", "--out", str(out)])
+                     "16", "--effective-batch", "2", "--verify-steps", "3", "-q", "--out", str(out)])
     assert code == 0
     best = json.loads((out / "best.json").read_text())
     written = yaml.safe_load((out / "best.yaml").read_text())
@@ -170,7 +170,7 @@ def test_with_the_flag_the_models_code_runs_and_is_exported(tmp_path):
     folder = custom_code_model(tmp_path / "model", marker)
     out = tmp_path / "out"
     code = cli.main(["search", "--model", str(folder), "--device", "cpu", "--gpu-memory", "2GiB", "--max-length", "16",
-                     "--effective-batch", "2", "--trust-remote-code", "-q", "--out", str(out)])
+                     "--effective-batch", "2", "--verify-steps", "3", "--trust-remote-code", "-q", "--out", str(out)])
     assert code == 0 and marker.exists()
     best = json.loads((out / "best.json").read_text())
     assert best["config"]["trust_remote_code"] is True  # TRL's own config field

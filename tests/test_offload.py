@@ -272,8 +272,8 @@ def test_seed_case_keeps_full_fine_tuning_through_offload(tmp_path):
     from autofit._api import fit
 
     result = fit("autofit.probe.algos.sft:build_trainer", model="tiny-qwen2", algo="sft", device="cpu",
-                 gpu_memory="70MiB", max_length=32,
-                 effective_batch=1, ladder=["optimizer-offload", "bf16-weights", "lora"], out_dir=tmp_path)
+                 gpu_memory="70MiB", max_length=32, effective_batch=1,
+                 ladder=["optimizer-offload", "bf16-weights", "lora"], verify_steps=3, out_dir=tmp_path)
     report = result.report
     baseline = report.records[0]
     assert baseline.result.outcome.value == "OOM" and baseline.result.error_phase == "optimizer_step"

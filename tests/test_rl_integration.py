@@ -32,8 +32,9 @@ def big_vocab_model(tmp_path_factory):
 def test_grpo_search_end_to_end(tmp_path):
     from trl import GRPOConfig, ModelConfig, TrlParser
 
+    # 16 generated tokens after 8-token prompts (each probe generates token by token): 100 MiB still needs a rung
     code = cli.main(["search", "--model", "tiny-qwen2", "--algo", "grpo", "--device", "cpu", "--gpu-memory", "100MiB",
-                     "--max-completion-length", "32", "--max-prompt-length", "32", "--num-generations", "4",
+                     "--max-completion-length", "16", "--max-prompt-length", "8", "--num-generations", "4",
                      "--verify-steps", "3", "--out", str(tmp_path)])
     best = json.loads((tmp_path / "best.json").read_text())
     assert code == 0 and best["fits"], best["candidates"]
@@ -41,10 +42,10 @@ def test_grpo_search_end_to_end(tmp_path):
     assert best["verified"]["peak_bytes"] <= 100 * 2**20
     assert {"generation", "scoring", "forward_backward", "optimizer_step"} <= set(best["verified"]["phase_peaks"])
     config = best["config"]
-    assert config["num_generations"] == 4 and config["max_completion_length"] == 32
+    assert config["num_generations"] == 4 and config["max_completion_length"] == 16
     assert config["per_device_train_batch_size"] * config["gradient_accumulation_steps"] == 8
     assert "generation_kwargs" not in config  # the forced full-length completions are probe-only
-    # generation throughput apart from training throughput: completions of 32 tokens, 8 per generation
+    # generation throughput apart from training throughput: completions of 16 tokens, 8 per generation
     assert best["generation_tokens_per_second"] > 0
     assert best["generation_tokens_per_second"] != best["tokens_per_second"]
     if importlib.util.find_spec("vllm") is None:
@@ -52,11 +53,11 @@ def test_grpo_search_end_to_end(tmp_path):
     parsed, _ = TrlParser((GRPOConfig, ModelConfig)).parse_args_and_config(
         ["--config", str(tmp_path / "best.yaml"), "--output_dir", str(tmp_path / "run")]
     )
-    assert parsed.num_generations == 4 and parsed.max_completion_length == 32
+    assert parsed.num_generations == 4 and parsed.max_completion_length == 16
     assert parsed.per_device_train_batch_size == config["per_device_train_batch_size"]
     assert parsed.generation_batch_size % parsed.num_generations == 0
     # what the user trades and what was measured: the prompt length (GRPOConfig has no field for it), the attention
-    assert "# measured with prompts of 32 tokens" in (tmp_path / "best.yaml").read_text()
+    assert "# measured with prompts of 8 tokens" in (tmp_path / "best.yaml").read_text()
     assert len(best["trades"]) == len(best["rungs"]) and all(best["trades"])
     assert best["model_args"]["attn_implementation"] == "sdpa"
 

@@ -107,9 +107,11 @@ def test_absurd_budget_without_the_model_probes_and_reports_the_lightest_oom(tmp
 
 def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
     # --no-predict: every level is probed (nothing skipped by the memory or the speed model), so the search is still
-    # probing when the second result is written and the interrupt finds it running
-    command = [sys.executable, "-m", "autofit.cli", *BASE, "--gpu-memory", "260MiB", "--verify-steps", "3",
-               "--no-predict", "--out", str(tmp_path)]
+    # probing when the second result is written and the interrupt finds it running. At 64 tokens under 170 MiB the
+    # walk is the one of 128 tokens under 260 MiB (the full batch out of memory, 2x4 fitting at both speed levels,
+    # 4x2 not: nine probes) at half the cost of each probe
+    resumed = ["--max-length", "64", "--verify-steps", "3", "--no-predict"]  # over BASE's 128
+    command = [sys.executable, "-m", "autofit.cli", *BASE, "--gpu-memory", "170MiB", *resumed, "--out", str(tmp_path)]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while len(list(tmp_path.glob("probes/*/result.json"))) < 2:
@@ -122,7 +124,7 @@ def test_interrupted_search_resumes_without_repeating_probes(tmp_path):
     assert "resume" in err
     finished = len(list(tmp_path.glob("probes/*/result.json")))
 
-    code, best = search(tmp_path, "260MiB", "--verify-steps", "3", "--no-predict")
+    code, best = search(tmp_path, "170MiB", *resumed)
     assert code == 0
     stored = [c for c in best["candidates"] if c["stored"]]
     # A probe whose result file was written but not yet recorded when Ctrl-C arrived runs again: at most one.
@@ -186,7 +188,7 @@ def test_fit_api_with_the_example_factory(tmp_path):
 
         result = autofit.fit(
             fit_sft.make_trainer, model="tiny-qwen2", device="cpu", gpu_memory="2GiB", max_length=64,
-            training_args={"learning_rate": 1e-4}, out_dir=tmp_path,
+            training_args={"learning_rate": 1e-4}, verify_steps=3, out_dir=tmp_path,
         )
     finally:
         sys.path.remove(str(REPO / "examples"))
@@ -211,7 +213,7 @@ def test_tight_budget_climbs_to_the_first_quality_rung_that_fits(tmp_path):
     # tiny-qwen2 at 32 tokens, micro-batch 1, checkpointing (measured): bf16 weights + 8-bit AdamW + LoRA ~22.4 MiB,
     # + an 8-bit base ~21.6 MiB, the same without the 8-bit optimizer ~21.8 MiB
     code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "32",
-                     "--gpu-memory", "22MiB", "--out", str(tmp_path)])
+                     "--gpu-memory", "22MiB", "--verify-steps", "3", "--out", str(tmp_path)])
     best = json.loads((tmp_path / "best.json").read_text())
     assert code == 0, best["candidates"]
     assert best["rungs"][-1] == "quant-8bit"
@@ -236,11 +238,12 @@ def test_tight_budget_climbs_to_the_first_quality_rung_that_fits(tmp_path):
 
 def test_the_search_process_never_imports_torch(tmp_path):
     # Stronger than "never initializes CUDA": the searching process does not even import torch; only probes do.
+    argv = BASE + ["--gpu-memory", "2GiB", "--max-length", "16", "--verify-steps", "3", "--out", str(tmp_path)]
     script = (
         "import sys\n"
         "from autofit import cli\n"
         "if __name__ == '__main__':\n"
-        f"    code = cli.main({BASE + ['--gpu-memory', '2GiB', '--max-length', '16', '--out', str(tmp_path)]!r})\n"
+        f"    code = cli.main({argv!r})\n"
         "    print('exit', code, 'torch imported:', 'torch' in sys.modules)\n"
     )
     (tmp_path / "run_search.py").write_text(script)
@@ -256,7 +259,7 @@ def test_a_full_fine_tune_out_of_memory_at_the_optimizer_step_keeps_full_fine_tu
     from trl import ModelConfig, SFTConfig, TrlParser
 
     code = cli.main(["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "80MiB", "--max-length",
-                     "32", "--effective-batch", "1", "--out", str(tmp_path)])
+                     "32", "--effective-batch", "1", "--verify-steps", "3", "--out", str(tmp_path)])
     table = capsys.readouterr().out
     best = json.loads((tmp_path / "best.json").read_text())
     assert code == 0 and best["fits"], best["candidates"]
