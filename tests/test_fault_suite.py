@@ -123,8 +123,10 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_search_resumes(tmp_path
     config = resolve_model("tiny-qwen2").config
     probe_kit.random_checkpoint(config, "tiny-qwen2")  # the probes' checkpoint is the cache's, built before the limit
     out = tmp_path / "out"
+    # --no-predict: nothing here is the memory model's, and without it neither fresh process measures this machine's
+    # rates for the speed model (about 12 s of CPU each)
     command = [sys.executable, "-m", "autofit.cli", *SEARCH, "--gpu-memory", "300MiB", "--verify-steps", "2",
-               "--out", str(out)]
+               "--no-predict", "--out", str(out)]
     limit = 5500  # one probe's records (about 4.5 kB) fit in the journal; the second's do not
 
     def limited() -> None:
