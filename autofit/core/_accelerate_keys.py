@@ -55,8 +55,8 @@ FSDP = {
     "fsdp_activation_checkpointing_offload": (NOT_PROBED, "checkpointed activations moved to the host: not modelled"),
     "fsdp_backward_prefetch": (NO_MEMORY, "FSDP version 1's prefetch order (FSDP2 prefetches one unit; the "
                                           "ledger holds it)"),
-    "fsdp_backward_prefetch_policy": (NO_MEMORY, "accelerate before 1.0's name of fsdp_backward_prefetch, which configs "
-                                                 "still carry beside it (the prefetch order)"),
+    "fsdp_backward_prefetch_policy": (NO_MEMORY, "accelerate before 1.0's name of fsdp_backward_prefetch, which "
+                                                 "configs still carry beside it (the prefetch order)"),
     "fsdp_forward_prefetch": (NO_MEMORY, "FSDP version 1's prefetch order (FSDP2 prefetches one unit; the "
                                          "ledger holds it)"),
     "fsdp_state_dict_type": (NO_MEMORY, "how checkpoints are saved (a probe writes none)"),
