@@ -175,6 +175,7 @@ bench: venv
 	$(BIN)/python -m benchmarks.weightless $(BENCH_WRITE)
 	$(BIN)/python -m benchmarks.public $(BENCH_WRITE)
 	$(BIN)/python -m benchmarks.search_speed $(BENCH_WRITE) $(if $(QUICK),,$(if $(OLD),--old $(OLD)))
+	$(if $(QUICK),,$(BIN)/python -m benchmarks.search_speed --gate $(BENCH_WRITE) $(if $(OLD),--old $(OLD)))
 
 # Every benchmark target the README and docs name, in its quick mode (make gpu-check needs CUDA: not here).
 bench-quick: QUICK = 1
