@@ -182,8 +182,8 @@ def gate_workloads() -> List[methods.Workload]:
     head outweighs their layers, so that checkpointing costs them less than the throughput model's band): a
     12-layer tiny-qwen2 (tests/data/tiny-qwen2-deep), its layers outweighing its head as in the models users train,
     where checkpointing costs about a quarter of a step. At 68% of its baseline's peak the plain micro-batch 4x2 fits,
-    the full batch does not even with checkpointing, and the checkpointing level is visited for its speed alone: at
-    least three fits at different levels (micro-batch, checkpointing, bf16 weights), issue 37's question."""
+    the full batch does not even with checkpointing, and the checkpointing level is visited for its speed alone: six
+    fits at two levels of two cost classes (micro-batch, free; checkpointing, speed), issue 37's question."""
     deep = str(ROOT / "tests" / "data" / "tiny-qwen2-deep")
     return [methods.Workload("qwen2-deep", deep, "sft", max_length=128, budgets=(("tight", 0.68),))]
 
