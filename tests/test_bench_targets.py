@@ -39,3 +39,21 @@ def test_make_test_runs_the_quick_benchmarks_of_every_target():
     named = {re.search(r"-m benchmarks\.(\w+)", line).group(1) for line in quick}
     for target in bench_targets():  # what each target runs, bench-quick runs
         assert set(re.findall(r"-m benchmarks\.(\w+)", dry(target))) <= named, target
+
+
+def test_the_gate_question_has_its_model_and_refuses_what_it_would_ignore(capsys):
+    """`make bench` runs search_speed --gate only in full (it has no quick mode): its model folder and its refusals
+    are checked here, so that a moved folder or a dropped flag check is not first met by a 50-minute run."""
+    import pytest
+
+    from benchmarks import search_speed
+
+    (workload,) = search_speed.gate_workloads()
+    assert (Path(workload.model) / "config.json").is_file(), workload.model
+    assert [label for label, _ in workload.budgets] == ["tight"]
+    assert "benchmarks.search_speed --gate" in dry("bench") and "--gate" not in dry("bench", "QUICK=1")
+    for argv, named in ((["--gate", "--only", "qwen2"], "--only"), (["--gate", "--budget", "tight"], "--budget"),
+                        (["--gate", "--quick"], "--gate")):
+        with pytest.raises(SystemExit) as exit_:
+            search_speed.main(argv)
+        assert exit_.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1], argv
