@@ -97,7 +97,7 @@ test: venv lint browser
 	$(MAKE) -j2 --output-sync=target test-ppo test-floor
 	$(MAKE) bench-quick
 
-# Chromium, for tests/test_report_browser.py (report.html laid out at 1280 px): installed with apt-get where it is
+# Chromium, for tests/report/test_report_browser.py (report.html laid out at 1280 px): installed with apt-get where it is
 # missing and apt-get can (root: CI); elsewhere one line says so, and the test skips saying the same (.ci/run sets
 # AUTOFIT_REQUIRE_BROWSER=1: there a missing browser fails the test).
 BROWSERS = chromium chromium-browser google-chrome
@@ -121,7 +121,7 @@ report-shot: venv browser
 PYTEST_WORKERS ?= -n 2 --dist worksteal
 # Fast tests whose subject no library version touches (the probe server's own start method under CUDA): the main
 # lane runs them; the floor lane, which exists for the libraries' floors, need not run them twice.
-FLOOR_DESELECT = --deselect tests/test_gpu_path.py::test_a_server_with_cuda_initialized_falls_back_to_spawn
+FLOOR_DESELECT = --deselect tests/probe/test_gpu_path.py::test_a_server_with_cuda_initialized_falls_back_to_spawn
 
 # --durations: the slowest tests named at the end of every run, to see where the suite's time goes
 test-main: venv

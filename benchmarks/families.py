@@ -2,8 +2,8 @@
 transformers ships and builds (dense and mixture-of-experts), one probe each for SFT, GRPO and a reward model.
 
 ``python -m benchmarks.families [--write docs/benchmarks.md]`` prints the table (``make bench-families``);
-``tests/test_families.py`` runs the same probes for the (family, algorithm) pairs ``memory_model.CHECKED`` claims
-(GRPO for one family of each layout; this sweep measures every claim).
+``tests/memory_model/test_families.py`` runs the same probes for the (family, algorithm) pairs
+``memory_model.CHECKED`` claims (GRPO for one family of each layout; this sweep measures every claim).
 Configurations are written here, never downloaded; weights are random.
 """
 

@@ -1,4 +1,5 @@
-"""Probe steps of rungs that are not autofit's (tests/test_probe_steps.py): the probe's child imports them by path."""
+"""Probe steps of rungs that are not autofit's (tests/probe/test_probe_steps.py): the probe's child imports them by
+path."""
 
 import os
 

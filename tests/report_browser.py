@@ -6,7 +6,7 @@ edge is outside it), every figure and table inside the window's width, every num
 line (a unit wrapped onto a line of its own is two; text such as a configuration may wrap between words), and the
 smallest font of the figures as drawn (a legend at 7 pt drew 9.3 px letters).
 
-Used by tests/test_report_browser.py and by ``make report-shot`` (``python tests/report_browser.py DIR [PNG]``:
+Used by tests/report/test_report_browser.py and by ``make report-shot`` (``python tests/report_browser.py DIR [PNG]``:
 checks DIR/report.html and writes the screenshot).
 """
 

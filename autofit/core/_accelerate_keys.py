@@ -4,7 +4,7 @@
 (the keys ``accelerate config`` writes and ``accelerate launch`` takes as options).
 
 A key set away from its default whose kind is ``not-probed`` or ``probed`` is named in a note with the wide band; a
-key the table does not know is named too (``tests/test_key_table.py`` fails when the installed accelerate writes or
+key the table does not know is named too (``tests/core/test_key_table.py`` fails when the installed accelerate writes or
 takes one). The probes run autofit's own engine for the launch's; what the engine's keys mean for the ledger is
 ``autofit.search._launch``'s.
 """

@@ -12,7 +12,7 @@ mixture is one of:
   export keeps it as written.
 
 A key the table does not know (a field a newer TRL added) is named in a note and gets the wide band, never silence;
-``tests/test_key_table.py`` fails when the installed TRL or transformers has a field the table does not classify.
+``tests/core/test_key_table.py`` fails when the installed TRL or transformers has a field the table does not classify.
 The table covers the declared floors too (transformers 4.56's older fields). ``docs/keys.md`` is generated from it
 (``python -m autofit.core._keys_page``, with accelerate's keys).
 """

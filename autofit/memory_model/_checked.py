@@ -1,9 +1,9 @@
 """Which model families the ledger has been checked on, and how wide the band is for the others.
 
 A family is checked for an algorithm when its tiny configuration, probed on the CPU meter, agrees with the
-uncalibrated prediction within 5 % (``tests/test_families.py`` measures every entry here; docs/benchmarks.md has
-the table, ``make bench-families`` rebuilds it). Anything else gets a wider band and a note, and the search's
-probes calibrate it: no confident wrong number.
+uncalibrated prediction within 5 % (``tests/memory_model/test_families.py`` measures every entry here;
+docs/benchmarks.md has the table, ``make bench-families`` rebuilds it). Anything else gets a wider band and a note,
+and the search's probes calibrate it: no confident wrong number.
 """
 
 from __future__ import annotations

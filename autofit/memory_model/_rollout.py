@@ -20,8 +20,8 @@ What the trainer holds, and when:
   materializes a few [mb, response, V] float32 gradients and the full-size gradient of the sliced logits; after the
   step, the entropy's ``prob_dist`` ([mb, response, V], float32) stays until the next micro-batch's is computed.
 
-Coefficients marked [V] were measured on the CPU meter with tiny-qwen2 (tests/test_ppo_integration.py); on a GPU the
-bf16 path of ``selective_log_softmax`` differs in detail [A].
+Coefficients marked [V] were measured on the CPU meter with tiny-qwen2 (tests/scenarios/test_ppo_integration.py); on a
+GPU the bf16 path of ``selective_log_softmax`` differs in detail [A].
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import re
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MAKE = ["make", "-s", "-n", "VENV=/nonexistent", "-o", "/nonexistent/.installed"]
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from autofit import cli
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 # torch reports a CUDA build with one device, and any initialization of CUDA is recorded (with its caller) and refused.
 INSTRUMENT_CUDA = textwrap.dedent("""

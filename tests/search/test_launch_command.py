@@ -22,7 +22,7 @@ from autofit.memory_model import base_candidate
 from autofit.search import estimate_question, question, read_user_config, with_config
 from autofit.search._accelerate_file import DISTRIBUTED_TYPES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = """model_name_or_path: tiny-qwen2
 max_length: 64
 per_device_train_batch_size: 4

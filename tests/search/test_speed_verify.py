@@ -26,6 +26,8 @@ RATES = (50e9, 10e9, 10e-6, 256.0, 0.0)  # a machine's rates as autofit.probe._r
 # world whose layers' matmuls dominate: 10 µs operators, no torch-fallback head
 PROBE_STEPS = 2
 
+DEEP = Path(__file__).resolve().parents[1] / "data" / "tiny-qwen2-deep"
+
 
 class NoisyRunner(FormulaRunner):
     """The formula's speed, with a probe's timing of the candidates in ``noise`` off by that factor; a verification
@@ -55,7 +57,7 @@ def world(tmp_path, noise, *, model=True, **spec_kw):
     runner = NoisyRunner(spec.budget_bytes, noise, ckpt_speed=0.7)
     search = Search(spec, runner, resolve_ladder(spec.ladder))
     if model:  # the model's world: tiny-qwen2 at 12 layers, whose body outweighs its head as a user's model's does
-        shape = memory_model.ModelShape.from_model(str(Path(__file__).parent / "data" / "tiny-qwen2-deep"))
+        shape = memory_model.ModelShape.from_model(str(DEEP))
         search.judge = _speed_tie.SpeedJudge(spec, SimpleNamespace(shape=shape), search.report.notes,  # type: ignore
                                              search.report.records)
     return search, runner

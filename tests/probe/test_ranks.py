@@ -247,7 +247,7 @@ def test_zero_holds_its_gradient_buffers_from_the_backward_as_its_configuration_
     plain = _phases(own.replace(user_args=()))["backward"]
     assert plain.gradients == 0  # plain TRL frees the gradients at the step, and holds none before the backward
     offloading = own.replace(user_args=_deepspeed(offload_optimizer={"device": "cpu"}))
-    assert mm.unmodelled(offloading) == []  # modelled as the optimizer-offload engine (tests/test_launch_engine.py)
+    assert mm.unmodelled(offloading) == []  # the optimizer-offload engine (test_launch_engine.py)
     assert mm.unmodelled(own.replace(user_args=_deepspeed(offload_optimizer={"device": "nvme"}))) == [
         "a DeepSpeed config of your own that offloads (its host buffers are not modelled)"]
     assert mm.unmodelled(own.replace(offload="zero2-offload")) == [

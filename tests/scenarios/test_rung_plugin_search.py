@@ -17,7 +17,7 @@ from autofit.core import Candidate
 
 pytestmark = pytest.mark.slow
 
-PLUGIN = Path(__file__).parent / "rung_plugin"
+PLUGIN = Path(__file__).resolve().parents[1] / "rung_plugin"
 MiB = 2**20
 
 

@@ -13,7 +13,7 @@ from autofit import cli
 from autofit.core import InputError
 from autofit.core._options import ESTIMATE, FIELDS, FIT, SEARCH, SearchOptions, door_fields, flag, options_from_args
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Options that are the CLI's own or fit()'s positional argument.
 CLI_ONLY = {"help", "version", "command", "factory"}
 

@@ -22,7 +22,7 @@ try:
 except ImportError:  # tests/ became a package
     from tests.fakes import FormulaRunner, formula_spec
 
-STAND_IN = Path(__file__).parent / "liger_stand_in"
+STAND_IN = Path(__file__).resolve().parents[1] / "liger_stand_in"
 LADDER = ["liger-kernels", "micro-batch", "checkpointing"]
 
 

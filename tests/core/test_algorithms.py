@@ -12,7 +12,7 @@ import pytest
 from autofit.core import ALGORITHMS, DEFAULT_ALGO, Candidate, algorithm, algorithm_names
 from autofit.core._algorithms import PARTS
 
-PACKAGE = Path(__file__).resolve().parent.parent / "autofit"
+PACKAGE = Path(__file__).resolve().parents[2] / "autofit"
 MOST_MODULES = 3  # the registry among them
 
 

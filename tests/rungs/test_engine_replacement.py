@@ -22,7 +22,7 @@ from autofit.probe import _steps as steps
 from autofit.rungs import DEFAULT_LADDER, QUALITY, SPEED, LadderState, climb, usable_rungs
 from autofit.search import estimate_question, read_user_config, with_config
 
-F1 = Path(__file__).resolve().parent.parent / "benchmarks" / "public" / "F1.yaml"
+F1 = Path(__file__).resolve().parents[2] / "benchmarks" / "public" / "F1.yaml"
 F1_ARGS = ["--config", str(F1), "--model", "benchmarks/models/Llama-2-70b-hf", "--gpus", "8", "--gpu-memory", "H100"]
 FSDP = """model_name_or_path: Qwen/Qwen2.5-7B
 max_length: 1024

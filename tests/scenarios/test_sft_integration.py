@@ -15,7 +15,7 @@ from autofit.probe import ProcessRunner
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASE = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "128"]
 
 

@@ -2,7 +2,7 @@
 by name, never in the default ladder, a broken package one line naming it, and their ledger effect or band in the
 memory model. ``tests/rung_plugin`` is an installed package when its folder is on ``sys.path`` (its ``*.dist-info``
 declares the entry point); ``tests/rung_plugin_broken`` holds packages whose rungs cannot be used, each its own way.
-The end-to-end search with the plugin's rung is in ``tests/test_rung_plugin_search.py``."""
+The end-to-end search with the plugin's rung is in ``tests/scenarios/test_rung_plugin_search.py``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from autofit.rungs import (
     rung_named,
 )
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 PLUGIN = TESTS / "rung_plugin"
 BROKEN = TESTS / "rung_plugin_broken"
 MiB = 2**20

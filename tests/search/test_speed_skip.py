@@ -22,7 +22,7 @@ MiB = 2**20
 RATES = (50e9, 10e9, 10e-6, 256.0, 0.0)  # a machine's rates as autofit.probe._rates measures them (RATE_NAMES), for a
 # world whose layers' matmuls dominate: 10 µs operators, no torch-fallback head
 CARD = memory_model.measured_rates_card(*RATES)
-MODEL = str(Path(__file__).parent / "data" / "tiny-qwen2-deep")
+MODEL = str(Path(__file__).resolve().parents[1] / "data" / "tiny-qwen2-deep")
 SHAPE = memory_model.ModelShape.from_model(MODEL)
 COMPUTE, FIXED = 2.5, 4.0  # how far the device's step time is from the uncalibrated model, by part
 

@@ -23,7 +23,7 @@ try:
 except ImportError:  # pragma: no cover - run from the repository root
     from tests import report_browser
 
-SEARCHED = Path(__file__).parent / "data" / "report-search"
+SEARCHED = Path(__file__).resolve().parents[1] / "data" / "report-search"
 
 
 def executable() -> str:

@@ -25,7 +25,7 @@ import pytest
 
 from autofit.core import UnknownModelError, resolve_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOKEN = "hf_autofit_test_token"
 RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<filename>[^?]+)")

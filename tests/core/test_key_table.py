@@ -49,7 +49,7 @@ def test_the_table_says_what_and_why():
 def test_the_docs_page_is_the_table():
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "docs" / "keys.md"
+    path = Path(__file__).resolve().parents[2] / "docs" / "keys.md"
     assert path.read_text() == page(), "regenerate: python -m autofit.core._keys_page > docs/keys.md"
 
 

@@ -32,7 +32,7 @@ from autofit.memory_model import (
 from autofit.rungs._engines import deepspeed_missing
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BF16 = (("model_init_kwargs", {"dtype": "bfloat16"}),)  # user_args loading the weights in bf16
 
 
@@ -297,7 +297,7 @@ def test_prior_agrees_with_recorded_cpu_probes_qwen(changes, measured_mib):
 
 
 # PPO (trl 1.12 overlaid, transformers 5.23, torch 2.13), tiny-qwen2 on the CPU meter, second update (bytes). The live
-# comparison is tests/test_ppo_integration.py (``make test-ppo``).
+# comparison is tests/scenarios/test_ppo_integration.py (``make test-ppo``).
 @pytest.mark.parametrize("changes, measured", [
     (dict(micro_batch=2, max_length=8, prompt_length=8), 186_683_570),  # the static terms: 4 models, 2 trained
     (dict(micro_batch=4, max_length=32, prompt_length=16), 196_601_924),

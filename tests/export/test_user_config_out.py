@@ -15,7 +15,7 @@ from autofit.export._user_yaml import user_yaml
 from autofit.export._write import model_args
 from autofit.search import UserConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # The README's LoRA file, its modules listed as many users write them (a dash under the key, two spaces in).
 LORA = """\
@@ -148,7 +148,7 @@ def test_the_users_attention_and_extra_modules_are_kept_and_named(tmp_path):
                       written=user.written, defaults={"attn_implementation": None, "lora_modules_to_save": None,
                                                       "bf16": None, "learning_rate": 5e-5})
     notes = user.probed_as_written()
-    # issue 39 item 2: both reach the probes and the ledger now (tests/test_as_written.py): no longer named here
+    # issue 39 item 2: both reach the probes and the ledger now (tests/search/test_as_written.py): no longer named here
     assert not any("lora_modules_to_save" in note or "attn_implementation" in note for note in notes), notes
     assert any("bf16: False, probed as written" in note for note in notes), notes
     assert not any("learning_rate" in note for note in notes)  # no memory: nothing to say

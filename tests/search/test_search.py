@@ -611,7 +611,7 @@ def test_speeds_within_the_noise_the_model_cannot_split_are_verified_both_ways(t
     """Issue 37, item 3: checkpointing's mb=8 times 6% faster than mb=2 without it (within the machine's noise);
     the throughput model, calibrated on the probes, predicts them within its band (and without rates there is no
     model): both are verified and the faster verification (checkpointing's, this fake's truth) wins, said in a note.
-    A tie the model splits beyond its band: tests/test_speed_verify.py."""
+    A tie the model splits beyond its band: tests/search/test_speed_verify.py."""
     from types import SimpleNamespace
 
     from autofit.memory_model import ModelShape
@@ -630,7 +630,7 @@ def test_speeds_within_the_noise_the_model_cannot_split_are_verified_both_ways(t
     # the fake runner's memory is not the ledger's (predict=False), but its speed is the model's question here: a model
     # whose layers outweigh its LM head (tiny-qwen2 at 12 layers), where checkpointing costs about the fifth this
     # fake's 0.8 says (on tiny-qwen2 itself the head dominates, checkpointing costs the model 12%, and it splits them)
-    shape = ModelShape.from_model(str(Path(__file__).parent / "data" / "tiny-qwen2-deep"))
+    shape = ModelShape.from_model(str(Path(__file__).resolve().parents[1] / "data" / "tiny-qwen2-deep"))
     search.judge = _speed_tie.SpeedJudge(spec, SimpleNamespace(shape=shape), search.report.notes,  # type: ignore
                                       search.report.records)
     report = search.run()

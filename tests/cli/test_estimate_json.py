@@ -17,7 +17,7 @@ from autofit import cli
 from autofit.core import format_size
 
 GiB, MiB = 2**30, 2**20
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 O1 = ["--config", "benchmarks/public/O1.yaml", "--gpu-memory", "A100-80GB",
       "--model", "benchmarks/models/Meta-Llama-3-8B"]
 TERM_COLUMNS = {"weights": ("weights",), "grads": ("gradients",), "optim": ("optimizer",),

@@ -2,8 +2,8 @@
 
 ZeRO-1/2 allocate their bucket (two with ``overlap_comm``) at the backward's first gradient and free it at the end
 of the backward; ZeRO-3 allocates one with the optimizer and keeps it. The numbers below were measured with
-``tests/test_zero_bucket.py::measure`` (DeepSpeed 0.19.8, tiny-qwen2, 2 rows x 64 tokens, TRL's defaults; float32 on
-the CPU, so a 1e8-element bucket is 381.5 MiB): docs/decisions.md "ZeRO's reduce buckets, phase by phase".
+``measure`` below (DeepSpeed 0.19.8, tiny-qwen2, 2 rows x 64 tokens, TRL's defaults; float32 on the CPU, so a
+1e8-element bucket is 381.5 MiB): docs/decisions.md "ZeRO's reduce buckets, phase by phase".
 """
 
 from __future__ import annotations

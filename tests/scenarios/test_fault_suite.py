@@ -28,7 +28,7 @@ try:
 except ImportError:
     from tests.fakes import FormulaRunner, MiB
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 SEARCH = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "16", "--effective-batch", "2"]
 
 

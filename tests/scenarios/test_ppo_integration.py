@@ -64,7 +64,7 @@ METER_PHASES = {"generation": ("generation",), "scoring": ("scoring",),
     dict(micro_batch=4, max_length=32, prompt_length=16, lora=LoraSettings()),
 ])
 def test_ppo_probe_peaks_agree_with_the_prediction(changes, tmp_path):
-    """As for the other algorithms (tests/test_families.py, test_memory_model's recorded probes): the uncalibrated
+    """As for the other algorithms (test_families.py, test_memory_model's recorded probes): the uncalibrated
     prior within 5 % of the CPU meter, at the peak and phase by phase."""
     from autofit.memory_model import predict
 
