@@ -8,15 +8,7 @@ Nothing here imports another part of autofit: every other package builds on it.
 
 from autofit.core._accelerate_keys import accelerate_notes, classify_accelerate
 from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, Algorithm, algorithm, algorithm_names, ppo_available
-from autofit.core._candidate import (
-    LENGTH_FIELD,
-    RL_ALGOS,
-    Candidate,
-    LoraSettings,
-    ProbeSettings,
-    QuantSettings,
-    runnable_attention,
-)
+from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, ProbeSettings
 from autofit.core._compat import checkpointing_field, exempt_phases, installed, installed_versions, vllm_installed
 from autofit.core._device import (
     RATE_NAMES,
@@ -40,6 +32,21 @@ from autofit.core._files import (
     read_own_file,
 )
 from autofit.core._key_table import KEY_KINDS, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
+from autofit.core._knob import FileRun, Knob
+from autofit.core._knob_table import KNOBS, targets, user_dtype
+from autofit.core._knobs import (
+    as_trained,
+    blocks,
+    file_baseline,
+    file_options,
+    keys_of,
+    knob,
+    knob_of_key,
+    model_args,
+    observe_trainer,
+    option_file_keys,
+    read_keys,
+)
 from autofit.core._options import (
     DEVICES,
     ESTIMATE,
@@ -71,10 +78,13 @@ from autofit.core._outcome import (
 )
 from autofit.core._outdir import PHASE_FILE, PID_FILE, exclusive, record_probe_process
 from autofit.core._registry import UnknownModelError, needs_own_code, resolve_model
+from autofit.core._settings import LoraSettings, QuantSettings, runnable_attention
 from autofit.core._sizes import format_size, parse_size
 from autofit.core._spec import FACTORIES, SEARCHED_ARGS, Baseline, SearchSpec
 
 __all__ = [
+    "KNOBS", "FileRun", "Knob", "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob",
+    "knob_of_key", "model_args", "observe_trainer", "option_file_keys", "read_keys", "targets", "user_dtype",
     "KEY_KINDS", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
     "accelerate_notes", "classify_accelerate",
     "ESTIMATE", "FIELDS", "FIT", "SEARCH", "SEARCHED_ARGS", "Baseline", "add_options", "cache_entry", "cache_subfolder",

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from autofit.core._key_table import MODELLED, NO_MEMORY, NOT_PROBED
+from autofit.core._key_table import NO_MEMORY, NOT_PROBED
+from autofit.core._knob import MODELLED
 
 _LAUNCH = "where and how the processes start"
 _TPU = "a TPU setting: a GPU launch ignores it"

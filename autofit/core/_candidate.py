@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple
 
 from autofit.core._algorithms import ALGORITHMS, Algorithm, algorithm, algorithm_names
+from autofit.core._knobs import blocks, knob_training_args, late_fields
+from autofit.core._settings import LoraSettings, QuantSettings
 
 # Config field that holds the searched sequence length, per algorithm (RL: the completion length).
 LENGTH_FIELD = {a.name: a.length_field for a in ALGORITHMS.values()}
@@ -25,59 +26,7 @@ RL_ALGOS = algorithm_names(rl=True)
 # TRL generates for the whole generation batch (micro-batch x steps_per_generation) at once.
 PROBE_ACCUMULATION = 2
 
-LORA_TARGETS = "all-linear"
 PROBE_DDP_TIMEOUT_S = 300
-TRL_VLLM_UTILIZATION = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: Union[str, Tuple[str, ...]] = LORA_TARGETS  # "all-linear", or module names as peft takes them
-    # ModelConfig's lora_modules_to_save: modules trained whole beside the adapters (peft's copy of each)
-    modules_to_save: Tuple[str, ...] = ()
-    use_rslora: bool = False  # ModelConfig's use_rslora: the adapters' scaling alpha/sqrt(r) (no memory of its own)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.target_modules, list):  # from JSON, or a user's file
-            object.__setattr__(self, "target_modules", tuple(self.target_modules))
-        if not isinstance(self.modules_to_save, tuple):
-            object.__setattr__(self, "modules_to_save", tuple(self.modules_to_save or ()))
-
-
-@dataclass(frozen=True)
-class QuantSettings:
-    """bitsandbytes' 4-bit settings, as ModelConfig names them (``bnb_4bit_quant_type``, ``use_bnb_nested_quant``,
-    ``bnb_4bit_quant_storage``). A candidate without them runs the quantization rung's own: nf4 with nested
-    quantization, packed in uint8."""
-
-    quant_type: str = "nf4"
-    nested: bool = True
-    storage: str = "uint8"
-
-
-# Attention kernels transformers runs on any device; the others need CUDA and, some, a package of their own.
-PORTABLE_ATTENTION = ("eager", "sdpa")
-ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn",),
-                      "flash_attention_3": ("flash_attn_interface", "flash_attn_3")}
-KERNELS_PACKAGE = "kernels"  # a kernels-hub name ("kernels-community/flash-attn") loads through it
-
-
-def runnable_attention(name: Optional[str], device: str) -> Tuple[Optional[str], Optional[str]]:
-    """(the attention the probes load the model with, None: transformers' default, sdpa; why it is not ``name``, the
-    user's ModelConfig ``attn_implementation``, or None when the probes run it as written)."""
-    if not name or name == "sdpa":
-        return None, None
-    if name in PORTABLE_ATTENTION:
-        return name, None
-    if device != "cuda":
-        return None, f"{name} needs a CUDA GPU"
-    packages = ATTENTION_PACKAGES.get(name, (KERNELS_PACKAGE,) if "/" in name else ())
-    if packages and not any(importlib.util.find_spec(package) is not None for package in packages):
-        return None, f"{name} needs the {packages[0]} package, which is not installed"
-    return name, None
 
 
 @dataclass(frozen=True)
@@ -182,39 +131,9 @@ class Candidate:
 
     # -- what factories read ----------------------------------------------------------------------------------
     def training_args(self) -> Dict[str, Any]:
-        """Keyword arguments for the algorithm's TRL config class (SFTConfig, ...)."""
-        from autofit.core._compat import checkpointing_field
-
-        args: Dict[str, Any] = dict(self.user_args)
-        args.update(per_device_train_batch_size=self.micro_batch, gradient_accumulation_steps=self.grad_accum)
-        args[checkpointing_field()] = self.checkpointing
-        args[self.unit.length_field] = self.max_length
-        if self.optim is not None:
-            args["optim"] = self.optim
-        if self.dtype is not None:
-            user_init = args.get("model_init_kwargs")
-            args["model_init_kwargs"] = {**(user_init if isinstance(user_init, dict) else {}), "dtype": self.dtype}
-        if self.activation_offload:
-            args["activation_offloading"] = True
-        if self.liger:
-            # the layer kernels only: TRL keeps its own fused LM head and turns Liger's fused cross-entropy off, but
-            # after transformers before 5 has applied the kernels (in Trainer.__init__): so it is said here
-            user_config = args.get("liger_kernel_config")
-            args["use_liger_kernel"] = True
-            args["liger_kernel_config"] = {**(user_config if isinstance(user_config, dict) else {}),
-                                           "fused_linear_cross_entropy": False}
-        if self.attn_implementation is not None:  # as TRL's scripts pass ModelConfig's attn_implementation
-            user_init = args.get("model_init_kwargs")
-            args["model_init_kwargs"] = {**(user_init if isinstance(user_init, dict) else {}),
-                                         "attn_implementation": self.attn_implementation}
-        if self.trust_remote_code:  # a TRL config field: TRL passes it on to the model, config and tokenizer loading
-            args["trust_remote_code"] = True
-        if self.num_generations is not None:
-            args["num_generations"] = self.num_generations
-        if self.vllm and (self.probe is None or importlib.util.find_spec("vllm") is not None):
-            args.update(use_vllm=True, vllm_mode=self.vllm)  # a probe without vLLM generates itself (vllm_mode.py)
-            if self.vllm == "colocate":
-                args["vllm_gpu_memory_utilization"] = self.vllm_utilization or TRL_VLLM_UTILIZATION
+        """Keyword arguments for the algorithm's TRL config class (SFTConfig, ...): the knobs' (``autofit.core._knobs``)
+        over the user's own, and how a probe runs on its device."""
+        args = knob_training_args(self)
         if self.device == "cpu":
             # DeepSpeed runs only where accelerate is not told use_cpu (the probe hides GPUs instead).
             args.update(bf16=False)
@@ -241,39 +160,25 @@ class Candidate:
 
     def peft_config(self) -> Any:
         """A peft ``LoraConfig`` or None."""
-        if self.lora is None:
+        settings = blocks(self)["peft"]
+        if settings is None:
             return None
         from peft import LoraConfig
 
-        return LoraConfig(
-            r=self.lora.r,
-            lora_alpha=self.lora.alpha,
-            lora_dropout=self.lora.dropout,
-            target_modules=list(self.lora.target_modules) if isinstance(self.lora.target_modules, tuple)
-            else self.lora.target_modules,
-            task_type="SEQ_CLS" if self.unit.sequence_classifier else "CAUSAL_LM",
-            modules_to_save=list(self.lora.modules_to_save) or None,
-            use_rslora=self.lora.use_rslora,
-        )
+        return LoraConfig(**{k: v for k, v in settings.items() if k != "type"},
+                          task_type="SEQ_CLS" if self.unit.sequence_classifier else "CAUSAL_LM")
 
     def quantization_config(self) -> Any:
         """A transformers ``BitsAndBytesConfig`` or None."""
-        if self.quantization is None:
+        settings = blocks(self)["quantization"]
+        if settings is None:
             return None
         import torch
         from transformers import BitsAndBytesConfig
 
-        if self.quantization == "8bit":
-            return BitsAndBytesConfig(load_in_8bit=True)  # type: ignore[no-untyped-call]
-        compute = torch.float32 if self.device == "cpu" else torch.bfloat16
-        bnb = self.bnb or QuantSettings()
-        return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
-            load_in_4bit=True,
-            bnb_4bit_quant_type=bnb.quant_type,
-            bnb_4bit_use_double_quant=bnb.nested,
-            bnb_4bit_compute_dtype=compute,
-            bnb_4bit_quant_storage=bnb.storage,
-        )
+        if settings.get("load_in_4bit"):
+            settings["bnb_4bit_compute_dtype"] = torch.float32 if self.device == "cpu" else torch.bfloat16
+        return BitsAndBytesConfig(**settings)  # type: ignore[no-untyped-call]
 
     # -- identity and storage ---------------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -297,22 +202,19 @@ class Candidate:
         return cls(**data)
 
     def key(self) -> str:
-        """Stable identity of what is measured (the rung names that led here do not change the measurement)."""
+        """Stable identity of what is measured (the rung names that led here do not change the measurement). Fields
+        added after studies were stored are left out at their default, so those studies keep their keys."""
         data = self.to_dict()
         data.pop("rungs")
         data.pop("replaces")  # words, like the rung names: the measurement is the same
-        for late in ("dtype", "offload", "bnb", "attn_implementation"):  # added after studies were stored: keep
-            if data.get(late) is None:                                    # their keys
-                data.pop(late)
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for late in late_fields():
+            if data.get(late) in (defaults[late], None, False):
+                data.pop(late, None)
         if data.get("lora"):
-            for late, unset in (("modules_to_save", []), ("use_rslora", False)):
+            for late, unset in LoraSettings.LATE.items():
                 if data["lora"].get(late) in (unset, ()):
                     data["lora"].pop(late)
-        for flag in ("trust_remote_code", "activation_offload", "liger", "sharding", "vllm", "vllm_utilization"):
-            if not data.get(flag):
-                data.pop(flag, None)
-        if data.get("ranks") == 1:
-            data.pop("ranks")
         return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def describe(self) -> str:

@@ -21,48 +21,21 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Tuple
 
-MODELLED = "modelled"
-PROBED = "probed"
+from autofit.core._knob import MODELLED, PROBED
+from autofit.core._knobs import key_rows
+
 NO_MEMORY = "no-memory"
 NOT_PROBED = "not-probed"
 KINDS = KEY_KINDS = (MODELLED, PROBED, NO_MEMORY, NOT_PROBED)
 PROBED_KEY = PROBED
 
+# The knobs' keys (checkpointing, the optimizer, LoRA, quantization, ...) are the knob table's rows
+# (``autofit.core._knob_table``); these are the modelled keys no knob owns.
 _MODELLED = {
-    "per_device_train_batch_size": "the micro-batch (the search's)",
-    "gradient_accumulation_steps": "accumulation (effective batch kept)",
-    "max_length": "the sequence length (the search's)",
-    "max_completion_length": "the completion length (the search's, RL)",
-    "activation_checkpointing": "checkpointing",
-    "gradient_checkpointing": "checkpointing (the name before transformers 5.23)",
-    "optim": "the optimizer's states",
-    "model_init_kwargs": "the weights' dtype",
-    "activation_offloading": "activation offloading",
-    "use_liger_kernel": "Liger's kernels",
-    "liger_kernel_config": "Liger's kernels",
-    "deepspeed": "DeepSpeed ZeRO's partitions, buckets and optimizer offload",
-    "fsdp": "the FSDP engine (FSDP2's shards; version 1 as FSDP2)", "fsdp_config": "the FSDP engine's settings",
-    "num_generations": "completions per prompt (RL)",
-    "beta": "the reference model (RL, beta > 0)",
-    "use_vllm": "vLLM's share of the card",
-    "vllm_mode": "vLLM's share of the card",
-    "vllm_gpu_memory_utilization": "vLLM's share of the card",
     "steps_per_generation": "the generation batch (RL)",
     "generation_batch_size": "the generation batch (RL)",
     "use_cpu": "the device",
-    "dtype": "the weights' dtype (ModelConfig)",
-    "use_peft": "LoRA", "lora_r": "LoRA", "lora_alpha": "LoRA", "lora_dropout": "LoRA",
-    "lora_target_modules": "LoRA",
-    "load_in_4bit": "the 4-bit base", "load_in_8bit": "the 8-bit base",
-    "bnb_4bit_quant_type": "the 4-bit quant type, probed as written (nf4 or fp4: the same bytes)",
-    "bnb_4bit_quant_storage": "the 4-bit storage dtype, probed as written (uint8 or a float: the same packed bytes)",
-    "use_bnb_nested_quant": "nested quantization, probed as written (0.516 or 0.5625 B per 4-bit weight)",
-    "lora_modules_to_save": "modules trained whole beside LoRA, probed as written (peft's copy: weights, gradients, "
-                            "optimizer states)",
-    "attn_implementation": "the attention kernel (eager keeps the scores), probed as written where this machine runs "
-                           "it; else sdpa, said before any probe; best.yaml keeps yours",
     "model_name_or_path": "the model's shapes",
-    "trust_remote_code": "the model's own code",
 }
 
 _PROBED = {
@@ -105,8 +78,6 @@ _PROBED = {
     "lora_task_type": "the adapter's task",
     "model_revision": "the model's revision: the probes build the configuration autofit read, not that revision's "
                       "(named where it is not main; best.yaml keeps it)",
-    "env": "the file's env block: every probe's environment, as TRL sets it (the ledger reads the allocator's "
-           "expandable segments)",
     "chat_template_path": "the chat template (the probes' rows are synthetic)",
     "eos_token": "special tokens", "pad_token": "special tokens",
     "truncation_mode": "truncation (the probes' rows are full length)",
@@ -141,7 +112,7 @@ _NO_MEMORY = (
     "vllm_group_port", "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
     "vllm_structured_outputs_regex", "chat_template_kwargs", "log_completions",
     "log_completions_hub_repo", "log_multimodal", "log_unique_prompts", "num_completions_to_print",
-    "reward_funcs", "reward_model_name_or_path", "ignore_bias_buffers", "use_rslora", "past_index", "ray_scope",
+    "reward_funcs", "reward_model_name_or_path", "ignore_bias_buffers", "past_index", "ray_scope",
     "mp_parameters", "tpu_metrics_debug", "use_legacy_prediction_loop", "_n_gpu",
 )
 
@@ -173,6 +144,7 @@ _NOT_PROBED = {
 }
 
 TABLE: Dict[str, Tuple[str, str]] = {
+    **key_rows(),
     **{key: (MODELLED, why) for key, why in _MODELLED.items()},
     **{key: (PROBED, why) for key, why in _PROBED.items()},
     **{key: (NO_MEMORY, "") for key in _NO_MEMORY},

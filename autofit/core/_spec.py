@@ -7,13 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from autofit.core._algorithms import ALGORITHMS, algorithm
-from autofit.core._candidate import LoraSettings, QuantSettings
+from autofit.core._candidate import Candidate
 from autofit.core._compat import checkpointing_field
 from autofit.core._errors import InputError
+from autofit.core._knobs import on_device, searched_keys
 from autofit.core._options import AUTO_VERIFY, DEVICES, SearchOptions, ladder_names
 from autofit.core._sizes import format_size
 
@@ -35,41 +36,49 @@ MAX_TOKENS_PER_STEP = 2**31
 # The built-in trainer factories (``autofit.probe.algos``) by algorithm, imported by name in the probe.
 FACTORIES = {a.name: a.factory for a in ALGORITHMS.values()}
 # What autofit sets on every candidate: a user's value for one of these is replaced (and said so).
-SEARCHED_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "activation_checkpointing",
-                 "gradient_checkpointing", "max_length", "max_completion_length", "response_length", "num_generations")
+SEARCHED_ARGS = searched_keys(a.length_field for a in ALGORITHMS.values())
+# The baseline's settings that its study key always held; those added later are left out at their default (stored
+# studies keep their names).
+FIRST_SETTINGS = ("checkpointing", "optim", "lora", "quantization", "activation_offload")
 
 
 @dataclass(frozen=True)
 class Baseline:
-    """The user's own run (their TRL config file, ``--config``) as the ladder's first level: the settings the search
-    keeps unless fitting needs a change. None of a field: the search's own baseline (the effective batch in one
-    micro-batch, no checkpointing, full fine-tuning, TRL's optimizer)."""
+    """The user's own run (their TRL config file, ``--config``; an accelerate config) as the ladder's first level: the
+    settings the search keeps unless fitting needs a change. ``settings``: the candidate's fields as the knobs read
+    them from the file (``autofit.core._knobs.file_baseline``: checkpointing, optimizer, LoRA, quantization, ...);
+    a field not among them is the search's own baseline's (no checkpointing, full fine-tuning, TRL's optimizer)."""
 
+    settings: Tuple[Tuple[str, Any], ...] = ()
     micro_batch: Optional[int] = None  # per rank, with ``grad_accum``: the user's split of the effective batch
     grad_accum: Optional[int] = None
-    checkpointing: bool = False
-    optim: Optional[str] = None
-    lora: Optional[LoraSettings] = None
-    quantization: Optional[str] = None  # "8bit" or "4bit"
-    activation_offload: bool = False
     # the engine of the user's launch (``fsdp:``/``fsdp_config:``, ``accelerate_config:``): a sharding of
     # ``autofit.rungs._engines`` ("fsdp2", "zero3", ...; "zero2-offload" is the optimizer-offload engine)
     sharding: Optional[str] = None
     source: str = ""  # the file, for messages
-    # ModelConfig's and the file's settings the probes run as written: the 4-bit settings, the attention kernel (as
-    # written: ``runnable_attention`` says what a probe here loads), the ``env:`` block
-    bnb: Optional[QuantSettings] = None
-    attn_implementation: Optional[str] = None
-    env: Tuple[Tuple[str, str], ...] = ()
+
+    def get(self, name: str) -> Any:
+        """The run's value of a candidate field (its default where the run does not set it)."""
+        return dict(self.settings).get(name, _default(name))
+
+    def candidate_changes(self, device: str) -> Dict[str, Any]:
+        """The fields of the ladder's first level on ``device`` (the attention kernel a probe here can load)."""
+        return {name: on_device(name, value, device) for name, value in self.settings}
 
     def key(self) -> str:
         """What the baseline measures (not where it came from): part of the study's name."""
-        data = asdict(self)
-        data.pop("source")
-        for late in ("bnb", "attn_implementation", "env"):  # added after studies were stored: keep their names
-            if not data.get(late):
-                data.pop(late)
+        data: Dict[str, Any] = {"micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+                                "sharding": self.sharding}
+        data.update({name: _default(name) for name in FIRST_SETTINGS})
+        for name, value in self.settings:
+            if name in FIRST_SETTINGS or value not in (_default(name), None, False, ()):
+                data[name] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
         return json.dumps(data, sort_keys=True, default=str)
+
+
+def _default(name: str) -> Any:
+    found = {f.name: f for f in fields(Candidate)}[name]
+    return None if found.default is MISSING else found.default
 
 
 @dataclass(frozen=True)

@@ -7,35 +7,13 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from autofit import memory_model
-from autofit.core import RL_ALGOS, Candidate, QuantSettings, first_gpu, installed_versions
+from autofit.core import RL_ALGOS, as_trained, blocks, first_gpu, installed_versions
 from autofit.export._engine import engine_data, host_memory_data
 from autofit.export._words import trades
-from autofit.export._write import as_trained, model_args, targets, user_file
+from autofit.export._write import model_args, user_file
 from autofit.search import STUDY_FILE, SearchReport
 
 PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "optuna")
-
-
-def _peft_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
-    if candidate.lora is None:
-        return None
-    peft = {"type": "lora", "r": candidate.lora.r, "lora_alpha": candidate.lora.alpha,
-            "lora_dropout": candidate.lora.dropout, "target_modules": targets(candidate.lora.target_modules)}
-    if candidate.lora.modules_to_save:  # the file's lora_modules_to_save, trained whole
-        peft["modules_to_save"] = list(candidate.lora.modules_to_save)
-    if candidate.lora.use_rslora:
-        peft["use_rslora"] = True
-    return peft
-
-
-def _quantization_dict(candidate: Candidate) -> Optional[Dict[str, Any]]:
-    if candidate.quantization == "8bit":
-        return {"load_in_8bit": True}
-    if candidate.quantization == "4bit":  # the file's settings as probed, else the rung's (nf4 + nested)
-        bnb = candidate.bnb or QuantSettings()
-        return {"load_in_4bit": True, "bnb_4bit_quant_type": bnb.quant_type, "bnb_4bit_use_double_quant": bnb.nested,
-                "bnb_4bit_quant_storage": bnb.storage}
-    return None
 
 
 def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str, Any]:
@@ -126,8 +104,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
             config=candidate.training_args(),
             config_class=verified.config_class,
             model_args=model_args(candidate, verified.observed or fit.result.observed),
-            peft=_peft_dict(candidate),
-            quantization=_quantization_dict(candidate),
+            **blocks(candidate),
             env=dict(candidate.env),
             engine=engine_data(report, candidate, out_dir),
             host_memory=host_memory_data(report, candidate),

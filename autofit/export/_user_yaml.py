@@ -18,7 +18,7 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.representer import RoundTripRepresenter
 from ruamel.yaml.util import load_yaml_guess_indent
 
-from autofit.core import Candidate, resolve_model
+from autofit.core import Candidate, keys_of, resolve_model
 from autofit.rungs import rung_named
 from autofit.search import UserConfig
 
@@ -28,10 +28,10 @@ KEPT_AS_WRITTEN = ("use_cpu", "bf16")
 MODEL_KEY = "model_name_or_path"
 # What the probes set to run their machine (a CPU search trains on the simulated device): exported only where the
 # user's value would not run the answer there.
-CHECKPOINTING = ("activation_checkpointing", "gradient_checkpointing")
+CHECKPOINTING = keys_of("checkpointing")
 # The keys that run the user's own engine: taken out where a rung's engine replaced it (``Candidate.replaces``), since
 # TRL would run them over the accelerate.yaml best.yaml is launched with (its file's accelerate_config comes first)
-ENGINE_KEYS = ("deepspeed", "fsdp", "fsdp_config", "accelerate_config")
+ENGINE_KEYS = keys_of("engine") + ("accelerate_config",)
 
 
 def _float(representer: RoundTripRepresenter, value: float) -> Any:

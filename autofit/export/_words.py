@@ -7,20 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from autofit.core import Candidate, vllm_installed
+from autofit.core import Candidate, knob_of_key
 from autofit.memory_model import ModelShape, census_for, trainable_tensors
 from autofit.rungs import rung_named
 
-BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps")
-CHECKPOINTING_KEYS = ("activation_checkpointing", "gradient_checkpointing")
-LENGTH_KEYS = ("max_length", "max_completion_length")
-VLLM_KEYS = ("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization")
-# Keys a rung may write that a candidate can carry without that rung: the user's own trainer adds them (measured)
-OWN_LORA_KEYS = ("lora_", "use_peft")
-OWN_QUANTIZATION_KEYS = ("load_in", "bnb_", "use_bnb")
+# Keys no knob owns whose value no rung decided
 FIXED_REASONS = {
-    "attn_implementation": "the attention implementation the probes measured",
-    "trust_remote_code": "--trust-remote-code: the model's own code runs",
     "model_name_or_path": "random weights were probed; memory does not depend on their values",
     "use_cpu": "CPU device (simulated meter)",
     "bf16": "CPU device (simulated meter)",
@@ -60,17 +52,12 @@ def why(key: str, candidate: Candidate, asked_length: int, maximize: str) -> str
 
 
 def _before_rungs(key: str, candidate: Candidate, asked_length: int, maximize: str) -> Optional[str]:
-    """Keys whose value no rung decided: the user's flags, the device, the length as asked."""
-    if key in VLLM_KEYS:
-        return "--use-vllm" + (" (vLLM was estimated, not probed: not installed where the search ran)"
-                               if key == "use_vllm" and not vllm_installed() else "")
-    if key in ("num_generations", "beta"):
-        return f"--{key.replace('_', '-')}"
-    if key in LENGTH_KEYS:
-        if maximize == "length":
-            return "longest that fits (--maximize length)"
-        if candidate.max_length >= asked_length:
-            return "--max-completion-length" if candidate.is_rl else "--max-length"
+    """Keys whose value no rung decided: the user's flags, the device, the length as asked (the knob's words)."""
+    owner = knob_of_key(key)
+    if owner is not None and owner.said_before is not None:
+        said = owner.said_before(key, candidate, {"asked_length": asked_length, "maximize": maximize})
+        if said:
+            return said
     return FIXED_REASONS.get(key)
 
 
@@ -84,15 +71,7 @@ def _rungs(key: str, candidate: Candidate) -> Optional[str]:
 
 
 def _after_rungs(key: str, candidate: Candidate) -> Optional[str]:
-    """Keys no rung of the candidate claims that are not the user's either."""
-    if key in BATCH_KEYS:
-        return "effective batch"
-    if key in CHECKPOINTING_KEYS and not candidate.checkpointing:
-        return "baseline: off is fastest and fits"
-    if key.startswith(OWN_LORA_KEYS):
-        return "your trainer's own LoRA (measured)"
-    if key.startswith(OWN_QUANTIZATION_KEYS):
-        return "your trainer's own quantization (measured)"
-    if key in ("dtype", "model_init_kwargs") and candidate.dtype is not None:
-        return "--dtype"
-    return None
+    """Keys no rung of the candidate claims that are not the user's either: the knob's words (the effective batch,
+    checkpointing left off, the trainer's own LoRA or quantization, --dtype)."""
+    owner = knob_of_key(key)
+    return owner.said_after(key, candidate) if owner is not None and owner.said_after is not None else None

@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from autofit.core import Candidate, QuantSettings, algorithm, format_size, one_line, resolve_model
+from autofit.core import Candidate, algorithm, as_trained, format_size, one_line, resolve_model
+from autofit.core import model_args as knob_model_args
 from autofit.export._engine import engine_comments, exported_engine
 from autofit.export._user_yaml import user_yaml
 from autofit.export._words import why
@@ -45,33 +46,9 @@ def build_trainable(report: SearchReport, out_dir: Path) -> None:
 
 
 def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """TRL ``ModelConfig`` fields (the CLI's model, LoRA and quantization flags, the attention implementation the
-    probes measured)."""
-    args: Dict[str, Any] = {"model_name_or_path": loadable_name(candidate)}
-    if candidate.lora is not None:
-        args.update(
-            use_peft=True,
-            lora_r=candidate.lora.r,
-            lora_alpha=candidate.lora.alpha,
-            lora_dropout=candidate.lora.dropout,
-            lora_target_modules=targets(candidate.lora.target_modules),
-        )
-        if candidate.lora.modules_to_save:
-            args["lora_modules_to_save"] = list(candidate.lora.modules_to_save)
-        if candidate.lora.use_rslora:
-            args["use_rslora"] = True
-    if candidate.dtype is not None:
-        args["dtype"] = candidate.dtype  # TRL's ModelConfig --dtype (the scripts pass it as model_init_kwargs)
-    if candidate.quantization == "8bit":
-        args["load_in_8bit"] = True
-    elif candidate.quantization == "4bit":  # the file's settings as written, else the rung's (nf4 + nested)
-        bnb = candidate.bnb or QuantSettings()
-        args.update(load_in_4bit=True, bnb_4bit_quant_type=bnb.quant_type, use_bnb_nested_quant=bnb.nested)
-        if bnb.storage != QuantSettings().storage:
-            args["bnb_4bit_quant_storage"] = bnb.storage
-    if observed and observed.get("attn_implementation"):
-        args["attn_implementation"] = observed["attn_implementation"]
-    return args
+    """TRL ``ModelConfig`` fields: the model as TRL loads it, then the knobs' (LoRA, dtype, quantization, the attention
+    implementation the probes measured)."""
+    return {"model_name_or_path": loadable_name(candidate), **knob_model_args(candidate, observed)}
 
 
 def training_args(candidate: Candidate) -> Dict[str, Any]:
@@ -86,32 +63,6 @@ def training_args(candidate: Candidate) -> Dict[str, Any]:
         else:
             args.pop("model_init_kwargs")
     return args
-
-
-def targets(targets: Any) -> Any:
-    """LoRA's target modules as YAML and JSON write them: a name, or a list."""
-    return list(targets) if isinstance(targets, tuple) else targets
-
-
-def as_trained(candidate: Candidate, observed: Dict[str, Any]) -> Candidate:
-    """The candidate with what the user's trainer adds on its own (read back in the probe): its LoRA, its 4/8-bit
-    base, its number of generations. Exported as measured: a best.yaml without the user's LoRA would describe a full
-    fine-tune that does not fit."""
-    from autofit.core import LoraSettings
-
-    changes: Dict[str, Any] = {}
-    peft = (observed or {}).get("peft")
-    if peft and candidate.lora is None:
-        changes["lora"] = LoraSettings(r=peft.get("r") or 16, alpha=peft.get("lora_alpha") or 32,
-                                       dropout=peft.get("lora_dropout") or 0.0,
-                                       target_modules=peft.get("target_modules") or "all-linear")
-    quantization = (observed or {}).get("quantization") or {}
-    if candidate.quantization is None and (quantization.get("load_in_4bit") or quantization.get("load_in_8bit")):
-        changes["quantization"] = "4bit" if quantization.get("load_in_4bit") else "8bit"
-    generations = (observed or {}).get("args", {}).get("num_generations")
-    if candidate.is_rl and candidate.num_generations is None and isinstance(generations, int):
-        changes["num_generations"] = generations
-    return candidate.replace(**changes) if changes else candidate
 
 
 def usage(algo: str, offload: Optional[str] = None, written: Tuple[str, ...] = ()) -> str:

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from autofit.core import RL_ALGOS, Candidate, SearchSpec, runnable_attention
+from autofit.core import RL_ALGOS, Candidate, SearchSpec
 from autofit.memory_model._calibration import Calibration, predict_calibrated
 from autofit.memory_model._ledger import Ledger
 from autofit.memory_model._shape import ModelShape
@@ -56,10 +56,7 @@ def base_candidate(spec: SearchSpec) -> Candidate:
     user = spec.baseline
     if user is None:
         return candidate
-    changes: Dict[str, Any] = dict(checkpointing=user.checkpointing, optim=user.optim, lora=user.lora,
-                                   quantization=user.quantization, activation_offload=user.activation_offload,
-                                   bnb=user.bnb, env=user.env,
-                                   attn_implementation=runnable_attention(user.attn_implementation, spec.device)[0])
+    changes: Dict[str, Any] = user.candidate_changes(spec.device)
     if user.sharding in OFFLOAD_ENGINES:
         changes["offload"] = user.sharding
     elif user.sharding:

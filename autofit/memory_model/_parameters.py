@@ -6,9 +6,9 @@ configuration's sizes); this package never imports torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Mapping, NamedTuple, Optional
+from typing import Any, Iterable, List, NamedTuple, Optional
 
-from autofit.core import ALGORITHMS, DEFAULT_ALGO, Candidate, algorithm
+from autofit.core import ALGORITHMS, DEFAULT_ALGO, Candidate, algorithm, user_dtype
 from autofit.memory_model._census import Census, lora_tensors
 from autofit.memory_model._shape import ModelShape, dtype_bytes
 
@@ -205,9 +205,8 @@ def weight_bytes(candidate: Candidate, shape: ModelShape) -> int:
     """Bytes per parameter of the loaded (non-quantized) weights: the candidate's dtype (the bf16-weights rung,
     ``--dtype``), else ``model_init_kwargs["dtype"]`` from the user's arguments, else TRL's default (float32);
     "auto" or None: the configuration's dtype."""
-    init = dict(candidate.user_args).get("model_init_kwargs") or {}
     default = candidate.unit.load_dtype  # TRL_DEFAULT_LOAD_DTYPE, or "auto" where the models are from_pretrained's
-    dtype = init.get("dtype", init.get("torch_dtype", default)) if isinstance(init, Mapping) else default
+    dtype: Optional[str] = user_dtype(candidate.user_args) or default
     if candidate.dtype is not None:
         dtype = candidate.dtype
     if dtype is None or str(dtype) == "auto":

@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Optional
 
-from autofit.core import Candidate, FactoryMisuse
+from autofit.core import Candidate, FactoryMisuse, keys_of, observe_trainer
 
 log = logging.getLogger(__name__)
 
@@ -21,35 +21,8 @@ ROWS_CHECKED = 10_000  # the longest row is looked for in this many rows (a data
 ID_COLUMNS = ("input_ids", "chosen_ids", "rejected_ids", "chosen_input_ids", "rejected_input_ids")
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
-
-
-def peft_settings(model) -> Optional[Dict[str, Any]]:
-    """The trainer model's LoRA adapter, in TRL's terms (target modules by their short names)."""
-    configs = getattr(model, "peft_config", None)
-    if not isinstance(configs, dict) or not configs:
-        return None
-    config = next(iter(configs.values()))
-    targets = getattr(config, "target_modules", None)
-    if isinstance(targets, (set, list, tuple)):
-        targets = sorted({str(name).rsplit(".", 1)[-1] for name in targets})
-    saved = getattr(config, "modules_to_save", None)
-    return {"r": getattr(config, "r", None), "lora_alpha": getattr(config, "lora_alpha", None),
-            "lora_dropout": getattr(config, "lora_dropout", None), "target_modules": targets,
-            "modules_to_save": sorted(str(name) for name in saved) if saved else [],
-            "use_rslora": bool(getattr(config, "use_rslora", False))}
-
-
-def quantization_settings(model) -> Optional[Dict[str, Any]]:
-    base = getattr(model, "get_base_model", lambda: model)()
-    config = getattr(getattr(base, "config", None), "quantization_config", None)
-    if config is None:
-        return None
-    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    keys = ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
-            "bnb_4bit_quant_storage")
-    return {key: _plain(data[key]) for key in keys if key in data}
 
 
 def longest_row(dataset, tokenizer=None) -> Optional[int]:
@@ -68,11 +41,9 @@ def describe_trainer(trainer, candidate: Optional[Candidate] = None) -> Dict[str
     """Plain data (it goes to JSON) about what ``trainer`` runs: with ``candidate``, also the environment variables
     it asked for as this process sees them (the user's ``env:`` block and the rungs')."""
     args = trainer.args
-    seen: Dict[str, Any] = {"args": {key: _plain(getattr(args, key)) for key in ARG_KEYS if hasattr(args, key)}}
-    seen["args"]["checkpointing"] = bool(getattr(args, "activation_checkpointing", None)
-                                         or getattr(args, "gradient_checkpointing", False))
-    seen["peft"] = peft_settings(trainer.model)
-    seen["quantization"] = quantization_settings(trainer.model)
+    seen: Dict[str, Any] = {"args": {key: plain(getattr(args, key)) for key in ARG_KEYS if hasattr(args, key)}}
+    seen["args"]["checkpointing"] = any(bool(getattr(args, key, None)) for key in keys_of("checkpointing"))
+    seen.update(observe_trainer(trainer))  # the knobs' (their LoRA, their quantized base)
     base = getattr(trainer.model, "get_base_model", lambda: trainer.model)()
     attention = getattr(getattr(base, "config", None), "_attn_implementation", None)
     seen["attn_implementation"] = attention if isinstance(attention, str) else None

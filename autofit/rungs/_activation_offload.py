@@ -20,8 +20,8 @@ class ActivationOffload(RungBase):
     host_memory = "offloaded activations"
     trade_text = ("activation offloading: saved activations wait in host memory for the backward pass, the same "
                   "math; slower steps where the copies do not overlap the compute, and pinned host RAM")
-    key_comments = {"activation_offloading": "activation-offload: saved activations wait in host memory for the "
-                                             "backward pass"}
+    knobs = ("activation_offload",)
+    knob_comment = "activation-offload: saved activations wait in host memory for the backward pass"
 
     def __init__(self, on_simulated_device: bool = False):
         # On the CPU, host memory is the simulated device's own RAM: offloading frees nothing real there, so only a

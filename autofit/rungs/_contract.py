@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ContextManager, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
 
-from autofit.core import Candidate, Outcome
+from autofit.core import Candidate, Outcome, keys_of
 
 
 class RungBase:
@@ -34,7 +34,10 @@ class RungBase:
     help: str = ""
     # -- words ------------------------------------------------------------------------------------------------
     trade_text: str = ""  # what the user trades for this rung, one sentence ("" says nothing)
-    key_comments: Mapping[str, str] = {}  # config key -> best.yaml's comment for the keys this rung writes
+    # the knobs whose keys it writes (``autofit.core._knob_table``): best.yaml's comment on each is ``knob_comment``
+    knobs: Tuple[str, ...] = ()
+    knob_comment: str = ""  # "": the rung's name
+    key_comments: Mapping[str, str] = {}  # config key -> best.yaml's comment, where one key needs its own
     # -- probe step -------------------------------------------------------------------------------------------
     probe_step: Optional[str] = None  # "module:attribute" of a ProbeStep, imported in the probe's child only
     # -- ledger -----------------------------------------------------------------------------------------------
@@ -51,7 +54,9 @@ class RungBase:
 
     def comment(self, key: str, candidate: Candidate) -> Optional[str]:
         """best.yaml's comment on ``key`` when this rung wrote it; None: not this rung's key."""
-        return self.key_comments.get(key)
+        if key in self.key_comments:
+            return self.key_comments[key]
+        return (self.knob_comment or self.name) if key in keys_of(*self.knobs) else None
 
     def ledger(self, terms: Dict[str, int], candidate: Candidate) -> Dict[str, int]:
         """The memory model's terms with this rung's effect (built-ins are read from the candidate's fields)."""

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
-from autofit.core import Candidate
+from autofit.core import Candidate, keys_of
 from autofit.rungs._engines import deepspeed_engine
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ FREE_UNDER_ADAPTERS = ("bf16-weights",)
 # autofit.rungs._sharding's offloading variants: the quality rungs shrink the level with the shards on the GPU
 SHARDS_BACK_ON_GPU = {"zero3-offload": "zero3", "fsdp2-offload": "fsdp2"}
 # The training arguments that run an engine of the user's own: a rung that replaces it takes them out of the candidate
-ENGINE_ARGS = ("deepspeed", "fsdp", "fsdp_config")
+ENGINE_ARGS = keys_of("engine")
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,9 @@ class LigerKernels(RungBase):
     help = "use_liger_kernel=True: Liger's fused RMSNorm, SwiGLU and RoPE kernels, fewer saved activations (CUDA)"
     trade_text = ("Liger's fused RMSNorm, SwiGLU and RoPE kernels: the same math in other kernels (results equal to "
                   "rounding), nothing traded; TRL 1.16 warns that use_liger_kernel goes in v2")
-    key_comments = {
-        "use_liger_kernel": "liger-kernels: Liger's fused RMSNorm, SwiGLU and RoPE (same math; TRL keeps its own fused "
-                            "LM head)",
-        "liger_kernel_config": "liger-kernels: the layer kernels only, TRL's fused LM head computes the loss",
-    }
+    knobs = ("liger",)
+    knob_comment = ("liger-kernels: Liger's fused RMSNorm, SwiGLU and RoPE, the layer kernels only (same math; TRL's "
+                    "fused LM head computes the loss)")
 
     def __init__(self, on_simulated_device: bool = False):
         # On the CPU Triton has no device to run on; only a ladder that names the rung probes it there (tests put a

@@ -6,13 +6,12 @@ from autofit.core import Candidate, LoraSettings
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import QUALITY, LadderState
 
-LORA_KEYS = ("lora_", "use_peft")  # the beginnings of TRL's ModelConfig fields for LoRA
-
 
 class Lora(RungBase):
     name = "lora"
     cost = QUALITY
     help = "peft LoRA r=16, alpha=32, all linear layers"
+    knobs = ("lora",)
 
     def __init__(self, settings: LoraSettings = LoraSettings()):
         self.settings = settings
@@ -36,6 +35,3 @@ class Lora(RungBase):
         if context.get("adapts_fused_experts"):
             text += "; peft adapts the fused experts through target_parameters"
         return text
-
-    def comment(self, key: str, candidate: Candidate) -> Optional[str]:
-        return self.name if key.startswith(LORA_KEYS) else None

@@ -10,8 +10,8 @@ class MicroBatch(RungBase):
     help = "per_device_train_batch_size x gradient_accumulation_steps = effective batch, micro-batch searched"
     trade_text = ("smaller micro-batches with more accumulation: the same effective batch, more steps of less "
                   "work")
-    key_comments = dict.fromkeys(("per_device_train_batch_size", "gradient_accumulation_steps"),
-                                 "micro-batch (effective batch kept)")
+    knobs = ("batch",)
+    knob_comment = "micro-batch (effective batch kept)"
 
     def apply(self, state: LadderState):
         if state.vary_batch or state.candidate.micro_batch * state.candidate.grad_accum == 1:  # per rank

@@ -11,7 +11,8 @@ class EightBitOptimizer(RungBase):
     cost = QUALITY
     help = f"optim={EIGHT_BIT_ADAMW}"
     trade_text = "8-bit AdamW (bitsandbytes): both moments stored block-wise in 8 bits"
-    key_comments = {"optim": "optimizer-8bit"}
+    knobs = ("optim",)
+    knob_comment = "optimizer-8bit"
 
     def apply(self, state: LadderState):
         if state.candidate.optim == EIGHT_BIT_ADAMW:

@@ -4,8 +4,7 @@ Loaded in bf16, weights, gradients and AdamW's states are all bf16 ("pure bf16" 
 parameter instead of 16 plus the autocast copy. It changes the numerics (no float32 master weights: small updates
 can round away), so it is a quality rung, the mildest: most TRL recipes train this way."""
 
-from typing import Mapping
-
+from autofit.core import user_dtype
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import QUALITY, LadderState
 
@@ -13,8 +12,7 @@ BF16 = "bfloat16"
 
 
 def user_decided_dtype(candidate) -> bool:
-    init = dict(candidate.user_args).get("model_init_kwargs")
-    return isinstance(init, Mapping) and bool(init.get("dtype") or init.get("torch_dtype"))
+    return user_dtype(candidate.user_args) is not None
 
 
 class Bf16Weights(RungBase):
@@ -23,9 +21,9 @@ class Bf16Weights(RungBase):
     help = f"model_init_kwargs dtype={BF16} (TRL loads float32 otherwise): pure bf16 weights, gradients, AdamW states"
     trade_text = ("pure bf16 training: weights, gradients and optimizer states in bfloat16, no float32 master "
                   "weights (small updates can round away)")
-    key_comments = dict.fromkeys(("dtype", "model_init_kwargs"),
-                                 "bf16-weights: pure bf16 training, weights, gradients and optimizer states in "
-                                 "bfloat16 (no float32 master weights)")
+    knobs = ("dtype",)
+    knob_comment = ("bf16-weights: pure bf16 training, weights, gradients and optimizer states in bfloat16 (no "
+                    "float32 master weights)")
 
     def apply(self, state: LadderState):
         candidate = state.candidate

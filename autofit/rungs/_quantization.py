@@ -2,12 +2,10 @@
 
 from typing import Dict, Optional
 
-from autofit.core import Candidate, LoraSettings
+from autofit.core import Candidate, LoraSettings, knob
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import QUALITY, LadderState
-from autofit.rungs._lora import LORA_KEYS
 
-QUANTIZATION_KEYS = ("load_in", "bnb_", "use_bnb")  # the beginnings of TRL's ModelConfig fields for bitsandbytes
 TRADES = {
     8: "8-bit base weights (LLM.int8): the frozen weights are quantized, the adapters train on them",
     4: "4-bit base weights (NF4, double quantization): the frozen weights are quantized, the adapters train in bf16 "
@@ -38,6 +36,6 @@ class QuantizedBase(RungBase):
     def comment(self, key: str, candidate: Candidate) -> Optional[str]:
         """Its bitsandbytes keys where the base is quantized to its bits (the 4-bit level climbed the 8-bit rung
         too), and the LoRA it brings where no LoRA rung came before."""
-        if key.startswith(QUANTIZATION_KEYS):
+        if knob("quantization").owns(key):
             return self.name if candidate.quantization == f"{self.bits}bit" else None
-        return self.name if key.startswith(LORA_KEYS) else None
+        return self.name if knob("lora").owns(key) else None

@@ -11,7 +11,8 @@ class ShorterSequences(RungBase):
     name = "shorter-length"
     cost = QUALITY
     help = "max_length lowered down to --min-length (longer examples are truncated)"
-    key_comments = dict.fromkeys(("max_length", "max_completion_length"), "shorter-length")
+    knobs = ("length",)
+    knob_comment = "shorter-length"
 
     def apply(self, state: LadderState):
         if state.vary_length or state.maximize == "length" or state.min_length >= state.candidate.max_length:

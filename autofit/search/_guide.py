@@ -8,7 +8,7 @@ import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from autofit import memory_model
-from autofit.core import RL_ALGOS, Candidate, InputError, LoraSettings, ProbeResult, SearchSpec, format_size
+from autofit.core import RL_ALGOS, Candidate, InputError, ProbeResult, SearchSpec, as_trained, format_size
 from autofit.memory_model import NoCausalLM, ensure_census
 from autofit.search._result import SearchReport
 
@@ -53,20 +53,15 @@ class MemoryGuide:
         return notes
 
     def as_built(self, candidate: Candidate) -> Candidate:
-        """The candidate as the user's trainer runs it: its LoRA, generations, prompt lengths, and rows no longer
-        than its data's longest (the trainer truncates to max_length; shorter data stays shorter)."""
+        """The candidate as the user's trainer runs it: what it adds of its own (its LoRA, quantized base,
+        generations: ``autofit.core.as_trained``), its prompts' lengths, and rows no longer than its data's longest
+        (the trainer truncates to max_length; shorter data stays shorter)."""
         if not self.built:
             return candidate
+        candidate = as_trained(candidate, self.built)
         changes: Dict[str, Any] = {}
-        peft = self.built.get("peft")
-        if peft and candidate.lora is None:
-            changes["lora"] = LoraSettings(r=peft.get("r") or 16, alpha=peft.get("lora_alpha") or 32,
-                                           dropout=peft.get("lora_dropout") or 0.0,
-                                           target_modules=peft.get("target_modules") or "all-linear")
-        args, longest = self.built.get("args", {}), self.built.get("longest_row")
+        longest = self.built.get("longest_row")
         if candidate.is_rl:
-            if candidate.num_generations is None and isinstance(args.get("num_generations"), int):
-                changes["num_generations"] = args["num_generations"]
             if longest:
                 changes["prompt_length"] = longest
         elif longest and longest < candidate.max_length:

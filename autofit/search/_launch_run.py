@@ -30,7 +30,7 @@ def launch_baseline(options: SearchOptions) -> Optional[Baseline]:
         return None
     door = read_accelerate_config(options.accelerate_config)
     engine = launch_engine({}, {}, {}, door)
-    return Baseline(checkpointing=engine.checkpointing, sharding=engine.sharding, source=door["path"])
+    return Baseline(settings=(("checkpointing", engine.checkpointing),), sharding=engine.sharding, source=door["path"])
 
 
 def launch_notes(options: SearchOptions) -> Tuple[str, ...]:

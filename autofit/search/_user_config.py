@@ -27,20 +27,21 @@ from autofit.core import (
     ALGORITHMS,
     DEFAULT_ALGO,
     PROBED_KEY,
-    RL_ALGOS,
     SEARCHED_ARGS,
     Baseline,
+    FileRun,
     InputError,
-    LoraSettings,
-    algorithm,
     classify_key,
+    file_baseline,
+    file_options,
     means_the_default,
     one_line,
+    option_file_keys,
+    read_keys,
     visible_gpu_count,
 )
 from autofit.probe import read_trl_config
 from autofit.search._accelerate_file import read_accelerate_config
-from autofit.search._as_written import ALLOCATOR_ENV, as_written, lora_as_written
 from autofit.search._config_file import read_config_text
 from autofit.search._launch import LaunchEngine, launch_engine
 from autofit.search._launch_flags import fold_flags
@@ -56,9 +57,11 @@ NOT_PROBED = frozenset({
     "metric_for_best_model", "resume_from_checkpoint", "save_strategy", "save_steps", "save_total_limit",
     "logging_steps", "logging_strategy", "num_train_epochs", "max_steps",
 })
-# What the search itself sets from the file (the options and the baseline): not passed through again.
-MAPPED = frozenset({"num_generations", "beta", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "optim",
-                    "activation_offloading", "trust_remote_code"})
+# What the search itself sets from the file (the knobs' options and baseline): not passed through again.
+MAPPED = frozenset(read_keys())
+# The environment variables of PyTorch's allocators: the CPU meter counts live tensors, never the allocator's
+# segments, so on the CPU they change nothing a probe measures.
+ALLOCATOR_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 # ModelConfig's settings the probes and the memory model leave out (the training arguments' are the memory model's
 # ``unmodelled_args``): said in a note.
 UNMODELLED_MODEL = {"use_dora": "DoRA adapters (probed as plain LoRA)",
@@ -107,26 +110,7 @@ class UserConfig:
         values: Dict[str, Any] = {"config": self.path}
         if self.model.get("model_name_or_path"):
             values["model"] = self.model["model_name_or_path"]
-        rl = self.algo in RL_ALGOS
-        length_key = "max_completion_length" if rl else "max_length"
-        if isinstance(self.training.get(length_key), int):
-            values[length_key] = self.training[length_key]
-        batch, accumulation = self.training.get("per_device_train_batch_size"), \
-            self.training.get("gradient_accumulation_steps")
-        if isinstance(batch, int) and isinstance(accumulation, int):
-            values["effective_batch"] = batch * accumulation
-        if algorithm(self.algo).groups:
-            if self.wrote("num_generations"):
-                values["num_generations"] = self.training["num_generations"]
-            if self.wrote("beta"):
-                values["beta"] = self.training["beta"]
-            if self.training.get("use_vllm"):
-                values["use_vllm"] = self.training.get("vllm_mode") or "colocate"
-                values["vllm_gpu_memory_utilization"] = self.training.get("vllm_gpu_memory_utilization", 0.3)
-        if self.wrote("dtype") and self.model.get("dtype") not in (None, "float32"):
-            values["dtype"] = self.model["dtype"]
-        if self.training.get("trust_remote_code"):
-            values["trust_remote_code"] = True
+        values.update(file_options(self.run))
         engine = self.engine()
         if engine.processes:  # the launch's num_processes, as accelerate launch takes it (--gpus overrides)
             values["gpus"] = engine.processes
@@ -148,30 +132,21 @@ class UserConfig:
             passed[precision] = True
         return passed
 
+    @property
+    def run(self) -> FileRun:
+        """The file as the knobs read it (``autofit.core._knobs``)."""
+        return FileRun(self.training, self.model, self.written, self.algo)
+
     def baseline(self, rank_batch: int) -> Baseline:
         """The file's run as the ladder's first level; its micro-batch split only where it is the search's (a
         ``--effective-batch`` or ``--gpus`` given at the door that changes the batch per rank replaces it)."""
         batch, accumulation = self.training.get("per_device_train_batch_size"), \
             self.training.get("gradient_accumulation_steps")
         split = isinstance(batch, int) and isinstance(accumulation, int) and batch * accumulation == rank_batch
-        lora = None
-        if self.model.get("use_peft"):
-            targets = self.model.get("lora_target_modules")
-            lora = LoraSettings(r=int(self.model.get("lora_r") or 16), alpha=int(self.model.get("lora_alpha") or 32),
-                                dropout=float(self.model.get("lora_dropout") or 0.0),
-                                target_modules=tuple(targets) if isinstance(targets, list)
-                                else (targets or "all-linear"), **lora_as_written(self.model))
-        quantization = "4bit" if self.model.get("load_in_4bit") else "8bit" if self.model.get("load_in_8bit") else None
-        checkpointing = self.training.get("activation_checkpointing")
-        if checkpointing is None:
-            checkpointing = self.training.get("gradient_checkpointing")
-        checkpointing = bool(checkpointing) or self.engine().checkpointing  # FSDP's activation checkpointing
-        return Baseline(micro_batch=batch if split else None, grad_accum=accumulation if split else None,
-                        checkpointing=bool(checkpointing),
-                        optim=self.training.get("optim") if self.wrote("optim") else None, lora=lora,
-                        quantization=quantization,
-                        activation_offload=bool(self.training.get("activation_offloading")),
-                        sharding=self.engine().sharding, source=self.path, **as_written(self.model, self.written))
+        settings = dict(file_baseline(self.run))
+        settings["checkpointing"] = settings["checkpointing"] or self.engine().checkpointing  # FSDP's own
+        return Baseline(settings=tuple(settings.items()), micro_batch=batch if split else None,
+                        grad_accum=accumulation if split else None, sharding=self.engine().sharding, source=self.path)
 
     def unmodelled(self) -> List[str]:
         """What the file sets that the memory model does not describe (its predictions say so, with a wider band)."""
@@ -223,7 +198,7 @@ def probe_notes(path: Optional[str], algo: str, device: str) -> List[str]:
         notes.append(f"{path}: attn_implementation {attention} is not probed here ({why}): the probes load "
                      f"{probed or 'sdpa'} instead (it keeps no attention scores either: what is measured and "
                      f"predicted is sdpa's peak); best.yaml keeps {attention}")
-    allocator = [key for key, _ in as_written(user.model, user.written).get("env", ()) if key in ALLOCATOR_ENV]
+    allocator = [key for key, _ in dict(file_baseline(user.run))["env"] if key in ALLOCATOR_ENV]
     if allocator and device == "cpu":
         notes.append(f"{path}: env {', '.join(allocator)} reaches every probe, but the CPU meter counts live tensors, "
                      "not the CUDA allocator's segments: it changes nothing measured here")
@@ -254,9 +229,7 @@ def with_config(values: Dict[str, Any]) -> Dict[str, Any]:
 
 
 # The file's key behind each option it sets, for messages that name the user's own key, not a flag they never gave.
-_FILE_KEYS = {"max_length": "max_length", "max_completion_length": "max_completion_length",
-              "num_generations": "num_generations", "beta": "beta", "use_vllm": "vllm_mode",
-              "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization", "dtype": "dtype"}
+_FILE_KEYS = option_file_keys()
 
 
 def _check_file_values(user: UserConfig, from_file: Dict[str, Any], given: Dict[str, Any]) -> None:

@@ -140,7 +140,7 @@ def test_export_sets_the_flag_and_says_what_it_trades(tmp_path, liger_installed)
     export_write(report, tmp_path)
     text = (tmp_path / "best.yaml").read_text()
     assert "use_liger_kernel: true  # liger-kernels: Liger's fused RMSNorm, SwiGLU and RoPE" in text
-    assert "liger_kernel_config: {fused_linear_cross_entropy: false}  # liger-kernels: the layer kernels only" in text
+    assert "liger_kernel_config: {fused_linear_cross_entropy: false}  # liger-kernels: Liger's fused" in text
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["config"]["use_liger_kernel"] is True
     assert any(t.startswith("Liger's fused RMSNorm") for t in best["trades"])

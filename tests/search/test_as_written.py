@@ -4,16 +4,27 @@ memory: ``lora_modules_to_save``, the ``env:`` block, ``attn_implementation``, t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autofit import memory_model as mm
-from autofit.core import FACTORIES, Candidate, LoraSettings, Outcome, QuantSettings, runnable_attention
+from autofit.core import (
+    FACTORIES,
+    Candidate,
+    FileRun,
+    LoraSettings,
+    Outcome,
+    QuantSettings,
+    blocks,
+    file_baseline,
+    runnable_attention,
+)
 from autofit.export._write import model_args, training_args
 from autofit.probe import ProcessRunner
 from autofit.rungs import LadderState
 from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
 from autofit.search import UserConfig
-from autofit.search._as_written import as_written, lora_as_written
 from autofit.search._user_config import probe_notes
 
 SAVED = ("embed_tokens", "lm_head")
@@ -35,11 +46,12 @@ def test_the_files_model_keys_reach_the_candidates_peft_bnb_and_model_settings()
              "bnb_4bit_quant_type": "fp4", "use_bnb_nested_quant": False, "bnb_4bit_quant_storage": "bfloat16",
              "attn_implementation": "eager"}
     file = user(model, {**model, "env": {"AUTOFIT_MARK": 1}})
-    settings = as_written(file.model, file.written)
+    settings = dict(file_baseline(file.run))
     assert settings["bnb"] == QuantSettings(quant_type="fp4", nested=False, storage="bfloat16")
     assert settings["env"] == (("AUTOFIT_MARK", "1"),)  # as TRL sets it: str(value)
-    candidate = lora(**lora_as_written(model)).replace(quantization="4bit", bnb=settings["bnb"],
-                                                       attn_implementation=settings["attn_implementation"])
+    assert (settings["lora"].modules_to_save, settings["lora"].use_rslora) == (SAVED, True)
+    candidate = lora(modules_to_save=SAVED, use_rslora=True).replace(
+        quantization="4bit", bnb=settings["bnb"], attn_implementation=settings["attn_implementation"])
     peft = candidate.peft_config()
     assert set(peft.modules_to_save) == set(SAVED) and peft.use_rslora
     bnb = candidate.quantization_config()
@@ -47,8 +59,9 @@ def test_the_files_model_keys_reach_the_candidates_peft_bnb_and_model_settings()
         ("fp4", False, "torch.bfloat16")
     assert candidate.training_args()["model_init_kwargs"]["attn_implementation"] == "eager"
     # TRL's defaults for a file that only loads in 4 bits: nf4 without nested quantization (not the rung's nested)
-    assert as_written({"load_in_4bit": True}, {"load_in_4bit": True})["bnb"] == QuantSettings(nested=False)
-    assert as_written({}, {}) == {}
+    only = {"load_in_4bit": True}
+    assert dict(file_baseline(FileRun({}, only, only)))["bnb"] == QuantSettings(nested=False)
+    assert "bnb" not in dict(file_baseline(FileRun({}, {}, {})))
 
 
 def test_best_yaml_writes_the_files_values_not_the_rungs():
@@ -60,10 +73,8 @@ def test_best_yaml_writes_the_files_values_not_the_rungs():
         ("fp4", False, "bfloat16")
     assert args["lora_modules_to_save"] == list(SAVED)
     assert "model_init_kwargs" not in training_args(candidate)  # ModelConfig's attn_implementation says it once
-    from autofit.export._json import _peft_dict, _quantization_dict
-
-    assert _quantization_dict(candidate)["bnb_4bit_use_double_quant"] is False  # best.json says the same
-    assert _peft_dict(candidate)["modules_to_save"] == list(SAVED)
+    assert blocks(candidate)["quantization"]["bnb_4bit_use_double_quant"] is False  # best.json says the same
+    assert blocks(candidate)["peft"]["modules_to_save"] == list(SAVED)
     rung = model_args(lora().replace(quantization="4bit"))  # the quantization rung's own
     assert (rung["bnb_4bit_quant_type"], rung["use_bnb_nested_quant"]) == ("nf4", True)
     assert "bnb_4bit_quant_storage" not in rung and "lora_modules_to_save" not in rung
@@ -193,7 +204,8 @@ def test_a_file_through_the_door_is_the_first_levels_candidate_and_best_yaml_kee
     assert any("PYTORCH_ALLOC_CONF reaches every probe" in note for note in spec.notes)
     notes = " ".join(spec.notes)
     assert "lora_modules_to_save" not in notes and "bnb_4bit_quant_type" not in notes  # no longer "not probed"
-    assert spec.baseline.key() != spec.baseline.__class__(**{**spec.baseline.__dict__, "env": ()}).key()
+    without_env = tuple((name, value) for name, value in spec.baseline.settings if name != "env")
+    assert spec.baseline.key() != dataclasses.replace(spec.baseline, settings=without_env).key()
     user = read_user_config(str(path), "sft")
     exported = {**model_args(first), **training_args(first)}
     text, changes = user_yaml(user, first, exported, lambda key: "why", ["# header"])

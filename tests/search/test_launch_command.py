@@ -307,7 +307,7 @@ def test_fit_takes_the_accelerate_config_too(tmp_path, monkeypatch):
         autofit.fit("sft", model="tiny-qwen2", accelerate_config=fsdp, device="cpu", gpu_memory="1GiB",
                     out_dir=tmp_path / "out")
     (spec,) = seen
-    assert spec.baseline is not None and (spec.baseline.sharding, spec.baseline.checkpointing) == ("fsdp2", True)
+    assert spec.baseline is not None and (spec.baseline.sharding, spec.baseline.get("checkpointing")) == ("fsdp2", True)
     assert spec.options.accelerate_config == fsdp and spec.ranks == 1
 
 

@@ -1,0 +1,384 @@
+"""The knob table: every setting a rung turns and every stage reads, each declared once with the TRL keys it owns
+(``autofit.core._knob`` says what a declaration holds; ``autofit.core._knobs`` derives what the stages read).
+
+The order is the order best.yaml and the training arguments write their keys in. Only here are a knob's keys
+spelled: a rung names its knob (``knob("checkpointing").keys``), the export and the key table read them from here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+
+from autofit.core._algorithms import algorithm
+from autofit.core._compat import checkpointing_field, vllm_installed
+from autofit.core._knob import PROBED, FileRun, Knob
+from autofit.core._settings import LORA_TARGETS, LoraSettings, QuantSettings, runnable_attention
+
+if TYPE_CHECKING:
+    from autofit.core._candidate import Candidate
+
+TRL_VLLM_UTILIZATION = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
+BNB_KEYS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")  # ModelConfig's 4-bit keys
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _said(words: str) -> Any:
+    return lambda key, candidate, context: words
+
+
+# -- the searched knobs ---------------------------------------------------------------------------------------------
+BATCH = Knob(
+    "batch", fields=("micro_batch", "grad_accum"), searched=True,
+    training_keys={"per_device_train_batch_size": "the micro-batch (the search's)",
+                   "gradient_accumulation_steps": "accumulation (effective batch kept)"},
+    training=lambda c: {"per_device_train_batch_size": c.micro_batch, "gradient_accumulation_steps": c.grad_accum},
+    options=lambda run: ({"effective_batch": run.training["per_device_train_batch_size"]
+                          * run.training["gradient_accumulation_steps"]}
+                         if _int(run.training.get("per_device_train_batch_size"))
+                         and _int(run.training.get("gradient_accumulation_steps")) else {}),
+    said_after=lambda key, c: "effective batch")
+
+
+def _checkpointing_of(run: FileRun) -> Dict[str, Any]:
+    value = run.training.get("activation_checkpointing")
+    if value is None:
+        value = run.training.get("gradient_checkpointing")
+    return {"checkpointing": bool(value)}
+
+
+CHECKPOINTING = Knob(
+    "checkpointing", fields=("checkpointing",), searched=True,
+    # transformers 5.23 renamed the field; setting only gradient_checkpointing there can silently keep it on, so the
+    # candidate writes whichever name the installed transformers has (autofit.core._compat)
+    training_keys={"activation_checkpointing": "checkpointing",
+                   "gradient_checkpointing": "checkpointing (the name before transformers 5.23)"},
+    training=lambda c: {checkpointing_field(): c.checkpointing},
+    baseline=_checkpointing_of,
+    said_after=lambda key, c: None if c.checkpointing else "baseline: off is fastest and fits")
+
+
+def _length_words(key: str, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
+    if context.get("maximize") == "length":
+        return "longest that fits (--maximize length)"
+    if candidate.max_length >= context.get("asked_length", candidate.max_length):
+        return "--max-completion-length" if candidate.is_rl else "--max-length"
+    return None
+
+
+def _length_of(run: FileRun) -> Dict[str, Any]:
+    key = algorithm(run.algo).length_field
+    return {key: run.training[key]} if _int(run.training.get(key)) else {}
+
+
+LENGTH = Knob(
+    "length", fields=("max_length",), searched=True,
+    training_keys={"max_length": "the sequence length (the search's)",
+                   "max_completion_length": "the completion length (the search's, RL)"},
+    option_keys={"max_length": "max_length", "max_completion_length": "max_completion_length"},
+    training=lambda c: {c.unit.length_field: c.max_length}, options=_length_of, said_before=_length_words)
+
+# -- what the rungs turn --------------------------------------------------------------------------------------------
+OPTIM = Knob(
+    "optim", fields=("optim",), reads=("optim",), training_keys={"optim": "the optimizer's states"},
+    training=lambda c: {"optim": c.optim} if c.optim is not None else {},
+    baseline=lambda run: {"optim": run.training.get("optim") if "optim" in run.written else None})
+
+
+def _lora_model(candidate: Candidate, observed: Mapping[str, Any]) -> Dict[str, Any]:
+    lora = candidate.lora
+    if lora is None:
+        return {}
+    args: Dict[str, Any] = dict(use_peft=True, lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                lora_target_modules=targets(lora.target_modules))
+    if lora.modules_to_save:
+        args["lora_modules_to_save"] = list(lora.modules_to_save)
+    if lora.use_rslora:
+        args["use_rslora"] = True
+    return args
+
+
+def _peft_block(candidate: Candidate) -> Optional[Dict[str, Any]]:
+    """peft's ``LoraConfig`` arguments (best.json's ``peft``; ``Candidate.peft_config`` builds it from them)."""
+    lora = candidate.lora
+    if lora is None:
+        return None
+    peft: Dict[str, Any] = {"type": "lora", "r": lora.r, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
+                            "target_modules": targets(lora.target_modules)}
+    if lora.modules_to_save:  # the file's lora_modules_to_save, trained whole
+        peft["modules_to_save"] = list(lora.modules_to_save)
+    if lora.use_rslora:
+        peft["use_rslora"] = True
+    return peft
+
+
+def _lora_of(run: FileRun) -> Dict[str, Any]:
+    model = run.model
+    if not model.get("use_peft"):
+        return {"lora": None}
+    found = model.get("lora_target_modules")
+    saved = model.get("lora_modules_to_save")
+    return {"lora": LoraSettings(
+        r=int(model.get("lora_r") or 16), alpha=int(model.get("lora_alpha") or 32),
+        dropout=float(model.get("lora_dropout") or 0.0),
+        target_modules=tuple(found) if isinstance(found, list) else (found or LORA_TARGETS),
+        modules_to_save=tuple(saved) if isinstance(saved, list) else ((saved,) if saved else ()),
+        use_rslora=bool(model.get("use_rslora")))}
+
+
+def _peft_of(trainer: Any) -> Dict[str, Any]:
+    """The trainer model's LoRA adapter, in peft's terms (target modules by their short names)."""
+    configs = getattr(trainer.model, "peft_config", None)
+    if not isinstance(configs, dict) or not configs:
+        return {"peft": None}
+    config = next(iter(configs.values()))
+    found = getattr(config, "target_modules", None)
+    if isinstance(found, (set, list, tuple)):
+        found = sorted({str(name).rsplit(".", 1)[-1] for name in found})
+    saved = getattr(config, "modules_to_save", None)
+    return {"peft": {"r": getattr(config, "r", None), "lora_alpha": getattr(config, "lora_alpha", None),
+                     "lora_dropout": getattr(config, "lora_dropout", None), "target_modules": found,
+                     "modules_to_save": sorted(str(name) for name in saved) if saved else [],
+                     "use_rslora": bool(getattr(config, "use_rslora", False))}}
+
+
+def _lora_trained(candidate: Candidate, observed: Mapping[str, Any]) -> Dict[str, Any]:
+    peft = observed.get("peft")
+    if not peft or candidate.lora is not None:
+        return {}
+    return {"lora": LoraSettings(r=peft.get("r") or 16, alpha=peft.get("lora_alpha") or 32,
+                                 dropout=peft.get("lora_dropout") or 0.0,
+                                 target_modules=peft.get("target_modules") or LORA_TARGETS,
+                                 modules_to_save=tuple(peft.get("modules_to_save") or ()),
+                                 use_rslora=bool(peft.get("use_rslora")))}
+
+
+LORA = Knob(
+    "lora", fields=("lora",),
+    model_keys={"use_peft": "LoRA", "lora_r": "LoRA", "lora_alpha": "LoRA", "lora_dropout": "LoRA",
+                "lora_target_modules": "LoRA",
+                "lora_modules_to_save": "modules trained whole beside LoRA, probed as written (peft's copy: weights, "
+                                        "gradients, optimizer states)",
+                "use_rslora": "LoRA's scaling alpha/sqrt(r) (no memory of its own), probed as written"},
+    model=_lora_model, block=("peft", _peft_block), baseline=_lora_of, observe=_peft_of, trained=_lora_trained,
+    said_after=lambda key, c: "your trainer's own LoRA (measured)")
+
+DTYPE = Knob(
+    "dtype", fields=("dtype",), late=("dtype",),
+    training_keys={"model_init_kwargs": "the weights' dtype"}, model_keys={"dtype": "the weights' dtype (ModelConfig)"},
+    option_keys={"dtype": "dtype"},
+    training=lambda c: {"model_init_kwargs": {"dtype": c.dtype}} if c.dtype is not None else {},
+    model=lambda c, observed: {"dtype": c.dtype} if c.dtype is not None else {},  # TRL's --dtype, passed on as
+    options=lambda run: ({"dtype": run.model["dtype"]}                            # model_init_kwargs by its scripts
+                         if "dtype" in run.written and run.model.get("dtype") not in (None, "float32") else {}),
+    said_after=lambda key, c: "--dtype" if c.dtype is not None else None)
+
+
+def _quantization_model(candidate: Candidate, observed: Mapping[str, Any]) -> Dict[str, Any]:
+    if candidate.quantization == "8bit":
+        return {"load_in_8bit": True}
+    if candidate.quantization != "4bit":
+        return {}
+    bnb = candidate.bnb or QuantSettings()  # the file's settings as written, else the rung's (nf4 + nested)
+    args: Dict[str, Any] = dict(load_in_4bit=True, bnb_4bit_quant_type=bnb.quant_type, use_bnb_nested_quant=bnb.nested)
+    if bnb.storage != QuantSettings().storage:
+        args["bnb_4bit_quant_storage"] = bnb.storage
+    return args
+
+
+def _bnb_block(candidate: Candidate) -> Optional[Dict[str, Any]]:
+    """transformers' ``BitsAndBytesConfig`` arguments but the compute dtype (best.json's ``quantization``)."""
+    if candidate.quantization == "8bit":
+        return {"load_in_8bit": True}
+    if candidate.quantization == "4bit":  # the file's settings as probed, else the rung's (nf4 + nested)
+        bnb = candidate.bnb or QuantSettings()
+        return {"load_in_4bit": True, "bnb_4bit_quant_type": bnb.quant_type, "bnb_4bit_use_double_quant": bnb.nested,
+                "bnb_4bit_quant_storage": bnb.storage}
+    return None
+
+
+def _quantization_of(run: FileRun) -> Dict[str, Any]:
+    model = run.model
+    found: Dict[str, Any] = {"quantization": "4bit" if model.get("load_in_4bit")
+                             else "8bit" if model.get("load_in_8bit") else None}
+    if model.get("load_in_4bit") or any(key in run.written for key in BNB_KEYS):  # the rung uses them too
+        found["bnb"] = QuantSettings(quant_type=str(model.get("bnb_4bit_quant_type") or "nf4"),
+                                     nested=bool(model.get("use_bnb_nested_quant")),
+                                     storage=str(model.get("bnb_4bit_quant_storage") or "uint8"))
+    return found
+
+
+def _bnb_of(trainer: Any) -> Dict[str, Any]:
+    model = trainer.model
+    base = getattr(model, "get_base_model", lambda: model)()
+    config = getattr(getattr(base, "config", None), "quantization_config", None)
+    if config is None:
+        return {"quantization": None}
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    keys = ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+            "bnb_4bit_quant_storage")
+    return {"quantization": {key: _plain(data[key]) for key in keys if key in data}}
+
+
+def _quantization_trained(candidate: Candidate, observed: Mapping[str, Any]) -> Dict[str, Any]:
+    found = observed.get("quantization") or {}
+    if candidate.quantization is not None or not (found.get("load_in_4bit") or found.get("load_in_8bit")):
+        return {}
+    if not found.get("load_in_4bit"):
+        return {"quantization": "8bit"}
+    bnb = QuantSettings(quant_type=str(found.get("bnb_4bit_quant_type") or "nf4"),
+                        nested=bool(found.get("bnb_4bit_use_double_quant")),
+                        storage=str(found.get("bnb_4bit_quant_storage") or "uint8").removeprefix("torch."))
+    return {"quantization": "4bit", **({"bnb": bnb} if bnb != QuantSettings() else {})}
+
+
+QUANTIZATION = Knob(
+    "quantization", fields=("quantization", "bnb"), late=("bnb",),
+    model_keys={"load_in_4bit": "the 4-bit base", "load_in_8bit": "the 8-bit base",
+                "bnb_4bit_quant_type": "the 4-bit quant type, probed as written (nf4 or fp4: the same bytes)",
+                "bnb_4bit_quant_storage": "the 4-bit storage dtype, probed as written (uint8 or a float: the same "
+                                          "packed bytes)",
+                "use_bnb_nested_quant": "nested quantization, probed as written (0.516 or 0.5625 B per 4-bit "
+                                        "weight)"},
+    model=_quantization_model, block=("quantization", _bnb_block), baseline=_quantization_of, observe=_bnb_of,
+    trained=_quantization_trained, said_after=lambda key, c: "your trainer's own quantization (measured)")
+
+ACTIVATION_OFFLOAD = Knob(
+    "activation_offload", fields=("activation_offload",), late=("activation_offload",),
+    reads=("activation_offloading",),
+    training_keys={"activation_offloading": "activation offloading"},
+    training=lambda c: {"activation_offloading": True} if c.activation_offload else {},
+    baseline=lambda run: {"activation_offload": bool(run.training.get("activation_offloading"))})
+
+# The layer kernels only: TRL keeps its own fused LM head and turns Liger's fused cross-entropy off, but after
+# transformers before 5 has applied the kernels (in Trainer.__init__): so it is said here. The user's own
+# use_liger_kernel passes through to the probes as written.
+LIGER = Knob(
+    "liger", fields=("liger",), late=("liger",),
+    training_keys={"use_liger_kernel": "Liger's kernels", "liger_kernel_config": "Liger's kernels"},
+    training=lambda c: ({"use_liger_kernel": True, "liger_kernel_config": {"fused_linear_cross_entropy": False}}
+                        if c.liger else {}))
+
+
+def _attention_of(run: FileRun) -> Dict[str, Any]:
+    found = run.model.get("attn_implementation")
+    return {"attn_implementation": str(found) if found not in (None, "", "sdpa") else None}  # sdpa: the default
+
+
+ATTENTION = Knob(
+    "attention", fields=("attn_implementation",), late=("attn_implementation",),
+    model_keys={"attn_implementation": "the attention kernel (eager keeps the scores), probed as written where this "
+                                       "machine runs it; else sdpa, said before any probe; best.yaml keeps yours"},
+    # as TRL's scripts pass ModelConfig's attn_implementation; best.yaml writes it as ModelConfig's, which the
+    # probes measured (``observed``)
+    training=lambda c: ({"model_init_kwargs": {"attn_implementation": c.attn_implementation}}
+                        if c.attn_implementation is not None else {}),
+    model=lambda c, observed: ({"attn_implementation": observed["attn_implementation"]}
+                               if observed.get("attn_implementation") else {}),
+    baseline=_attention_of, for_device=lambda value, device: runnable_attention(value, device)[0],
+    said_before=_said("the attention implementation the probes measured"))
+
+TRUST_REMOTE_CODE = Knob(
+    "trust_remote_code", fields=("trust_remote_code",), late=("trust_remote_code",), reads=("trust_remote_code",),
+    training_keys={"trust_remote_code": "the model's own code"},
+    training=lambda c: {"trust_remote_code": True} if c.trust_remote_code else {},  # TRL passes it to every loading
+    options=lambda run: {"trust_remote_code": True} if run.training.get("trust_remote_code") else {},
+    said_before=_said("--trust-remote-code: the model's own code runs"))
+
+
+def _groups(run: FileRun) -> bool:
+    return algorithm(run.algo).groups
+
+
+NUM_GENERATIONS = Knob(
+    "num_generations", fields=("num_generations",), searched=True, reads=("num_generations",),
+    training_keys={"num_generations": "completions per prompt (RL)"},
+    option_keys={"num_generations": "num_generations"},
+    training=lambda c: {"num_generations": c.num_generations} if c.num_generations is not None else {},
+    options=lambda run: ({"num_generations": run.training["num_generations"]}
+                         if _groups(run) and "num_generations" in run.written else {}),
+    trained=lambda c, observed: ({"num_generations": observed["args"]["num_generations"]}
+                                 if c.is_rl and c.num_generations is None
+                                 and _int((observed.get("args") or {}).get("num_generations")) else {}),
+    said_before=_said("--num-generations"))
+
+# The KL coefficient is the user's training argument (``--beta`` adds it to them): the reference model is the
+# ledger's where it is > 0
+BETA = Knob(
+    "beta", reads=("beta",), training_keys={"beta": "the reference model (RL, beta > 0)"}, option_keys={"beta": "beta"},
+    options=lambda run: {"beta": run.training["beta"]} if _groups(run) and "beta" in run.written else {},
+    said_before=_said("--beta"))
+
+
+def _vllm_training(candidate: Candidate) -> Dict[str, Any]:
+    # a probe without vLLM generates itself (the search estimates vLLM's share)
+    if not candidate.vllm or (candidate.probe is not None and importlib.util.find_spec("vllm") is None):
+        return {}
+    args: Dict[str, Any] = {"use_vllm": True, "vllm_mode": candidate.vllm}
+    if candidate.vllm == "colocate":
+        args["vllm_gpu_memory_utilization"] = candidate.vllm_utilization or TRL_VLLM_UTILIZATION
+    return args
+
+
+def _vllm_of(run: FileRun) -> Dict[str, Any]:
+    if not _groups(run) or not run.training.get("use_vllm"):
+        return {}
+    return {"use_vllm": run.training.get("vllm_mode") or "colocate",
+            "vllm_gpu_memory_utilization": run.training.get("vllm_gpu_memory_utilization", TRL_VLLM_UTILIZATION)}
+
+
+def _vllm_words(key: str, candidate: Candidate, context: Mapping[str, Any]) -> str:
+    return "--use-vllm" + (" (vLLM was estimated, not probed: not installed where the search ran)"
+                           if key == "use_vllm" and not vllm_installed() else "")
+
+
+VLLM = Knob(
+    "vllm", fields=("vllm", "vllm_utilization"), late=("vllm", "vllm_utilization"),
+    reads=("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"),
+    training_keys={"use_vllm": "vLLM's share of the card", "vllm_mode": "vLLM's share of the card",
+                   "vllm_gpu_memory_utilization": "vLLM's share of the card"},
+    option_keys={"use_vllm": "vllm_mode", "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization"},
+    training=_vllm_training, options=_vllm_of, said_before=_vllm_words)
+
+
+def _env_of(run: FileRun) -> Dict[str, Any]:
+    env = run.written.get("env")  # TRL sets each variable as str(value)
+    return {"env": tuple(sorted((str(k), str(v)) for k, v in env.items())) if isinstance(env, dict) else ()}
+
+
+ENV = Knob(
+    "env", fields=("env",), kind=PROBED,
+    training_keys={"env": "the file's env block: every probe's environment, as TRL sets it (the ledger reads the "
+                          "allocator's expandable segments)"},
+    baseline=_env_of)
+
+# The engines (autofit.rungs: the optimizer-offload engine, the shardings): the user's own are the launch's
+# (autofit.search._launch reads them), autofit's are written as accelerate and DeepSpeed files.
+ENGINE = Knob(
+    "engine", fields=("offload", "sharding", "ranks"), late=("offload", "sharding", "ranks"),
+    training_keys={"deepspeed": "DeepSpeed ZeRO's partitions, buckets and optimizer offload",
+                   "fsdp": "the FSDP engine (FSDP2's shards; version 1 as FSDP2)",
+                   "fsdp_config": "the FSDP engine's settings"})
+
+def user_dtype(user_args: Any) -> Optional[str]:
+    """The dtype the user's own ``model_init_kwargs`` loads the weights in (``torch_dtype``: transformers 4's name);
+    None where they set none."""
+    init = dict(user_args).get("model_init_kwargs")
+    found = init.get("dtype", init.get("torch_dtype")) if isinstance(init, Mapping) else None
+    return str(found) if found else None
+
+
+KNOBS = (BATCH, CHECKPOINTING, LENGTH, OPTIM, LORA, DTYPE, QUANTIZATION, ACTIVATION_OFFLOAD, LIGER, ATTENTION,
+         TRUST_REMOTE_CODE, NUM_GENERATIONS, BETA, VLLM, ENV, ENGINE)
+
+
+def targets(found: Any) -> Any:
+    """LoRA's target modules as YAML and JSON write them: a name, or a list."""
+    return list(found) if isinstance(found, tuple) else found
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)

@@ -1,0 +1,133 @@
+"""What every stage derives from the knob table (``autofit.core._knob_table``): the training arguments, ModelConfig's
+arguments, best.json's blocks, the baseline's settings and options a TRL file sets, the candidate as its trainer built
+it, the key table's modelled rows, the keys autofit searches and those the file's reading consumes, and which fields of
+the candidate's study key were added late."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from autofit.core._knob import FileRun, Knob, merged
+from autofit.core._knob_table import KNOBS
+
+if TYPE_CHECKING:
+    from autofit.core._candidate import Candidate
+
+
+def _table() -> Tuple[Knob, ...]:
+    return KNOBS
+
+
+def knob(name: str) -> Knob:
+    return next(k for k in _table() if k.name == name)
+
+
+def knob_of_key(key: str) -> Optional[Knob]:
+    """The knob that owns a TRL or ModelConfig key; None for a key no knob owns."""
+    return next((k for k in _table() if k.owns(key)), None)
+
+
+def keys_of(*names: str) -> Tuple[str, ...]:
+    """The keys the named knobs own, in the table's order."""
+    return tuple(key for k in _table() if k.name in names for key in k.keys)
+
+
+# -- written -------------------------------------------------------------------------------------------------------
+def knob_training_args(candidate: Candidate) -> Dict[str, Any]:
+    """The knobs' keyword arguments for the candidate's config class, in the table's order, over its user_args."""
+    args: Dict[str, Any] = dict(candidate.user_args)
+    for k in _table():
+        merged(args, k.training(candidate))
+    return args
+
+
+def model_args(candidate: Candidate, observed: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """ModelConfig's arguments of the candidate (best.yaml's; ``observed``: what the probes' trainer ran)."""
+    args: Dict[str, Any] = {}
+    for k in _table():
+        args.update(k.model(candidate, observed or {}))
+    return args
+
+
+def blocks(candidate: Candidate) -> Dict[str, Optional[Dict[str, Any]]]:
+    """best.json's structured blocks (``peft``, ``quantization``) in their libraries' own names."""
+    return {k.block[0]: k.block[1](candidate) for k in _table() if k.block is not None}
+
+
+def model_keys() -> Tuple[str, ...]:
+    return tuple(key for k in _table() for key in k.model_keys)
+
+
+# -- read back -----------------------------------------------------------------------------------------------------
+def file_options(run: FileRun) -> Dict[str, Any]:
+    """The search's options a TRL file sets, by ``SearchOptions`` field name."""
+    values: Dict[str, Any] = {}
+    for k in _table():
+        if k.options is not None:
+            values.update(k.options(run))
+    return values
+
+
+def file_baseline(run: FileRun) -> Tuple[Tuple[str, Any], ...]:
+    """The candidate's fields the file's run starts from (the ladder's first level), as (field, value)."""
+    settings: Dict[str, Any] = {}
+    for k in _table():
+        if k.baseline is not None:
+            settings.update(k.baseline(run))
+    return tuple(settings.items())
+
+
+def on_device(field_name: str, value: Any, device: str) -> Any:
+    """A baseline's value as the probes on ``device`` run it (the attention kernel this machine has)."""
+    owner = next((k for k in _table() if field_name in k.fields), None)
+    return owner.for_device(value, device) if owner is not None and owner.for_device is not None else value
+
+
+def observe_trainer(trainer: Any) -> Dict[str, Any]:
+    """What a built trainer runs, as the knobs read it (in the probe's child; plain data for JSON)."""
+    seen: Dict[str, Any] = {}
+    for k in _table():
+        if k.observe is not None:
+            seen.update(k.observe(trainer))
+    return seen
+
+
+def as_trained(candidate: Candidate, observed: Optional[Mapping[str, Any]]) -> Candidate:
+    """The candidate with what the user's own trainer adds (read back in the probe): its LoRA, its quantized base,
+    its number of generations. Predicted and exported as measured: a best.yaml without the user's LoRA would
+    describe a full fine-tune that does not fit."""
+    changes: Dict[str, Any] = {}
+    for k in _table():
+        if k.trained is not None and observed:
+            changes.update(k.trained(candidate, observed))
+    return candidate.replace(**changes) if changes else candidate
+
+
+# -- identity and the key table ------------------------------------------------------------------------------------
+def late_fields() -> Tuple[str, ...]:
+    return tuple(name for k in _table() for name in k.late)
+
+
+def searched_keys(length_fields: Iterable[str]) -> Tuple[str, ...]:
+    """What autofit sets on every candidate (a user's ``training_args`` value for one is replaced, and said): the
+    searched knobs' keys, and every algorithm's length field."""
+    keys: List[str] = [key for k in _table() if k.searched for key in k.training_keys]
+    return tuple(keys + [name for name in length_fields if name not in keys])
+
+
+def read_keys() -> Tuple[str, ...]:
+    """The file's keys the knobs' readers consume."""
+    return tuple(key for k in _table() for key in k.reads)
+
+
+def option_file_keys() -> Dict[str, str]:
+    return {option: key for k in _table() for option, key in k.option_keys.items()}
+
+
+def key_rows() -> Dict[str, Tuple[str, str]]:
+    """The key table's rows of the knobs' keys: key -> (kind, words)."""
+    rows: Dict[str, Tuple[str, str]] = {}
+    for k in _table():
+        for key, words in {**k.training_keys, **k.model_keys}.items():
+            rows[key] = (k.kind, words)
+    return rows
