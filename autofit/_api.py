@@ -24,9 +24,10 @@ from autofit.core import (
     format_size,
     one_line,
 )
+from autofit.launch import at_door
 from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
 from autofit.rungs import Rung, probe_steps, register, resolve_ladder
-from autofit.search import InfrastructureError, Record, Search, SearchReport, question, quiet_optuna, with_config
+from autofit.search import InfrastructureError, Record, Search, SearchReport, question, quiet_optuna
 
 log = logging.getLogger(__name__)
 
@@ -183,9 +184,8 @@ def fit(trainer_factory: Union[str, Callable[[Candidate], Any]], *,
     payload = prepare_factory(trainer_factory)
     ladder = options.get("ladder")
     custom = ladder is not None and not isinstance(ladder, str) and any(not isinstance(r, str) for r in ladder)
-    values = with_config({**options, "ladder": None if custom else ladder})
-    spec = question(SearchOptions(**values),
-                    factory=payload.identity or None)
+    values, launch = at_door({**options, "ladder": None if custom else ladder})
+    spec = question(SearchOptions(**values), factory=payload.identity or None, launch=launch)
     rungs = ([resolve_ladder([r])[0] if isinstance(r, str) else r for r in ladder]
              if custom and ladder is not None else None)
     for rung in rungs or ():

@@ -311,8 +311,9 @@ def _views(ledger: Ledger, device: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Print the estimate, for each card of ``--gpu-memory A,B`` and then their comparison; 0, or 2 with a one-line
     message on bad input."""
+    from autofit.launch import read_launch, with_launch
     from autofit.memory_model import ensure_census
-    from autofit.search import estimate_question, with_config
+    from autofit.search import estimate_question
 
     estimates: List[CardEstimate] = []
     try:
@@ -320,10 +321,13 @@ def run(args: argparse.Namespace) -> int:
         cards = [part.strip() for part in given.split(",")] if isinstance(given, str) and "," in given else [given]
         if len(cards) > 1 and getattr(args, "plot", None):
             raise InputError(f"--plot draws one card's levels, not the {len(cards)} of --gpu-memory {given}")
+        launch = None
         for card in cards:  # each card read and refused as --gpu-memory alone would be
             one = argparse.Namespace(**{**vars(args), "gpu_memory": card})
-            options = SearchOptions(**with_config({**getattr(args, "launch", {}), **given_values(one, ESTIMATE)}))
-            spec = estimate_question(options)
+            values = {**getattr(args, "launch", {}), **given_values(one, ESTIMATE)}
+            launch = launch or read_launch(values)  # the launch is read once, whatever the cards
+            options = SearchOptions(**with_launch(values, launch))
+            spec = estimate_question(options, launch)
             ensure_census(options.model, trust_remote_code=options.trust_remote_code)
             ModelShape.from_model(options.model)
             _check_plot_path(options.plot)

@@ -1,5 +1,5 @@
 """``autofit search``: the command line, and ``autofit search|estimate [options] -- <your launch>`` (the launch after
-``--`` is read by ``autofit.cli._launch_command`` before argparse sees the line). Exit codes: 0 a fitting config was
+``--`` is read by ``autofit.launch._command`` before argparse sees the line). Exit codes: 0 a fitting config was
 written, 2 bad input (the user's trainer factory failing included), 3 nothing fits, 4 probes cannot run here (not a
 memory answer), 130 interrupted."""
 
@@ -119,8 +119,8 @@ def report_command(args) -> int:
 
 def _launch(args: argparse.Namespace, launch: Optional[List[str]]) -> Optional[str]:
     """Read the launch after ``--`` into ``args.launch`` (the options it sets); the one-line refusal, or None."""
-    from autofit.cli._launch_command import read_launch
     from autofit.core import InputError, one_line
+    from autofit.launch import read_command
 
     args.launch = {}
     if launch is None:
@@ -128,14 +128,14 @@ def _launch(args: argparse.Namespace, launch: Optional[List[str]]) -> Optional[s
     if args.command not in ("search", "estimate"):
         return f"autofit {args.command} takes no launch after --"
     try:
-        args.launch = read_launch(launch)
+        args.launch = read_command(launch)
     except InputError as exc:
         return one_line(exc)
     return None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from autofit.cli._launch_command import split_launch
+    from autofit.launch import split_launch
 
     own, launch = split_launch(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(own)
@@ -153,14 +153,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     from autofit._api import no_fit_message, run_search
     from autofit.core import InputError, UnknownModelError, format_size, one_line
     from autofit.export import table_text
+    from autofit.launch import at_door
     from autofit.probe import FactoryError, prepare_factory
-    from autofit.search import InfrastructureError, question, with_config
+    from autofit.search import InfrastructureError, question
 
     out_dir = args.out_dir or FIELDS["out_dir"].default
     try:
-        options = SearchOptions(**with_config({**args.launch, **given_values(args, SEARCH)}))
+        values, read = at_door({**args.launch, **given_values(args, SEARCH)})
+        options = SearchOptions(**values)
         payload = prepare_factory(options.factory) if options.factory else None
-        spec = question(options, factory=payload.identity if payload else None)
+        spec = question(options, factory=payload.identity if payload else None, launch=read)
         report = run_search(spec, factory=payload)
     except FactoryError as exc:  # several lines on purpose: the user's own frames
         print(f"autofit: error: {exc}", file=sys.stderr)

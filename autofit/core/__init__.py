@@ -47,6 +47,7 @@ from autofit.core._knobs import (
     option_file_keys,
     read_keys,
 )
+from autofit.core._launch import Launch, LaunchEngine, TrlFile
 from autofit.core._options import (
     DEVICES,
     ESTIMATE,
@@ -83,6 +84,7 @@ from autofit.core._sizes import format_size, parse_size
 from autofit.core._spec import FACTORIES, SEARCHED_ARGS, Baseline, SearchSpec
 
 __all__ = [
+    "Launch", "LaunchEngine", "TrlFile",
     "KNOBS", "FileRun", "Knob", "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob",
     "knob_of_key", "model_args", "observe_trainer", "option_file_keys", "read_keys", "targets", "user_dtype",
     "KEY_KINDS", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",

@@ -6,7 +6,7 @@
 A key set away from its default whose kind is ``not-probed`` or ``probed`` is named in a note with the wide band; a
 key the table does not know is named too (``tests/core/test_key_table.py`` fails when the installed accelerate writes or
 takes one). The probes run autofit's own engine for the launch's; what the engine's keys mean for the ledger is
-``autofit.search._launch``'s.
+``autofit.launch._engine``'s.
 """
 
 from __future__ import annotations

@@ -356,7 +356,7 @@ ENV = Knob(
     baseline=_env_of)
 
 # The engines (autofit.rungs: the optimizer-offload engine, the shardings): the user's own are the launch's
-# (autofit.search._launch reads them), autofit's are written as accelerate and DeepSpeed files.
+# (autofit.launch reads them), autofit's are written as accelerate and DeepSpeed files.
 ENGINE = Knob(
     "engine", fields=("offload", "sharding", "ranks"), late=("offload", "sharding", "ranks"),
     training_keys={"deepspeed": "DeepSpeed ZeRO's partitions, buckets and optimizer offload",

@@ -15,6 +15,7 @@ from autofit.core._candidate import Candidate
 from autofit.core._compat import checkpointing_field
 from autofit.core._errors import InputError
 from autofit.core._knobs import on_device, searched_keys
+from autofit.core._launch import Launch
 from autofit.core._options import AUTO_VERIFY, DEVICES, SearchOptions, ladder_names
 from autofit.core._sizes import format_size
 
@@ -99,11 +100,13 @@ class SearchSpec:
     factory: Optional[str] = None  # the identity of the user's factory; None: the built-in one of the algorithm
     notes: Tuple[str, ...] = ()  # what resolving decided and the user should know (a busy GPU, vLLM's share)
     baseline: Optional[Baseline] = None  # the user's run from their config file: the ladder starts there
+    launch: Launch = Launch()  # the user's launch as the door read it (the export writes best.yaml from its file)
 
     @classmethod
     def plan(cls, options: SearchOptions, *, device: str, gpu_bytes: Optional[int],
              budget_bytes: Optional[int] = None, ranks: int = 1, factory: Optional[str] = None,
-             notes: Tuple[str, ...] = (), baseline: Optional[Baseline] = None, probed: bool = True) -> SearchSpec:
+             notes: Tuple[str, ...] = (), baseline: Optional[Baseline] = None, probed: bool = True,
+             launch: Launch = Launch()) -> SearchSpec:
         """The question from checked options and what the door resolved: the device ("cuda" or "cpu"), each GPU's
         memory, the trainer's budget (``gpu_bytes`` unless given), the ranks on this machine. ``probed=False`` (the
         estimate): nothing runs the trainer here, so the installed TRL need not have it."""
@@ -142,7 +145,7 @@ class SearchSpec:
                    budget_bytes=gpu_bytes if budget_bytes is None else budget_bytes, max_length=length,
                    min_length=floor, ranks=ranks, ladder=tuple(ladder) if ladder is not None else None,
                    user_args=user_training_args(options.training_args, options.beta), headroom=headroom,
-                   factory=factory or None, notes=tuple(notes), baseline=baseline)
+                   factory=factory or None, notes=tuple(notes), baseline=baseline, launch=launch)
 
     @property
     def rank_batch(self) -> int:

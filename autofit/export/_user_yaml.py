@@ -18,9 +18,8 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.representer import RoundTripRepresenter
 from ruamel.yaml.util import load_yaml_guess_indent
 
-from autofit.core import Candidate, keys_of, resolve_model
+from autofit.core import Candidate, TrlFile, keys_of, resolve_model
 from autofit.rungs import rung_named
-from autofit.search import UserConfig
 
 # How the probes ran on a GPU machine: the user's file is kept. A CPU search writes what its probes ran with
 # (`use_cpu: true`, `bf16: false`, as the --model path does): TRL refuses bf16 on a machine without a GPU.
@@ -98,7 +97,7 @@ def _set(mapping: CommentedMap, key: str, value: Any, note: str) -> None:
         mapping.ca.items[key][2].value = mapping.ca.items[key][2].value.rstrip("\n") + "\n" + rest
 
 
-def _checkpointing_key(user: UserConfig, exported: Dict[str, Any]) -> Dict[str, Any]:
+def _checkpointing_key(user: TrlFile, exported: Dict[str, Any]) -> Dict[str, Any]:
     """The checkpointing switch under the name the user's file uses (either name works; the file's stays)."""
     found = [key for key in CHECKPOINTING if key in exported]
     written = [key for key in CHECKPOINTING if user.wrote(key)]
@@ -108,7 +107,7 @@ def _checkpointing_key(user: UserConfig, exported: Dict[str, Any]) -> Dict[str, 
     return exported
 
 
-def user_yaml(user: UserConfig, candidate: Candidate, exported: Dict[str, Any], why: Callable[[str], str],
+def user_yaml(user: TrlFile, candidate: Candidate, exported: Dict[str, Any], why: Callable[[str], str],
               header: List[str]) -> Tuple[str, List[Dict[str, Any]]]:
     """The user's file with what the answer changes (``exported``: every training and model argument the answer
     sets, by TRL's names; ``why``: the comment on a key, ``env.NAME`` for an environment variable); returns the text
@@ -152,7 +151,7 @@ def user_yaml(user: UserConfig, candidate: Candidate, exported: Dict[str, Any], 
     return "\n".join(header) + "\n" + out.getvalue(), changes
 
 
-def _engine_removed(document: CommentedMap, user: UserConfig, candidate: Candidate,
+def _engine_removed(document: CommentedMap, user: TrlFile, candidate: Candidate,
                     changes: List[Dict[str, Any]]) -> List[str]:
     """Where the answer runs an engine of autofit's instead of the launch's own: the file's engine keys taken out,
     each a change, and the header's line that says so."""
@@ -170,7 +169,7 @@ def _engine_removed(document: CommentedMap, user: UserConfig, candidate: Candida
     return [f"# autofit: removed {', '.join(f'{key}:' for key in removed)}; {reason}, not your own"]
 
 
-def _model(document: CommentedMap, user: UserConfig, candidate: Candidate, loadable: str,
+def _model(document: CommentedMap, user: TrlFile, candidate: Candidate, loadable: str,
            changes: List[Dict[str, Any]]) -> None:
     """The model that was measured, under a name TRL loads: the file's own when it is that model and loads as written;
     a bundled model's checkpoint (it has no hub id); ``--model``'s, said, where it replaced the file's."""

@@ -16,7 +16,7 @@ from autofit.export._user_yaml import user_yaml
 from autofit.export._words import why
 from autofit.probe.kit import trainable_checkpoint, trainable_folder
 from autofit.rungs import ACCELERATE_YAML
-from autofit.search import InfrastructureError, SearchReport, read_user_config
+from autofit.search import InfrastructureError, SearchReport
 
 
 def loadable_name(candidate: Candidate) -> str:
@@ -92,7 +92,8 @@ def user_file(report: SearchReport) -> Tuple[str, List[Dict[str, Any]]]:
     observed = report.verified.observed or fit.result.observed or {}
     candidate = as_trained(fit.candidate, observed)
     exported = {**model_args(candidate, observed), **training_args(candidate)}
-    return user_yaml(read_user_config(spec.options.config, spec.options.algo), candidate, exported,
+    assert spec.launch.file is not None  # the door read the file
+    return user_yaml(spec.launch.file, candidate, exported,
                      lambda key: why(key, candidate, spec.max_length, spec.options.maximize), _header(report))
 
 
@@ -101,8 +102,8 @@ def _header(report: SearchReport) -> List[str]:
     assert fit is not None and report.verified is not None
     candidate = fit.candidate
     written: Tuple[str, ...] = ()
-    if spec.options.config:
-        written = tuple(read_user_config(spec.options.config, spec.options.algo).written)
+    if spec.launch.file is not None:
+        written = tuple(spec.launch.file.written)
     lines = [
         f"# autofit: best {one_line(spec.options.algo)} configuration for {one_line(spec.options.model)} within "
         f"{format_size(spec.budget_bytes)}",

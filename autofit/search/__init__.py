@@ -15,11 +15,9 @@ from autofit.search._question import check_model_code, check_model_sizes, estima
 from autofit.search._result import Fit, Record, SearchReport, Skip, undominated
 from autofit.search._search import Search
 from autofit.search._store import STUDY_FILE, ProbeStore, quiet_optuna
-from autofit.search._user_config import UserConfig, read_user_config, with_config
 
 __all__ = [
     "STUDY_FILE", "FaultWatch", "Fit", "InfrastructureError", "ProbeStore", "Record", "Search", "SearchReport",
     "Skip", "available_host_bytes", "check_model_code", "check_model_sizes", "check_no_fit_is_an_answer", "divisors",
-    "estimate_question", "length_grid", "over_margin", "question", "quiet_optuna", "read_user_config", "undominated",
-    "UserConfig", "with_config",
+    "estimate_question", "length_grid", "over_margin", "question", "quiet_optuna", "undominated",
 ]

@@ -10,14 +10,16 @@ no probe could run (its code, its sizes) before anything starts. Nothing here ch
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 from typing import Any, Dict, List, Optional, Tuple
 
+from autofit import launch as launches
 from autofit.core import (
     GROUP_ALGOS,
     RL_ALGOS,
-    Baseline,
     InputError,
+    Launch,
     NoCudaDeviceError,
     SearchOptions,
     SearchSpec,
@@ -35,9 +37,8 @@ from autofit.core import (
     visible_gpu_count,
     vllm_installed,
 )
-from autofit.rungs import resolve_ladder
-from autofit.search._launch_run import check_engine_installed, launch_baseline, launch_notes
-from autofit.search._user_config import probe_notes, read_user_config
+from autofit.rungs import ZERO_STAGES, resolve_ladder
+from autofit.search._faults import InfrastructureError
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,10 @@ CUDA_IDLE_SLACK_BYTES = 2**30
 MAX_PARAMETERS = 10**13  # ten trillion: no configuration one device could probe
 
 
-def question(options: SearchOptions, factory: Optional[str] = None) -> SearchSpec:
-    """The search's question on this machine; ``factory``: the identity of the user's trainer factory."""
+def question(options: SearchOptions, factory: Optional[str] = None, launch: Optional[Launch] = None) -> SearchSpec:
+    """The search's question on this machine; ``factory``: the identity of the user's trainer factory; ``launch``:
+    the user's launch as the door read it (read here where the door did not)."""
+    launch = launch if launch is not None else launches.read_launch(vars(options))
     try:
         device = resolve_device(options.device)
         ranks = resolve_gpus(options.gpus, device)
@@ -62,11 +65,12 @@ def question(options: SearchOptions, factory: Optional[str] = None) -> SearchSpe
     if colocated and budget is not None:  # vLLM is estimated: the trainer measures what it leaves
         budget = int(budget * (1 - options.vllm_gpu_memory_utilization))
     spec = SearchSpec.plan(options, device=device, gpu_bytes=gpu_bytes, budget_bytes=budget, ranks=ranks,
-                           factory=factory, notes=tuple(notes) + _config_notes(options)
-                           + tuple(probe_notes(options.config, options.algo, device)),
-                           baseline=_baseline(options, ranks))
+                           factory=factory, notes=tuple(notes) + _config_notes(launch)
+                           + tuple(launches.probe_notes(launch, device)),
+                           baseline=launches.baseline(launch, options.effective_batch // (ranks * options.nodes)),
+                           launch=launch)
     check_model_sizes(spec, config)
-    check_engine_installed(options, spec.baseline)
+    check_engine_installed(launch)
     if options.use_vllm is not None and not vllm_installed():
         spec = dataclasses.replace(spec, notes=spec.notes + tuple(_vllm_notes(spec)))
     elif options.algo in GROUP_ALGOS and not vllm_installed():
@@ -76,12 +80,13 @@ def question(options: SearchOptions, factory: Optional[str] = None) -> SearchSpe
     return spec
 
 
-def estimate_question(options: SearchOptions) -> SearchSpec:
+def estimate_question(options: SearchOptions, launch: Optional[Launch] = None) -> SearchSpec:
     """The estimate's question: for a GPU (``--device auto`` is cuda) this machine need not have, ``--gpus`` of them on
     each of ``--nodes`` machines (the ledger at the whole world size); the trainer's budget is each GPU's memory less
     vLLM's colocated share."""
     if options.algo not in ESTIMATED_ALGOS:
         raise InputError(f"unknown algo '{options.algo}': accepted are {', '.join(ESTIMATED_ALGOS)}")
+    launch = launch if launch is not None else launches.read_launch(vars(options))
     device = "cuda" if options.device == "auto" else options.device
     gpus = options.gpus
     if gpus == "all":
@@ -98,28 +103,31 @@ def estimate_question(options: SearchOptions) -> SearchSpec:
     if options.use_vllm == "colocate" and gpu_bytes is not None:
         budget = int(gpu_bytes * (1 - options.vllm_gpu_memory_utilization))
     spec = SearchSpec.plan(dataclasses.replace(options, nodes=1), device=device, gpu_bytes=gpu_bytes,
-                           budget_bytes=budget, ranks=world, notes=_config_notes(options),
-                           baseline=_baseline(dataclasses.replace(options, nodes=1), world), probed=False)
+                           budget_bytes=budget, ranks=world, notes=_config_notes(launch),
+                           baseline=launches.baseline(launch, options.effective_batch // world), probed=False,
+                           launch=launch)
     check_model_sizes(spec, config)
     return spec
 
 
-def _baseline(options: SearchOptions, ranks: int) -> Optional[Baseline]:
-    """The user's run from ``--config`` (or ``--accelerate-config`` alone), where the ladder starts."""
-    if not options.config:
-        return launch_baseline(options)
-    return read_user_config(options.config, options.algo).at_door(options.accelerate_config).baseline(
-        options.effective_batch // (ranks * options.nodes))
+def _config_notes(launch: Launch) -> Tuple[str, ...]:
+    note = launches.unmodelled_note(launch)
+    return (note,) if note else ()
 
 
-def _config_notes(options: SearchOptions) -> Tuple[str, ...]:
-    if not options.config:
-        return launch_notes(options)
-    unmodelled = read_user_config(options.config, options.algo).at_door(options.accelerate_config).unmodelled()
-    if not unmodelled:
-        return ()
-    return (f"{options.config} sets what the memory model does not describe ({'; '.join(unmodelled)}): its "
-            "predictions there are a guess (the wide band), and the probes measure what they run",)
+def check_engine_installed(launch: Launch) -> None:
+    """``InfrastructureError`` (exit 4, before any probe) where the launch runs DeepSpeed and it is not installed: the
+    estimate predicts it without the package, the probes cannot run it."""
+    if importlib.util.find_spec("deepspeed") is not None:
+        return
+    if launch.engine.sharding in ZERO_STAGES:
+        what = f"{launch.source}'s engine ({launch.engine.sharding})"
+    elif launch.file is not None and launch.file.training.get("deepspeed"):
+        what = f"{launch.file.path}'s deepspeed block"
+    else:
+        return
+    raise InfrastructureError(f"{what} runs DeepSpeed, which is not installed here: a search probes your launch's "
+                              "engine (pip install 'trl-autofit[deepspeed]'); autofit estimate predicts it without")
 
 
 def gpu_memory_bytes(options: SearchOptions, device: str) -> Optional[int]:

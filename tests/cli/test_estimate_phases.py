@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+from fakes import at_door_values
 
 from autofit import cli
 from autofit.core import SearchOptions
 from autofit.memory_model import TERMS, Ledger, base_candidate, phase_ledgers
-from autofit.search import estimate_question, with_config
+from autofit.search import estimate_question
 
 GiB = 2**30
 CONTEXT = GiB // 2  # the CUDA context the ledger counts on one GPU (memory-facts 2.7)
@@ -36,7 +37,7 @@ COLUMNS = {"weights": "weights", "grads": "gradients", "optim": "optimizer", "ac
 
 def _ledgers(path: str, **given) -> List[Ledger]:
     """The memory model's own ledgers of the file's run, one per phase."""
-    spec = estimate_question(SearchOptions(**with_config({"config": path, **given})))
+    spec = estimate_question(SearchOptions(**at_door_values({"config": path, **given})))
     return phase_ledgers(base_candidate(spec), device=spec.device)
 
 

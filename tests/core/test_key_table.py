@@ -115,16 +115,16 @@ def test_a_key_added_to_accelerates_cluster_config_is_caught():
 def test_an_accelerate_feature_the_ledger_leaves_out_is_named_and_widens_the_band(tmp_path):
     from pathlib import Path
 
-    from autofit.search._launch import launch_engine
+    from autofit.launch import launch_engine, read_accelerate_config
 
     trl_fsdp2 = Path(importlib.import_module("trl").__file__).parent / "accelerate_configs" / "fsdp2.yaml"
-    plain = launch_engine({}, {}, {}, door_file={"path": str(trl_fsdp2)})
+    plain = launch_engine({}, {}, {}, door_file=read_accelerate_config(str(trl_fsdp2)))
     assert plain.sharding == "fsdp2" and not plain.notes  # TRL's own fsdp2: every key modelled or memory-free
 
     path = tmp_path / "fsdp.yaml"
     path.write_text(trl_fsdp2.read_text() + "dynamo_config:\n  dynamo_backend: INDUCTOR\nfp8_config:\n"
                     "  backend: TE\nsome_new_key: 3\n")
-    engine = launch_engine({}, {}, {}, door_file={"path": str(path)})
+    engine = launch_engine({}, {}, {}, door_file=read_accelerate_config(str(path)))
     assert engine.sharding == "fsdp2"
     said = " | ".join(engine.notes)
     assert "torch.compile by accelerate" in said and "dynamo_config" in said
@@ -132,4 +132,4 @@ def test_an_accelerate_feature_the_ledger_leaves_out_is_named_and_widens_the_ban
     assert "some_new_key: 3" in said and "does not know" in said
     off = tmp_path / "off.yaml"
     off.write_text(trl_fsdp2.read_text() + "dynamo_config:\n  dynamo_backend: 'NO'\n")
-    assert not launch_engine({}, {}, {}, door_file={"path": str(off)}).notes
+    assert not launch_engine({}, {}, {}, door_file=read_accelerate_config(str(off))).notes

@@ -29,8 +29,7 @@ from autofit.core import (
     model_args,
     read_keys,
 )
-from autofit.search import read_user_config
-from autofit.search._user_config import MAPPED
+from autofit.launch import MAPPED, read_trl_file
 
 LORA = LoraSettings(r=8, alpha=16, dropout=0.05, target_modules=("q_proj", "v_proj"), modules_to_save=("lm_head",),
                     use_rslora=True)
@@ -75,7 +74,7 @@ def test_every_knob_comes_back_from_a_trl_file(tmp_path):
     """best.yaml's keys, read by TRL's parser and then by the knobs: the ladder's first level (the baseline) and the
     search's options are the candidate that wrote them."""
     _written(SFT, tmp_path / "sft.yaml")
-    run = read_user_config(str(tmp_path / "sft.yaml"), "sft", fresh=True).run
+    run = read_trl_file(str(tmp_path / "sft.yaml"), "sft").run
     baseline = dict(file_baseline(run))
     for name in ("checkpointing", "optim", "lora", "quantization", "bnb", "activation_offload", "attn_implementation",
                  "env"):
@@ -84,11 +83,11 @@ def test_every_knob_comes_back_from_a_trl_file(tmp_path):
                                  "trust_remote_code": True}
 
     _written(GRPO, tmp_path / "grpo.yaml")
-    options = file_options(read_user_config(str(tmp_path / "grpo.yaml"), "grpo", fresh=True).run)
+    options = file_options(read_trl_file(str(tmp_path / "grpo.yaml"), "grpo").run)
     assert options == {"effective_batch": 4, "max_completion_length": 32, "num_generations": 4, "beta": 0.04,
                        "use_vllm": "colocate", "vllm_gpu_memory_utilization": 0.5}
     # what no reader takes: Liger's keys pass through to the probes as the user wrote them; the engine's keys are
-    # the launch's (autofit.search._launch)
+    # the launch's (autofit.launch)
     assert [k.name for k in KNOBS if not (k.baseline or k.options)] == ["liger", "engine"]
 
 

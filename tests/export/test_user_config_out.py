@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from autofit.core import Candidate, LoraSettings
+from autofit.core import Candidate, LoraSettings, TrlFile
 from autofit.export._user_yaml import user_yaml
 from autofit.export._write import model_args
-from autofit.search import UserConfig
+from autofit.launch import probed_as_written
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,14 +32,14 @@ max_length: 64
 """
 
 
-def user_config(path: Path) -> UserConfig:
+def user_config(path: Path) -> TrlFile:
     """The file as the search holds it, without TRL's parser in a child (tens of seconds on a busy CPU; the slow test
     below reads it the real way)."""
     text = path.read_text()
     keys = YAML(typ="safe").load(text)
     model = {k: v for k, v in keys.items() if k == "model_name_or_path" or k.startswith(("lora_", "use_peft"))}
     training = {k: v for k, v in keys.items() if k not in model}
-    return UserConfig(path=str(path), algo="sft", text=text, training=training, model=model, written=keys)
+    return TrlFile(path=str(path), algo="sft", text=text, training=training, model=model, written=keys)
 
 
 def candidate_of(model: str, micro_batch: int = 4, device: str = "cpu") -> Candidate:
@@ -142,12 +142,12 @@ def test_the_users_attention_and_extra_modules_are_kept_and_named(tmp_path):
     assert "attn_implementation: flash_attention_2\n" in out and "sdpa" not in out
     user = user_config(path)
     training = {**{k: v for k, v in user.training.items() if k != "attn_implementation"}, "bf16": False}
-    user = UserConfig(path=user.path, algo="sft", text=user.text, training=training,
+    user = TrlFile(path=user.path, algo="sft", text=user.text, training=training,
                       model={**user.model, "attn_implementation": "flash_attention_2",
                              "lora_modules_to_save": ["lm_head"]},
                       written=user.written, defaults={"attn_implementation": None, "lora_modules_to_save": None,
                                                       "bf16": None, "learning_rate": 5e-5})
-    notes = user.probed_as_written()
+    notes = probed_as_written(user)
     # issue 39 item 2: both reach the probes and the ledger now (tests/search/test_as_written.py): no longer named here
     assert not any("lora_modules_to_save" in note or "attn_implementation" in note for note in notes), notes
     assert any("bf16: False, probed as written" in note for note in notes), notes
@@ -163,8 +163,10 @@ def test_a_key_probed_as_written_is_named_once_with_its_value(tmp_path):
     estimate's note: once by the memory model's list of unmodelled arguments, once with its value."""
     path = tmp_path / "sft.yaml"
     path.write_text(LORA + "packing: true\n")
-    from autofit.search import read_user_config
+    from autofit.launch import read_launch
+    from autofit.launch import unmodelled as unmodelled_by_launch
 
-    notes = read_user_config(str(path), "sft").unmodelled()  # TRL's parser: the defaults the note compares with
+    # TRL's parser: the defaults the note compares with
+    notes = unmodelled_by_launch(read_launch({"config": str(path), "algo": "sft"}))
     packing = [note for note in notes if "packing" in note]
     assert len(packing) == 1 and "packing: True, probed as written" in packing[0], notes

@@ -14,7 +14,7 @@ PACKAGE = REPO / "autofit"
 MAX_LINES = 400
 MAX_TOP_LEVEL = 12
 # From the bottom up: a package may import the ones before it, never one after it.
-LAYERS = ("core", "rungs", "memory_model", "probe", "search", "export", "report", "_api", "cli")
+LAYERS = ("core", "rungs", "memory_model", "probe", "launch", "search", "export", "report", "_api", "cli")
 # Each layer's own place among LAYERS; memory_model and probe do not import each other, nor export and report.
 PEERS = ({"memory_model", "probe"}, {"export", "report"})
 # The probe's child process: imported only by modules of autofit.probe (the kit and the built-in factories are
@@ -24,7 +24,8 @@ CHILD_MODULES = ("_worker", "_meters", "_instrument", "_observe", "_kernels", "_
                  "_failures", "_metering")
 HEAVY = ("torch", "transformers", "trl", "peft", "bitsandbytes", "accelerate", "datasets")
 # The search's side of the house: importing any of them (and what they import) never loads HEAVY.
-TORCH_FREE = ("autofit", "autofit._api", "autofit.core", "autofit.rungs", "autofit.memory_model", "autofit.search",
+TORCH_FREE = ("autofit", "autofit._api", "autofit.core", "autofit.rungs", "autofit.memory_model", "autofit.launch",
+              "autofit.search",
               "autofit.export", "autofit.report", "autofit.cli", "autofit.probe")
 
 

@@ -14,10 +14,11 @@ from typing import Any, Dict
 
 import pytest
 import yaml
+from fakes import at_door_values
 
 from autofit.core import SearchOptions
 from autofit.memory_model import _engine_settings, base_candidate, phase_ledgers
-from autofit.search import estimate_question, with_config
+from autofit.search import estimate_question
 
 MIB = 2**20
 BACKWARD_PHASES = ("train", "backward", "first_backward")  # what the probe's forward_backward phase spans
@@ -50,7 +51,7 @@ def _candidate(folder: Path, config: Dict[str, Any]):
     """The run of a file as `autofit estimate --config` reads it (TRL's parser: about 10 s)."""
     path = folder / "ds.yaml"
     path.write_text(yaml.safe_dump(config))
-    values = with_config({"config": str(path), "device": "cpu", "gpu_memory": "4GiB"})
+    values = at_door_values({"config": str(path), "device": "cpu", "gpu_memory": "4GiB"})
     return base_candidate(estimate_question(SearchOptions(**values)))
 
 

@@ -10,17 +10,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakes import DEEPSPEED
+from fakes import DEEPSPEED, at_door_values
 
 from autofit import cli
 from autofit.core import SearchOptions
 from autofit.export import trades
 from autofit.export._user_yaml import user_yaml
 from autofit.export._write import model_args, training_args
+from autofit.launch import read_launch, read_trl_file
 from autofit.memory_model import base_candidate, unmodelled
 from autofit.probe import _steps as steps
 from autofit.rungs import DEFAULT_LADDER, QUALITY, SPEED, LadderState, climb, usable_rungs
-from autofit.search import estimate_question, read_user_config, with_config
+from autofit.search import estimate_question
 
 F1 = Path(__file__).resolve().parents[2] / "benchmarks" / "public" / "F1.yaml"
 F1_ARGS = ["--config", str(F1), "--model", "benchmarks/models/Llama-2-70b-hf", "--gpus", "8", "--gpu-memory", "H100"]
@@ -42,7 +43,7 @@ ENGINE_KEYS = ("fsdp", "fsdp_config", "deepspeed", "accelerate_config")
 def _start(tmp_path: Path, text: str, gpus: int = 4) -> LadderState:
     path = tmp_path / "sft.yaml"
     path.write_text(text, encoding="utf-8")
-    values = with_config({"config": str(path), "gpu_memory": 80 * 2**30, "device": "cuda", "gpus": gpus})
+    values = at_door_values({"config": str(path), "gpu_memory": 80 * 2**30, "device": "cuda", "gpus": gpus})
     return LadderState(base_candidate(estimate_question(SearchOptions(**values))))
 
 
@@ -116,7 +117,7 @@ def test_a_probe_of_a_replacing_level_runs_autofits_engine_without_the_users(tmp
 def test_best_yaml_of_a_replacing_level_has_no_engine_key_of_the_users_and_says_why(tmp_path):
     path = tmp_path / "sft.yaml"
     path.write_text(FSDP + "accelerate_config: fsdp2\n", encoding="utf-8")
-    user = read_user_config(str(path), "sft")
+    user = read_trl_file(str(path), "sft")
     start = _start(tmp_path, FSDP + "accelerate_config: fsdp2\n")
     chosen = next(level for level in climb(start, DEFAULT_LADDER) if level.rungs[-1:] == ("zero3",)).candidate
     exported = {**model_args(chosen), **training_args(chosen)}
@@ -129,9 +130,9 @@ def test_best_yaml_of_a_replacing_level_has_no_engine_key_of_the_users_and_says_
     assert {c["key"] for c in changes if c.get("removed")} == {"fsdp", "fsdp_config", "accelerate_config"}
     out = tmp_path / "best.yaml"
     out.write_text(text, encoding="utf-8")
-    again = read_user_config(str(out), "sft")  # TRL's parser reads it, and runs no engine of the user's from it
-    assert not again.training.get("fsdp") and not again.training.get("deepspeed")
-    assert again.engine().sharding is None
+    again = read_launch({"config": str(out), "algo": "sft"})  # TRL's parser reads it: it runs no engine of the user's
+    assert not again.file.training.get("fsdp") and not again.file.training.get("deepspeed")
+    assert again.engine.sharding is None
 
 
 def test_the_estimate_of_f1_lists_the_replacing_rungs_as_levels_with_their_trade(capsys):

@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from fakes import DEEPSPEED
+from fakes import DEEPSPEED, at_door_values
 
 import autofit
 from autofit import _api as api
 from autofit import cli
 from autofit.core import SearchOptions
 from autofit.memory_model import base_candidate
-from autofit.search import question, with_config
+from autofit.search import question
 
 # The issue's file: LoRA r=64 on two modules, Adafactor, a learning rate and weight decay of the user's own.
 SFT = """\
@@ -60,7 +60,7 @@ def sft_file(tmp_path) -> Path:
 
 
 def test_the_files_run_is_the_baseline_and_flags_override_the_file(sft_file):
-    values = with_config({"config": str(sft_file), "device": "cpu", "gpu_memory": "1GiB", "max_length": 64})
+    values = at_door_values({"config": str(sft_file), "device": "cpu", "gpu_memory": "1GiB", "max_length": 64})
     assert values["model"] == "tiny-qwen2" and values["effective_batch"] == 8
     assert values["max_length"] == 64  # the flag given at the door, over the file's 128
     assert values["training_args"] == {"learning_rate": 3e-5, "weight_decay": 0.05}  # passed to every probe
@@ -77,7 +77,7 @@ def test_the_files_batch_is_per_gpu_as_in_trl(sft_file):
     from autofit.search import estimate_question
 
     for gpus, nodes in ((4, 1), (2, 2)):
-        values = with_config({"config": str(sft_file), "device": "cuda", "gpu_memory": "80GB", "gpus": gpus,
+        values = at_door_values({"config": str(sft_file), "device": "cuda", "gpu_memory": "80GB", "gpus": gpus,
                               "nodes": nodes})
         assert values["effective_batch"] == 8 * gpus * nodes  # per_device_train_batch_size 8 on every GPU
         baseline = base_candidate(estimate_question(SearchOptions(**values)))

@@ -13,19 +13,20 @@ from autofit.core import (
     FACTORIES,
     Candidate,
     FileRun,
+    Launch,
     LoraSettings,
     Outcome,
     QuantSettings,
+    TrlFile,
     blocks,
     file_baseline,
     runnable_attention,
 )
 from autofit.export._write import model_args, training_args
+from autofit.launch import probe_notes, probed_as_written
 from autofit.probe import ProcessRunner
 from autofit.rungs import LadderState
 from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
-from autofit.search import UserConfig
-from autofit.search._user_config import probe_notes
 
 SAVED = ("embed_tokens", "lm_head")
 V, H = 8192, 256  # tiny-qwen2's vocabulary and hidden size: each saved module is a V x H weight (untied)
@@ -36,9 +37,9 @@ def lora(**changes) -> Candidate:
                      lora=LoraSettings(r=8, **changes))
 
 
-def user(model: dict, written: dict) -> UserConfig:
+def user(model: dict, written: dict) -> TrlFile:
     """A file as TRL parsed it (without TRL's parser in a child: tens of seconds on a busy CPU)."""
-    return UserConfig(path="sft.yaml", algo="sft", text="", model=model, written=written)
+    return TrlFile(path="sft.yaml", algo="sft", text="", model=model, written=written)
 
 
 def test_the_files_model_keys_reach_the_candidates_peft_bnb_and_model_settings():
@@ -99,13 +100,13 @@ def test_the_ledger_counts_the_saved_modules_and_the_nested_quantization():
 
 def test_model_revision_is_named_where_it_is_not_main():
     for revision, named in (("v2.0", True), ("main", False)):
-        file = UserConfig(path="sft.yaml", algo="sft", text="", model={"model_revision": revision},
+        file = TrlFile(path="sft.yaml", algo="sft", text="", model={"model_revision": revision},
                           written={"model_revision": revision}, defaults={"model_revision": "main"})
-        notes = file.probed_as_written()
+        notes = probed_as_written(file)
         assert any("model_revision" in note and revision in note for note in notes) is named, notes
 
 
-def test_attention_is_probed_where_this_machine_runs_it_and_said_where_not(tmp_path, monkeypatch):
+def test_attention_is_probed_where_this_machine_runs_it_and_said_where_not():
     assert runnable_attention("eager", "cpu") == ("eager", None)
     assert runnable_attention("sdpa", "cpu") == (None, None)  # the default: the same study as a file without it
     probed, why = runnable_attention("flash_attention_2", "cpu")
@@ -115,16 +116,13 @@ def test_attention_is_probed_where_this_machine_runs_it_and_said_where_not(tmp_p
     assert shape.with_attention("eager").eager_attention and not shape.with_attention("sdpa").eager_attention
     long = lora().replace(max_length=256)
     assert mm.predict(long.replace(attn_implementation="eager")).activations > mm.predict(long).activations
-    from autofit.search import _user_config
-
     file = user({"attn_implementation": "flash_attention_2"},
                 {"attn_implementation": "flash_attention_2", "env": {ALLOC_ENV: "expandable_segments:True"}})
-    monkeypatch.setattr(_user_config, "read_user_config", lambda path, algo: file)
-    notes = probe_notes("sft.yaml", "sft", "cpu")
+    notes = probe_notes(Launch(file=file), "cpu")
     assert len(notes) == 2, notes
     assert "flash_attention_2 is not probed here" in notes[0] and "best.yaml keeps flash_attention_2" in notes[0]
     assert ALLOC_ENV in notes[1] and "changes nothing measured here" in notes[1]
-    assert probe_notes(None, "sft", "cpu") == []
+    assert probe_notes(Launch(), "cpu") == []
 
 
 def test_the_allocator_rung_keeps_the_users_other_allocator_options():
@@ -186,14 +184,17 @@ env:
 
 def test_a_file_through_the_door_is_the_first_levels_candidate_and_best_yaml_keeps_it(tmp_path):
     """TRL's own parser reads the file; the search's first level runs its settings; best.yaml keeps them unchanged."""
+    from fakes import at_door_values
+
     from autofit.core import SearchOptions
     from autofit.export._user_yaml import user_yaml
+    from autofit.launch import read_trl_file
     from autofit.memory_model import base_candidate
-    from autofit.search import question, read_user_config, with_config
+    from autofit.search import question
 
     path = tmp_path / "sft.yaml"
     path.write_text(FILE)
-    spec = question(SearchOptions(**with_config({"config": str(path), "device": "cpu", "gpu_memory": "1GiB"})))
+    spec = question(SearchOptions(**at_door_values({"config": str(path), "device": "cpu", "gpu_memory": "1GiB"})))
     first = base_candidate(spec)
     assert first.lora.modules_to_save == SAVED and first.quantization == "4bit"
     assert first.bnb == QuantSettings(quant_type="fp4", nested=False)  # TRL's default: no nested quantization
@@ -206,7 +207,7 @@ def test_a_file_through_the_door_is_the_first_levels_candidate_and_best_yaml_kee
     assert "lora_modules_to_save" not in notes and "bnb_4bit_quant_type" not in notes  # no longer "not probed"
     without_env = tuple((name, value) for name, value in spec.baseline.settings if name != "env")
     assert spec.baseline.key() != dataclasses.replace(spec.baseline, settings=without_env).key()
-    user = read_user_config(str(path), "sft")
+    user = read_trl_file(str(path), "sft")
     exported = {**model_args(first), **training_args(first)}
     text, changes = user_yaml(user, first, exported, lambda key: "why", ["# header"])
     changed = {change["key"] for change in changes}

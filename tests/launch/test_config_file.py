@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autofit import cli
-from autofit.search import _config_file
+from autofit.launch import _config_file
 
 SFT = """\
 # my SFT run
@@ -161,7 +161,7 @@ def test_the_parser_child_never_opens_the_users_path(tmp_path):
     """TRL's parser reads the text it is given on its standard input (a private copy), and its messages name the
     user's path."""
     from autofit.core import InputError
-    from autofit.search._user_config import _parse
+    from autofit.launch._trl_file import _parse
 
     missing = str(tmp_path / "gone.yaml")
     user = _parse(missing, "sft", SFT)

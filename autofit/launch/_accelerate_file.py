@@ -1,11 +1,11 @@
 """The accelerate config file of the user's launch (``--accelerate-config FILE``, ``accelerate launch --config_file
 FILE``, or one of TRL's names: ``zero3``, ``fsdp2``, ...), read in the search's process as ``accelerate launch`` reads
-it, with the limits of the TRL file (``autofit.search._config_file``: a regular file or a pipe, its size, its YAML
+it, with the limits of the TRL file (``autofit.launch._config_file``: a regular file or a pipe, its size, its YAML
 aliases, no key twice), and the DeepSpeed JSON its plugin names (``deepspeed_config_file``), read the same way.
 
 accelerate's own loader imports torch, which the search's process never does: the file is YAML (or JSON, which YAML
 reads) whose ``distributed_type`` must be one accelerate knows (``DISTRIBUTED_TYPES``; a test checks it against the
-installed accelerate's ``DistributedType``). What the values mean for the engine is ``autofit.search._launch``'s.
+installed accelerate's ``DistributedType``). What the values mean for the engine is ``autofit.launch._engine``'s.
 """
 
 from __future__ import annotations
@@ -17,15 +17,12 @@ from typing import Any, Dict, Optional, Tuple
 import yaml
 
 from autofit.core import InputError, one_line
-from autofit.search._config_file import read_config_text
+from autofit.launch._config_file import read_config_text
 
 FLAG = "--accelerate-config"
 # accelerate's DistributedType values (accelerate.utils.DistributedType): what a config file's distributed_type takes
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU",
                      "MULTI_HPU", "MULTI_NEURON", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM")
-
-_READ: Dict[str, Dict[str, Any]] = {}
-
 
 def trl_names() -> Tuple[str, ...]:
     """The accelerate configs TRL ships (``trl <algo> --accelerate_config NAME``); none where this TRL has none."""
@@ -66,8 +63,6 @@ def read_accelerate_config(value: str, where: str = FLAG) -> Dict[str, Any]:
     names it, and what is accepted) for a missing, unreadable or non-YAML file or a ``distributed_type`` accelerate
     does not know."""
     path = resolve(value, where)
-    if path in _READ:
-        return _READ[path]
     text = _text(path, where)
     try:
         values = yaml.safe_load(text)
@@ -89,8 +84,7 @@ def read_accelerate_config(value: str, where: str = FLAG) -> Dict[str, Any]:
         deepspeed = {**deepspeed, "deepspeed_config_file_values": read_deepspeed_json(
             str(deepspeed["deepspeed_config_file"]), f"{where} {value}: deepspeed_config_file")}
         values = {**values, "deepspeed_config": deepspeed}
-    _READ[path] = {"path": path, "values": values}
-    return _READ[path]
+    return {"path": path, "values": values}
 
 
 def read_deepspeed_json(path: str, where: str) -> Dict[str, Any]:

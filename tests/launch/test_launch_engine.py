@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fakes import at_door_values
+
 from autofit import cli
 from autofit.core import SearchOptions
+from autofit.launch import read_launch
 from autofit.memory_model import base_candidate, phase_ledgers
-from autofit.search import estimate_question, read_user_config, with_config
+from autofit.search import estimate_question
 
 MODEL = "Qwen/Qwen2.5-7B"
 COMMON = f"""model_name_or_path: {MODEL}
@@ -27,7 +30,7 @@ def _file(tmp_path: Path, text: str) -> str:
 
 
 def _candidate(path: str, **given):
-    values = with_config({"config": path, "gpu_memory": 80 * 2**30, "device": "cuda", **given})
+    values = at_door_values({"config": path, "gpu_memory": 80 * 2**30, "device": "cuda", **given})
     return base_candidate(estimate_question(SearchOptions(**values)))
 
 
@@ -52,8 +55,8 @@ def test_fsdp_keys_of_the_training_arguments_are_estimated_as_fsdp_not_data_para
 
 def test_accelerate_config_fsdp2_and_num_processes_are_taken_as_trl_takes_them(tmp_path, capsys):
     path = _file(tmp_path, "accelerate_config: fsdp2\nnum_processes: 4\n")
-    user = read_user_config(path, "sft", fresh=True)
-    assert user.engine().sharding == "fsdp2" and user.engine().processes == 4
+    engine = read_launch({"config": path, "algo": "sft"}).engine
+    assert engine.sharding == "fsdp2" and engine.processes == 4
     candidate = _candidate(path)
     assert candidate.sharding == "fsdp2" and candidate.ranks == 4  # the file's processes: four GPUs
     assert _candidate(path, gpus=2).ranks == 2  # a flag at the door overrides the file, as in TRL
@@ -85,7 +88,7 @@ def test_a_deepspeed_block_that_offloads_the_optimizer_is_modelled_as_offload(tm
 
 
 def test_an_accelerate_plugin_maps_onto_the_engine_and_the_launchs_options_override_it():
-    from autofit.search._launch import launch_engine
+    from autofit.launch import launch_engine
 
     v1 = {"path": "fsdp.yaml", "values": {"distributed_type": "FSDP", "num_processes": 4, "fsdp_config": {
         "fsdp_version": 1, "fsdp_sharding_strategy": 2, "fsdp_auto_wrap_policy": "NO_WRAP"}}}

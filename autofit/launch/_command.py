@@ -1,6 +1,6 @@
 """``autofit search|estimate [autofit's options] -- <your launch>``: the command a user already runs, read into the
 options ``--config``, ``--accelerate-config`` and ``--algo`` give, plus the launch's own flags (``launch_args``),
-which TRL's parser reads over the file as ``trl`` does (``autofit.search._user_config``). Two launches are read:
+which TRL's parser reads over the file as ``trl`` does (``autofit.launch._trl_file``). Two launches are read:
 
 - ``trl <command> --config FILE [--accelerate_config NAME|PATH] [--field value ...] [accelerate's options]``;
 - ``accelerate launch [accelerate's options] [-m] trl <command> ...``, accelerate's ``--config_file`` as
@@ -108,7 +108,7 @@ def _accelerate(words: List[str]) -> Dict[str, Any]:
     return values
 
 
-def read_launch(words: Sequence[str]) -> Dict[str, Any]:
+def read_command(words: Sequence[str]) -> Dict[str, Any]:
     """The options a launch sets (``config``, ``algo``, ``accelerate_config``, ``launch_args``); ``InputError`` (one
     line naming the part it cannot read and what is accepted) for a launch autofit cannot read."""
     words = list(words)

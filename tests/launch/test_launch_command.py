@@ -13,14 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import at_door_values
 
 from autofit import cli
-from autofit.cli._launch_command import COMMANDS, read_launch, split_launch, trl_command_names
 from autofit.cli._main import build_parser
 from autofit.core import ESTIMATE, SEARCH, SearchOptions, given_values
+from autofit.launch import COMMANDS, read_command, split_launch, trl_command_names
+from autofit.launch._accelerate_file import DISTRIBUTED_TYPES
 from autofit.memory_model import base_candidate
-from autofit.search import estimate_question, question, read_user_config, with_config
-from autofit.search._accelerate_file import DISTRIBUTED_TYPES
+from autofit.search import estimate_question, question
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = """model_name_or_path: tiny-qwen2
@@ -59,8 +60,8 @@ def _values(argv, door=SEARCH):
     """The option values a command line gives, launch included, as ``autofit.cli`` reads them."""
     own, launch = split_launch(argv)
     args = build_parser().parse_args(own)
-    launched = read_launch(launch) if launch is not None else {}
-    return with_config({**launched, **given_values(args, door)})
+    launched = read_command(launch) if launch is not None else {}
+    return at_door_values({**launched, **given_values(args, door)})
 
 
 def _search_spec(argv):
@@ -90,7 +91,7 @@ def test_the_launchs_flags_override_its_file_as_trl_reads_them(tmp_path):
     assert spec.baseline is not None and (spec.baseline.micro_batch, spec.baseline.grad_accum) == (2, 2)
     assert spec.options.effective_batch == 4 and spec.max_length == 32  # parsed by TRL: ints, over the file's
     assert spec.user_args["learning_rate"] == 1e-4
-    user = read_user_config(path, "sft")  # what later stages (best.yaml) read: the file with the launch's flags
+    user = spec.launch.file  # what later stages (best.yaml) read: the file with the launch's flags
     assert "per_device_train_batch_size: 2" in user.text and "max_length: 32" in user.text
     assert "# tuned" in user.text and user.written["learning_rate"] == 1e-4
     other = _search_spec(["search", "--device", "cpu", "--gpu-memory", "300MiB", "--config", path])

@@ -19,24 +19,12 @@ config's mixed precision is the run's only where the training arguments turn bot
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from autofit.core import accelerate_notes
-from autofit.search._accelerate_file import read_accelerate_config, read_deepspeed_json, zero_settings
+from autofit.core import LaunchEngine, accelerate_notes
+from autofit.launch._accelerate_file import read_accelerate_config, read_deepspeed_json, zero_settings
 
 FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2")
-
-
-@dataclass(frozen=True)
-class LaunchEngine:
-    sharding: Optional[str] = None  # the candidate's engine: "fsdp2", "fsdp2-offload", "zero1".."zero3", ...
-    processes: Optional[int] = None  # num_processes of the launch (GPUs per machine)
-    machines: Optional[int] = None
-    source: str = ""  # where it came from, in the user's words
-    notes: Tuple[str, ...] = ()
-    checkpointing: bool = False  # FSDP's activation checkpointing (the plugin's, or fsdp_config's)
-    mixed_precision: Optional[str] = None  # the accelerate config's: "no", "fp16", "bf16" (None: not said)
 
 
 # FSDP version 1's sharding strategies by number, as accelerate's config files may write them

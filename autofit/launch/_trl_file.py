@@ -1,0 +1,69 @@
+"""The user's TRL config file (``--config FILE``), read as ``trl <algo> --config FILE`` reads it, once, at the door.
+
+The file is read by autofit, in the search's process, with limits (``autofit.launch._config_file``: a regular file or
+a pipe's content, its size, its YAML aliases, no key twice), and that text is what TRL's parser and the export read:
+``--config <(cat sft.yaml)`` works. TRL's parser imports torch, so it runs in a process of its own
+(``autofit.probe._trl_config``, forked from the probe server: ``autofit.probe.read_trl_config``), given the text on
+its standard input, with the launch's own flags after the file (``autofit search -- trl sft --config F --flag v``),
+which are folded into the file's text (``autofit.launch._flags``). Its errors are TRL's own messages, one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any, Dict, Sequence, Tuple
+
+from autofit.core import ALGORITHMS, InputError, TrlFile, one_line
+from autofit.launch._config_file import read_config_text
+from autofit.launch._flags import fold_flags
+from autofit.probe import read_trl_config
+
+READ_TIMEOUT_S = 300
+READABLE_ALGOS = tuple(a.name for a in ALGORITHMS.values() if a.trl_command)  # the trainers `trl` has a command for
+
+
+def read_trl_file(path: str, algo: str, args: Sequence[str] = ()) -> TrlFile:
+    """The file as ``trl <algo> --config FILE ARGS`` reads it; ``InputError`` with TRL's message (one line) when it
+    refuses."""
+    if algo not in READABLE_ALGOS:
+        raise InputError(f"--config reads a file of the trl command's trainers ({', '.join(READABLE_ALGOS)}), "
+                         f"not of '{algo}'")
+    return _parse(path, algo, read_config_text(path), tuple(args))
+
+
+def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlFile:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_VERBOSITY": "error"}
+    try:
+        done = read_trl_config(algo, path, flags, text, env, READ_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InputError(f"--config {path}: TRL's parser did not run ({type(exc).__name__}: {one_line(exc)})") \
+            from None
+    data: Dict[str, Any] = {}
+    if done.stdout.strip():
+        try:
+            data = json.loads(done.stdout.strip().splitlines()[-1])
+        except ValueError:
+            data = {}
+    if done.returncode != 0 or "error" in data or "fields" not in data:
+        raise InputError(f"--config {path}: " + _refusal(done, data, algo))
+    fields = data["fields"]
+    text, flagged = fold_flags(text, path, flags, fields)  # the launch's flags, written into its file
+    return TrlFile(path=path, algo=algo, text=text, training=fields.get("training", {}),
+                   model=fields.get("model", {}), script=fields.get("script", {}),
+                   written={**data.get("written", {}), **flagged}, defaults=data.get("defaults", {}),
+                   launch=data.get("launch") or {})
+
+
+def _refusal(done: subprocess.CompletedProcess[str], data: Dict[str, Any], algo: str) -> str:
+    """TRL's own words, one line: its error (a ValueError, a YAML error) or argparse's for a value it refused."""
+    if data.get("error"):
+        message = one_line("; ".join(part.strip() for part in str(data["error"]).splitlines() if part.strip()))
+        if "Unknown arguments" in message:
+            message += f" (keys TRL's {algo} command does not take; is the file for another trainer? --algo)"
+        return message
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    if errors:
+        return "TRL refused a value: " + one_line(errors[-1].split("error:", 1)[1].strip())
+    return f"TRL's parser failed (exit {done.returncode}): " + one_line((done.stderr.strip().splitlines() or ["?"])[-1])
