@@ -151,8 +151,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return report_command(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from autofit._api import no_fit_message, run_search
-    from autofit.core import InputError, UnknownModelError, format_size, one_line
-    from autofit.export import table_text
+    from autofit.core import InputError, UnknownModelError, one_line
+    from autofit.export import summary_lines, table_text
     from autofit.launch import at_door
     from autofit.probe import FactoryError, prepare_factory
     from autofit.search import InfrastructureError, question
@@ -191,19 +191,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if (spec.options.out_dir / "report.html").exists():
             print(f"report: {spec.options.out_dir / 'report.html'}")
         return EXIT_NO_FIT
-    assert report.chosen is not None and report.verified is not None  # it fits, and a fit is verified
-    chosen, verified = report.chosen.candidate, report.verified
-    print(
-        f"best: {chosen.describe()} [{', '.join(chosen.rungs) or 'no rung needed'}], "
-        f"verified peak {format_size(verified.peak_bytes)} of {format_size(spec.budget_bytes)} over "
-        f"{verified.steps} steps, {verified.tokens_per_second:,.0f} tok/s"
-        + (f" ({verified.generation_tokens_per_second:,.0f} tok/s generating)"
-           if verified.generation_tokens_per_second else "") + "; "
-        f"{report.probes_run} new probes, {sum(r.cached for r in report.records)} reused from {spec.options.out_dir}"
-    )
-    print(f"wrote {spec.options.out_dir / 'best.yaml'} and {spec.options.out_dir / 'best.json'}")
-    if (spec.options.out_dir / "report.html").exists():
-        print(f"report: {spec.options.out_dir / 'report.html'}")
+    for line in summary_lines(report):
+        print(line)
     return EXIT_OK
 
 

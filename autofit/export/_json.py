@@ -6,18 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from autofit import memory_model
-from autofit.core import RL_ALGOS, as_trained, blocks, first_gpu, installed_versions
-from autofit.export._engine import engine_data, host_memory_data
-from autofit.export._words import trades
-from autofit.export._write import model_args, user_file
+from autofit.core import RL_ALGOS, first_gpu, installed_versions
+from autofit.export._answer import Answer
+from autofit.export._answer import answer as derive
 from autofit.search import STUDY_FILE, SearchReport
 
 PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "optuna")
 
 
-def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str, Any]:
+def json_data(report: SearchReport, out_dir: Optional[Path] = None, answer: Optional[Answer] = None) -> Dict[str, Any]:
+    """best.json: what the search measured and decided, and its ``answer`` (derived here where not given)."""
     spec = report.spec
+    answer = answer if answer is not None else derive(report, out_dir)
     gpu = first_gpu() if spec.device == "cuda" else None
     data: Dict[str, Any] = {
         "fits": report.fits,
@@ -90,27 +90,26 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None) -> Dict[str,
         "speed_model": report.speed_model.to_dict() if report.speed_model is not None else None,
         "prediction_error": prediction_error(report),
     }
-    if report.fits:
+    if answer is not None:
         fit, verified = report.chosen, report.verified
         assert fit is not None and verified is not None  # a fit is verified
-        candidate = as_trained(fit.candidate, verified.observed or fit.result.observed)
         data.update(
             peak_bytes=max(verified.peak_bytes, fit.result.peak_bytes),
             tokens_per_second=round(verified.tokens_per_second, 1),
             generation_tokens_per_second=round(verified.generation_tokens_per_second, 1) or None,
-            rungs=list(candidate.rungs),
-            trades=trades(candidate, spec.max_length, memory_model.shape_or_none(spec.options.model)),
+            rungs=list(answer.candidate.rungs),
+            trades=answer.trades,
             cost_class=report.levels[fit.level].cost,
-            config=candidate.training_args(),
+            config=answer.config,
             config_class=verified.config_class,
-            model_args=model_args(candidate, verified.observed or fit.result.observed),
-            **blocks(candidate),
-            env=dict(candidate.env),
-            engine=engine_data(report, candidate, out_dir),
-            host_memory=host_memory_data(report, candidate),
+            model_args=answer.model_args,
+            **answer.blocks,
+            env=dict(answer.env),
+            engine=answer.engine,
+            host_memory=answer.host_memory,
             phase_peaks=fit.result.phase_peaks,
             probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
-            changes=user_file(report)[1] if spec.options.config else None,
+            changes=answer.changes,
             verified={"candidate": fit.candidate.describe(), "steps": verified.steps, "peak_bytes": verified.peak_bytes,
                       "phase_peaks": verified.phase_peaks, "outcome": verified.outcome.value, "stats": verified.stats},
         )

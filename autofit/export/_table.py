@@ -46,3 +46,23 @@ def table_text(report: SearchReport) -> str:
                      + "; ".join(f"{s.candidate.describe()} ({format_size(s.predicted_bytes)} ± {s.uncertainty:.0%})"
                                  for s in report.skipped))
     return "\n".join(lines)
+
+
+def summary_lines(report: SearchReport) -> List[str]:
+    """The terminal's last lines for a fit: the answer (as trained), its verified peak and speed, and its files."""
+    answer, verified, spec = report.answer, report.verified, report.spec
+    assert answer is not None and verified is not None  # rendered for a written fit
+    chosen = answer.candidate
+    out = spec.options.out_dir
+    lines = [
+        f"best: {chosen.describe()} [{', '.join(chosen.rungs) or 'no rung needed'}], "
+        f"verified peak {format_size(verified.peak_bytes)} of {format_size(spec.budget_bytes)} over "
+        f"{verified.steps} steps, {verified.tokens_per_second:,.0f} tok/s"
+        + (f" ({verified.generation_tokens_per_second:,.0f} tok/s generating)"
+           if verified.generation_tokens_per_second else "") + "; "
+        f"{report.probes_run} new probes, {sum(r.cached for r in report.records)} reused from {out}",
+        f"wrote {out / 'best.yaml'} and {out / 'best.json'}",
+    ]
+    if (out / "report.html").exists():
+        lines.append(f"report: {out / 'report.html'}")
+    return lines

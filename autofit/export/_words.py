@@ -5,11 +5,11 @@ climbed; what is not a rung's (the effective batch, a flag of the user's, the de
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from autofit.core import Candidate, knob_of_key
+from autofit.core import Candidate, algorithm, knob_of_key
 from autofit.memory_model import ModelShape, census_for, trainable_tensors
-from autofit.rungs import rung_named
+from autofit.rungs import ACCELERATE_YAML, rung_named
 
 # Keys no knob owns whose value no rung decided
 FIXED_REASONS = {
@@ -75,3 +75,16 @@ def _after_rungs(key: str, candidate: Candidate) -> Optional[str]:
     checkpointing left off, the trainer's own LoRA or quantization, --dtype)."""
     owner = knob_of_key(key)
     return owner.said_after(key, candidate) if owner is not None and owner.said_after is not None else None
+
+
+def usage(algo: str, offload: Optional[str] = None, written: Tuple[str, ...] = ()) -> str:
+    """How the answer runs; ``written``: the keys of the user's own file, which may name the data and rewards."""
+    unit = algorithm(algo)
+    if unit.trl_command is None:
+        return unit.usage or f"# build {unit.config_class.rsplit(':', 1)[-1] or 'your config'}(**best.json['config'])"
+    engine = f" --accelerate_config {ACCELERATE_YAML}" if offload else ""
+    data = "" if {"dataset_name", "datasets"} & set(written) else " --dataset_name YOUR_DATASET"
+    rewards = ""  # TRL's grpo and rloo commands need a reward: a function of the registry or a module's, or a model
+    if unit.groups and not {"reward_funcs", "reward_model_name_or_path"} & set(written):
+        rewards = " --reward_funcs YOUR_REWARD"
+    return f"# use: trl {unit.trl_command} --config best.yaml{engine}{data}{rewards}"

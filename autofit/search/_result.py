@@ -4,7 +4,7 @@ and the choice (``SearchReport``). Plain data; the export and the CLI read it.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from autofit import memory_model
 from autofit.core import LENGTH_FIELD, Candidate, Outcome, ProbeResult, SearchSpec, clip, format_size
@@ -91,6 +91,7 @@ class SearchReport:
     ladder_len: Optional[int] = None  # levels of the ladder itself; those after are rebuilt without a rung
     speed_skipped: List[SpeedSkip] = field(default_factory=list)  # not timed (autofit.search._speed_skip)
     speed_model: Optional[memory_model.SpeedCalibration] = None  # the throughput model calibrated on the timings
+    answer: Any = None  # the answer as the export derived it once (``autofit.export.Answer``), set when written
 
     @property
     def fits(self) -> bool:

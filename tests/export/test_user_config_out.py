@@ -11,8 +11,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from autofit.core import Candidate, LoraSettings, TrlFile
+from autofit.export._answer import model_args
 from autofit.export._user_yaml import user_yaml
-from autofit.export._write import model_args
 from autofit.launch import probed_as_written
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from autofit.core import (
     file_baseline,
     runnable_attention,
 )
-from autofit.export._write import model_args, training_args
+from autofit.export._answer import model_args, training_args
 from autofit.launch import probe_notes, probed_as_written
 from autofit.probe import ProcessRunner
 from autofit.rungs import LadderState

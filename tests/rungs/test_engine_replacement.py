@@ -15,8 +15,8 @@ from fakes import DEEPSPEED, at_door_values
 from autofit import cli
 from autofit.core import SearchOptions
 from autofit.export import trades
+from autofit.export._answer import model_args, training_args
 from autofit.export._user_yaml import user_yaml
-from autofit.export._write import model_args, training_args
 from autofit.launch import read_launch, read_trl_file
 from autofit.memory_model import base_candidate, unmodelled
 from autofit.probe import _steps as steps

@@ -8,8 +8,8 @@ import pytest
 
 from autofit.core import Candidate, LoraSettings
 from autofit.export import trades
+from autofit.export._answer import model_args
 from autofit.export._words import why
-from autofit.export._write import model_args
 from autofit.rungs import DEFAULT_LADDER, RUNGS, LadderState, Rung, register
 
 MODEL = "Qwen/Qwen2.5-0.5B"  # bundled: no hub
