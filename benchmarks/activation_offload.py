@@ -5,8 +5,8 @@ activation offloading after it, and says what each answer trains, its verified p
 activations took at most (measured / predicted) and its speed. Part two probes each workload's model with and
 without checkpointing under offloading and compares the device peak and the host memory with the ledger's.
 
-On the CPU the accelerator is the CPU itself (``autofit.probe._activation_offload``): the copies cost a memcpy, not a
-PCIe transfer, so the throughput says nothing about a GPU.
+On the CPU the accelerator is the CPU itself (``autofit.rungs.activation_offload._probe``): the copies cost a memcpy,
+not a PCIe transfer, so the throughput says nothing about a GPU.
 
     .venv/bin/python -m benchmarks.activation_offload [--write docs/benchmarks.md]   (make bench-activation-offload)
 """

@@ -64,14 +64,14 @@ class Candidate:
     # The dtype the weights are loaded in (``model_init_kwargs["dtype"]``): None is TRL's default, float32.
     dtype: Optional[str] = None
     trust_remote_code: bool = False  # the model's own code runs (``--trust-remote-code``)
-    # The engine that offloads optimizer states to host memory (``autofit.rungs._engines``), None: plain TRL.
+    # The engine that offloads optimizer states to host memory (``autofit.rungs.engines``), None: plain TRL.
     offload: Optional[str] = None
     # TRL's ``activation_offloading`` (SFT, reward): saved activations wait in host memory for the backward pass.
     activation_offload: bool = False
     # Liger's Triton kernels (``use_liger_kernel``): RMSNorm, SwiGLU and RoPE that save fewer activations (CUDA).
     liger: bool = False
     # Processes (one per GPU) that train together, and the engine that shards the training state across them
-    # (``autofit.rungs._engines``: "zero1", "zero2", "zero3", "fsdp2"; None: plain data parallel with several ranks).
+    # (``autofit.rungs.engines``: "zero1", "zero2", "zero3", "fsdp2"; None: plain data parallel with several ranks).
     ranks: int = 1
     sharding: Optional[str] = None
     # RL: vLLM generates ("colocate": in the training process, "server": elsewhere); the trainer does not.

@@ -54,7 +54,7 @@ class Baseline:
     micro_batch: Optional[int] = None  # per rank, with ``grad_accum``: the user's split of the effective batch
     grad_accum: Optional[int] = None
     # the engine of the user's launch (``fsdp:``/``fsdp_config:``, ``accelerate_config:``): a sharding of
-    # ``autofit.rungs._engines`` ("fsdp2", "zero3", ...; "zero2-offload" is the optimizer-offload engine)
+    # ``autofit.rungs.engines`` ("fsdp2", "zero3", ...; "zero2-offload" is the optimizer-offload engine)
     sharding: Optional[str] = None
     source: str = ""  # the file, for messages
 

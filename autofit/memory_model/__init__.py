@@ -90,6 +90,7 @@ from autofit.memory_model._parameters import (
     param_counts,
     trainable_tensors,
 )
+from autofit.memory_model._rungs import Facts as ModelFactsOf
 from autofit.memory_model._rungs import custom_rungs, rung_band, rung_notes
 from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
 from autofit.memory_model._speed_calibration import SpeedCalibration, calibrate_speed
@@ -110,8 +111,8 @@ __all__ = [
     "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES", "GEN_PREFILL_MLP_COPIES", "Ledger", "LevelEstimate",
     "ModelShape", "NoCausalLM", "PRIOR_UNCERTAINTY", "ParamCounts", "RungEstimate", "SINGLE_POINT_UNCERTAINTY",
     "TERMS", "TERM_GROUPS", "TERM_HELP", "Tensors", "VLLM_MODES", "activation_bytes_per_token_layer",
-    "analytic_census", "base_candidate", "calibrate", "census_for", "custom_rungs", "divisors", "dtype_bytes",
-    "ensure_census",
+    "ModelFactsOf", "analytic_census", "base_candidate", "calibrate", "census_for", "custom_rungs", "divisors",
+    "dtype_bytes", "ensure_census",
     "expected_rung", "fused_head_buffer_bytes", "host_bytes", "kv_cache_bytes", "length_grid", "lora_params",
     "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict", "predict_calibrated", "prior_uncertainty",
     "rung_band", "rung_notes", "sequence_length", "shape_or_none", "sizes_are_exact", "train_tokens",

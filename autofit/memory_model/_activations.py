@@ -83,7 +83,8 @@ OFFLOAD_OUTSIDE_COPIES = 2
 # (the input itself when that is float32 already) and, when the norm's weight trains, the normalized tensor. The
 # fused SwiGLU saves the gate and up projections and recomputes act(gate): one tensor of the intermediate size less.
 # Absolute bytes per element, not scaled with the compute dtype. Families Liger patches (its
-# MODEL_TYPE_TO_APPLY_LIGER_FN, 0.6); for others it patches nothing and the probe says so (``autofit.probe._kernels``).
+# MODEL_TYPE_TO_APPLY_LIGER_FN, 0.6); for others it patches nothing and the probe says so
+# (``autofit.rungs.liger._probe``).
 LIGER_FAMILIES = ("gemma", "gemma2", "gemma3", "gemma3_text", "glm4", "granite", "llama", "mistral", "mixtral", "olmo2",
                   "phi3", "qwen2", "qwen3", "qwen3_moe")
 FP32_BYTES = 4

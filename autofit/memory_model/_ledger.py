@@ -32,7 +32,7 @@ from autofit.memory_model._offload import (
 )
 from autofit.memory_model._parameters import compute_bytes, state_bytes, weight_bytes
 from autofit.memory_model._rollout import rollout_phases
-from autofit.memory_model._rungs import custom_rungs, widest_band, with_rungs
+from autofit.memory_model._rungs import custom_host_bytes, custom_rungs, widest_band, with_rungs
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._sharding import sharded_state, sharding_host_bytes, zero_phase_buffers
 
@@ -210,7 +210,7 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
     phases = _phases(candidate, shape, device)
     rungs = custom_rungs(candidate)  # not built in: each says its effect on the terms, or the band it needs
     if rungs:
-        phases = [_Phase(p.name, with_rungs(p.terms, candidate, rungs)) for p in phases]
+        phases = [_Phase(p.name, with_rungs(p.terms, candidate, rungs, shape)) for p in phases]
     totals = {p.name: rho * sum(p.terms.values()) + context for p in phases}
     uncertainty = prior_uncertainty(shape, candidate.algo)
     if unmodelled(candidate):  # no confident number for what the ledger does not describe
@@ -224,7 +224,8 @@ def host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
     """Host memory the candidate's offloading takes at most (pinned on a GPU machine): the optimizer's offloaded
     states and the offloaded activations."""
     return optimizer_host_bytes(candidate, shape, device) + sharding_host_bytes(candidate, shape, device) + \
-        offloaded_activation_bytes(candidate, shape, compute_bytes(candidate, shape, device))
+        offloaded_activation_bytes(candidate, shape, compute_bytes(candidate, shape, device)) + \
+        custom_host_bytes(candidate, shape)
 
 
 def predict(candidate: Candidate, shape: Optional[ModelShape] = None, *, device: Optional[str] = None) -> Ledger:

@@ -6,7 +6,7 @@ trainable tensor, and in the backward the reduction bucket (``_sharding.zero_pha
 resident gradients, no autocast copies. Host, per trainable parameter: fp32 master weight, its gradient and two
 Adam states (16 B), an fp32 accumulation buffer when the step accumulates micro-batches (4 B), and a pinned copy of
 the weights in the device dtype plus a staging buffer of the largest tensor's gradient. Checked against the
-storages DeepSpeed 0.19 holds after a probe (``autofit.probe._offloaded``) on the CPU meter.
+storages DeepSpeed 0.19 holds after a probe (``autofit.rungs.engines._probe``) on the CPU meter.
 """
 
 from __future__ import annotations

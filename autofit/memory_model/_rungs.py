@@ -4,8 +4,11 @@
 The built-in rungs are modelled through ``Candidate``'s fields (checkpointing, optim, lora, ...). A rung that is not
 built in says its effect itself (``autofit.rungs.RungBase``):
 
-- ``ledger(terms, candidate)``: the phase's terms (weights, gradients, optimizer, activations, logits, generation,
-  reference; bytes) with the rung's effect, applied to every phase before the allocator's share and the context;
+- ``ledger(terms, candidate, model)``: the phase's terms (weights, gradients, optimizer, activations, logits,
+  generation, reference; bytes) with the rung's effect, applied to every phase before the allocator's share and the
+  context; ``model``: the facts of the candidate's model (``ModelFacts``, built here), so that the rung needs no name
+  of the memory model's (a ledger of two arguments, the contract's first form, is called without it);
+- ``host_bytes(candidate, model)``: what it keeps in host memory, counted with the built-ins' offloaded bytes;
 - ``band``: the relative error band of a prediction for a candidate with the rung (0.5 = ±50 %), where the memory
   model does not describe it (with a ``ledger`` too: a partial description);
 - neither (a plain object with ``name``, ``cost``, ``help`` and ``apply``): not modelled, the unchecked band.
@@ -15,21 +18,71 @@ A prediction takes the widest band of its rungs, and ``rung_notes`` names each r
 
 from __future__ import annotations
 
+import inspect
 import logging
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple
+from functools import cached_property
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from autofit.core import one_line
+from autofit.core import Candidate, one_line
 from autofit.memory_model._checked import UNCHECKED_UNCERTAINTY
+from autofit.memory_model._parameters import census_for, optimizer_state_bytes, trainable_tensors, weight_bytes
+from autofit.memory_model._shape import ModelShape
 from autofit.rungs import RungBase, is_builtin, rung_named
-
-if TYPE_CHECKING:
-    from autofit.core import Candidate
 
 log = logging.getLogger(__name__)
 
 # The terms a phase has; a rung's ``ledger`` may change these, other keys are ignored.
 PHASE_TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "generation", "reference")
 _BROKEN: Set[str] = set()  # rungs whose ledger raised: not modelled from then on (said once)
+
+
+class Facts:
+    """``autofit.rungs.ModelFacts`` for one candidate: what a rung's ledger may read of its model, each figure
+    computed when asked."""
+
+    def __init__(self, shape: ModelShape, candidate: Candidate):
+        self.shape, self.candidate = shape, candidate
+
+    @cached_property
+    def parameters(self) -> int:
+        return census_for(self.shape, self.candidate.algo).total
+
+    @cached_property
+    def parameter_shapes(self) -> Sequence[Tuple[Tuple[int, ...], int]]:
+        return [(tuple(group.shape), group.count) for group in census_for(self.shape, self.candidate.algo).params]
+
+    @cached_property
+    def trainable_tensors(self) -> Sequence[Tuple[int, int]]:
+        return [(t.numel, t.count) for t in trainable_tensors(self.shape, self.candidate)]
+
+    @cached_property
+    def weight_bytes(self) -> int:
+        return weight_bytes(self.candidate, self.shape)
+
+    def optimizer_state_bytes(self, optim: Optional[str], param_bytes: int) -> float:
+        return optimizer_state_bytes(trainable_tensors(self.shape, self.candidate), optim, param_bytes)
+
+
+def _takes_the_facts(method: Any) -> bool:
+    try:
+        return len(inspect.signature(method).parameters) >= 3
+    except (TypeError, ValueError):
+        return True
+
+
+def custom_host_bytes(candidate: Candidate, shape: ModelShape) -> float:
+    """What the candidate's rungs that are not built in keep in host memory, as each says (``host_bytes``)."""
+    total = 0.0
+    for rung in custom_rungs(candidate):
+        method = getattr(rung, "host_bytes", None)
+        if method is None or getattr(type(rung), "host_bytes", None) is RungBase.host_bytes:
+            continue
+        try:
+            total += max(0.0, float(method(candidate, Facts(shape, candidate))))
+        except Exception as exc:  # noqa: BLE001 - another package's code: one line, and nothing counted
+            log.warning("the host_bytes of the rung %s failed (%s: %s): its host memory is not counted", rung.name,
+                        type(exc).__name__, one_line(exc))
+    return total
 
 
 def custom_rungs(candidate: Candidate) -> List[Any]:
@@ -58,13 +111,16 @@ def rung_band(rung: Any) -> Optional[float]:
     return None if _own_ledger(rung) else UNCHECKED_UNCERTAINTY
 
 
-def with_rungs(terms: Dict[str, float], candidate: Candidate, rungs: Iterable[Any]) -> Dict[str, float]:
+def with_rungs(terms: Dict[str, float], candidate: Candidate, rungs: Iterable[Any], shape: ModelShape
+               ) -> Dict[str, float]:
     """One phase's terms with the effect of each rung's own ``ledger``, in the ladder's order."""
+    facts = Facts(shape, candidate)
     for rung in rungs:
         if not _own_ledger(rung):
             continue
         try:
-            changed = dict(rung.ledger(dict(terms), candidate))
+            given = (dict(terms), candidate, facts) if _takes_the_facts(rung.ledger) else (dict(terms), candidate)
+            changed = dict(rung.ledger(*given))
             terms = {name: max(0.0, float(changed.get(name, 0.0))) for name in PHASE_TERMS
                      if name in terms or name in changed}
         except Exception as exc:  # noqa: BLE001 - another package's code: one line, and the rung is not modelled

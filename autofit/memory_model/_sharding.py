@@ -19,7 +19,7 @@ TRL's ``bf16=True``:
   [D: torch ``fully_shard`` with accelerate's mixed-precision policy]. Under gradient accumulation the Trainer runs
   every micro-batch but the last in accelerate's ``no_sync``, which for FSDP2 turns gradient sync off: the gradients
   then accumulate unsharded, whole in the compute dtype, until the last micro-batch reduce-scatters them
-  [V: CPU meter, 2 gloo ranks under ``autofit.probe._simulated_fsdp``, tiny-qwen2: 123.1 MiB per rank measured at
+  [V: CPU meter, 2 gloo ranks under ``autofit.rungs.engines._probe_fsdp``, tiny-qwen2: 123.1 MiB per rank measured at
   accumulation 4 where the sharded gradients alone predicted 109.4].
 
 NCCL's own buffers, outside PyTorch's allocator, are the ledger's (``_engine_settings.nccl_bytes``).
@@ -31,7 +31,7 @@ is the machine's: all of its ranks' shards.
 
 A reference model (GRPO/RLOO with beta > 0) is sharded by ZeRO-3 and FSDP2 (TRL prepares it with the engine), whole
 otherwise. DeepSpeed is measured only at world size 1 on the CPU (accelerate runs it across processes only on
-GPUs); FSDP2 full shard runs across CPU ranks under ``autofit.probe._simulated_fsdp``. The rest is derived, for
+GPUs); FSDP2 full shard runs across CPU ranks under ``autofit.rungs.engines._probe_fsdp``. The rest is derived, for
 ``autofit estimate --gpus N`` and the search's predicted starts [D].
 """
 

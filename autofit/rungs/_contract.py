@@ -8,11 +8,12 @@ optional with a default in ``RungBase``:
   candidate)`` (best.yaml's comment on a key it changes);
 - its probe step: ``probe_step``, a ``"module:attribute"`` path to a ``ProbeStep`` that the probe's child process
   imports (what the child does before the trainer is built, around training, and what it reads back);
-- its ledger effect: ``ledger(terms, candidate)`` over the memory model's terms, or ``band``, the error band of a
-  rung the memory model does not describe;
+- its ledger effect: ``ledger(terms, candidate, model)`` over the memory model's terms (``model``: the facts of the
+  candidate's model a ledger may need, ``ModelFacts``), or ``band``, the error band of a rung the memory model does
+  not describe;
 - what it needs to run: ``unavailable(device)``, the reason it is left out on this machine, said once; and
-  ``host_memory``, what it keeps in host memory in words ("offloaded states"), which has the search check the
-  machine's available RAM before any probe.
+  ``host_memory``, what it keeps in host memory in words ("offloaded states"), with ``host_bytes(candidate, model)``,
+  how much: the search checks the machine's available RAM against it before any probe.
 
 The stages read these from the rung (``rung_named``), never from a table keyed by rung names. A rung of another
 package is found through the ``autofit.rungs`` entry point group and has the powers of a built-in.
@@ -21,9 +22,23 @@ package is found through the ``autofit.rungs`` entry point group and has the pow
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Dict, FrozenSet, Iterable, Mapping, Optional, Tuple
+from typing import Any, ContextManager, Dict, FrozenSet, Iterable, Mapping, Optional, Protocol, Sequence, Tuple
 
 from autofit.core import Candidate, Outcome, keys_of
+
+
+class ModelFacts(Protocol):
+    """What the memory model tells a rung's ``ledger`` and ``host_bytes`` about the candidate's model, handed in, so
+    that a rung (another package's too) needs no name of the memory model's."""
+
+    parameters: int  # every parameter of the model the algorithm trains
+    parameter_shapes: Sequence[Tuple[Tuple[int, ...], int]]  # (shape, how many such tensors) of every parameter
+    trainable_tensors: Sequence[Tuple[int, int]]  # (elements, how many such tensors) of what the candidate trains
+    weight_bytes: int  # bytes per element of the loaded (non-quantized) weights
+
+    def optimizer_state_bytes(self, optim: Optional[str], param_bytes: int) -> float:
+        """The memory model's bytes of ``optim``'s states for the trained tensors (its table; two fp32 states for
+        an optimizer it does not know)."""
 
 
 class RungBase:
@@ -58,9 +73,13 @@ class RungBase:
             return self.key_comments[key]
         return (self.knob_comment or self.name) if key in keys_of(*self.knobs) else None
 
-    def ledger(self, terms: Dict[str, int], candidate: Candidate) -> Dict[str, int]:
+    def ledger(self, terms: Dict[str, int], candidate: Candidate, model: ModelFacts) -> Dict[str, int]:
         """The memory model's terms with this rung's effect (built-ins are read from the candidate's fields)."""
         return terms
+
+    def host_bytes(self, candidate: Candidate, model: ModelFacts) -> int:
+        """Host memory the rung's candidate keeps (with ``host_memory``'s words; built-ins are the memory model's)."""
+        return 0
 
     def unavailable(self, device: str) -> Optional[str]:
         """Why the rung cannot be probed on ``device`` (it is then left out, with a note); None when it can."""

@@ -9,11 +9,9 @@ from typing import Iterable, List, Optional, Tuple
 
 from autofit.core import Candidate
 from autofit.rungs import _plugins as plugins
-from autofit.rungs._activation_offload import ActivationOffload
 from autofit.rungs._allocator import ExpandableSegments
 from autofit.rungs._checkpointing import GradientCheckpointing
 from autofit.rungs._ladder import Rung, replaces_engine
-from autofit.rungs._liger import LigerKernels
 from autofit.rungs._lora import Lora
 from autofit.rungs._microbatch import MicroBatch
 from autofit.rungs._offload import OptimizerOffload
@@ -23,6 +21,8 @@ from autofit.rungs._quantization import QuantizedBase
 from autofit.rungs._sequence_length import ShorterSequences
 from autofit.rungs._sharding import OFFLOADING as SHARDING_OFFLOAD
 from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
+from autofit.rungs.activation_offload import ActivationOffload
+from autofit.rungs.liger import LigerKernels
 
 DEFAULT_LADDER: Tuple[Rung, ...] = (
     ExpandableSegments(),  # free

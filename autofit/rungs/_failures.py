@@ -13,7 +13,7 @@ from typing import Optional
 
 from autofit.core import ENGINE_FAILURE, KERNEL_FAILURE, Candidate, ProbeResult, clip
 
-LIGER_RUNG = "liger-kernels"  # the name of the Liger rung (autofit.rungs._liger)
+LIGER_RUNG = "liger-kernels"  # the name of the Liger rung (autofit.rungs.liger)
 
 
 class FailedRungs:

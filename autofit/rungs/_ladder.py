@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from autofit.core import Candidate, keys_of
-from autofit.rungs._engines import deepspeed_engine
+from autofit.rungs.engines import deepspeed_engine
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Any, Mapping, Optional
 
 from autofit.core import Candidate
 from autofit.rungs._contract import RungBase
-from autofit.rungs._engines import FSDP2_OFFLOAD, ZERO2_OFFLOAD, ZERO3_OFFLOAD, deepspeed_missing
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState, replacement_words
+from autofit.rungs.engines import FSDP2_OFFLOAD, ZERO2_OFFLOAD, ZERO3_OFFLOAD, deepspeed_missing
 
 OFFLOADING_ENGINES = (ZERO2_OFFLOAD, ZERO3_OFFLOAD, FSDP2_OFFLOAD)
 
@@ -20,7 +20,7 @@ OFFLOADING_ENGINES = (ZERO2_OFFLOAD, ZERO3_OFFLOAD, FSDP2_OFFLOAD)
 class OptimizerOffload(RungBase):
     name = OFFLOAD_RUNG
     cost = SPEED
-    probe_step = "autofit.probe._steps:EngineStep"
+    probe_step = "autofit.rungs.engines._probe:EngineStep"
     help = "DeepSpeed ZeRO-2, optimizer states and fp32 master weights in host memory (accelerate config written)"
     trade_text = ("optimizer offload (DeepSpeed ZeRO-2): fp32 master weights, gradients and AdamW states in host "
                   "memory, the same math; slower steps and pinned host RAM")

@@ -16,8 +16,8 @@ from typing import Any, Mapping, Optional
 
 from autofit.core import Candidate
 from autofit.rungs._contract import RungBase
-from autofit.rungs._engines import FSDP2_OFFLOAD, ZERO2_OFFLOAD, ZERO3_OFFLOAD, ZERO_STAGES, deepspeed_missing
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState, replacement_words
+from autofit.rungs.engines import FSDP2_OFFLOAD, ZERO2_OFFLOAD, ZERO3_OFFLOAD, ZERO_STAGES, deepspeed_missing
 
 SHARDING_RUNGS = ("zero1", "zero2", "fsdp2", "zero3", FSDP2_OFFLOAD, ZERO3_OFFLOAD)
 OFFLOADING = (FSDP2_OFFLOAD, ZERO3_OFFLOAD)
@@ -36,14 +36,14 @@ COSTS = {name: "the same math, slower steps (the GPUs exchange the shards"
 TRADES = {name: f"{HELP[name]}; {COSTS[name]}" for name in SHARDING_RUNGS}
 # accelerate sets up DeepSpeed and FSDP with several processes only on an accelerator: on a CPU-only machine its
 # state counts one process under DeepSpeed (the batch checks fail) and keeps FSDP's ranks data parallel. FSDP2 full
-# shard runs there under autofit.probe._simulated_fsdp; its host offload (pinned shards) and DeepSpeed do not.
+# shard runs there under autofit.rungs.engines._probe_fsdp; its host offload (pinned shards) and DeepSpeed do not.
 CPU_REASON = ("accelerate runs DeepSpeed and FSDP's offload across several processes only on GPUs (on the CPU: data "
               "parallel and FSDP2)")
 
 
 class Sharding(RungBase):
     cost = SPEED
-    probe_step = "autofit.probe._steps:EngineStep"
+    probe_step = "autofit.rungs.engines._probe:EngineStep"
 
     runs_an_engine = True  # its own DeepSpeed or FSDP configuration: it replaces one of the user's (a quality level)
 

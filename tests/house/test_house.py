@@ -17,11 +17,6 @@ MAX_TOP_LEVEL = 12
 LAYERS = ("core", "rungs", "memory_model", "probe", "launch", "search", "export", "report", "_api", "cli")
 # Each layer's own place among LAYERS; memory_model and probe do not import each other, nor export and report.
 PEERS = ({"memory_model", "probe"}, {"export", "report"})
-# The probe's child process: imported only by modules of autofit.probe (the kit and the built-in factories are
-# public, for the user's own factories).
-CHILD_MODULES = ("_worker", "_meters", "_instrument", "_observe", "_kernels", "_virtual_checkpoint",
-                 "_activation_offload", "_offloaded", "_simulated_fsdp", "_preload", "_trl_config", "_steps", "_child",
-                 "_failures", "_metering")
 HEAVY = ("torch", "transformers", "trl", "peft", "bitsandbytes", "accelerate", "datasets")
 # The search's side of the house: importing any of them (and what they import) never loads HEAVY.
 TORCH_FREE = ("autofit", "autofit._api", "autofit.core", "autofit.rungs", "autofit.memory_model", "autofit.launch",
@@ -47,14 +42,25 @@ def _type_only(tree: ast.AST) -> set:
     return found
 
 
-def imports(path: Path, name: str, known, typing: bool = True) -> set:
-    """The autofit modules ``name`` imports (inside functions too); ``typing=False`` leaves out the imports made only
-    for annotations."""
+def _top_level(tree: ast.Module):
+    """The module's own statements, and those under its top-level if/try blocks: what importing it runs."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, (ast.If, ast.Try)):
+            todo += node.body + node.orelse + getattr(node, "finalbody", []) + \
+                [s for h in getattr(node, "handlers", []) for s in h.body]
+
+
+def imports(path: Path, name: str, known, typing: bool = True, deferred: bool = True) -> set:
+    """The autofit modules ``name`` imports (inside functions too; ``deferred=False``: only what importing it runs);
+    ``typing=False`` leaves out the imports made only for annotations."""
     tree = ast.parse(path.read_text())
     skipped = set() if typing else _type_only(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(tree):
+    for node in (ast.walk(tree) if deferred else _top_level(tree)):
         if id(node) in skipped:
             continue
         targets = []
@@ -77,9 +83,9 @@ def imports(path: Path, name: str, known, typing: bool = True) -> set:
     return found
 
 
-def graph(typing: bool = True):
+def graph(typing: bool = True, deferred: bool = True):
     known = modules()
-    return {name: imports(path, name, known, typing) for name, path in known.items()}
+    return {name: imports(path, name, known, typing, deferred) for name, path in known.items()}
 
 
 def layer(name: str) -> str:
@@ -135,10 +141,35 @@ def test_no_layer_imports_one_above_it():
     assert not upward, "imports that reach up (or across to a peer): " + "; ".join(sorted(upward))
 
 
-def test_the_probes_child_modules_are_imported_only_by_the_probe():
-    child = {f"autofit.probe.{module}" for module in CHILD_MODULES}
-    outside = [f"{name} -> {target}" for name, targets in graph().items() if not name.startswith("autofit.probe")
-               for target in targets & child]
+def child_modules():
+    """The modules of the probe's child process, by rule: the probe's private modules its facade does not load (the
+    search's side of the probe is what importing ``autofit/probe/__init__.py`` runs; the runner names the child's
+    entry point only when it starts a probe), and a rung's probe step beside it (``autofit.rungs.<rung>._probe*``).
+    The kit and the built-in factories are public, for the user's own factories."""
+    edges = graph(deferred=False)
+    search_side, todo = set(), ["autofit.probe"]
+    while todo:
+        for target in edges.get(todo.pop(), ()):
+            if target.startswith("autofit.probe.") and target not in search_side:
+                search_side.add(target)
+                todo.append(target)
+    probe = {name for name in edges if name.startswith("autofit.probe._") and name not in search_side}
+    steps = {name for name in edges
+             if name.startswith("autofit.rungs.") and name.rsplit(".", 1)[-1].startswith("_probe")}
+    return probe | steps
+
+
+def test_the_child_modules_are_found_by_the_rule():
+    child = child_modules()
+    assert {"autofit.probe._worker", "autofit.probe._meters", "autofit.rungs.liger._probe",
+            "autofit.rungs.engines._probe_fsdp", "autofit.rungs.activation_offload._probe"} <= child
+    assert not child & {"autofit.probe._runner", "autofit.probe._factory", "autofit.probe.kit"}
+
+
+def test_the_probes_child_modules_are_imported_only_by_the_child():
+    child = child_modules()
+    outside = [f"{name} -> {target}" for name, targets in graph().items()
+               if not name.startswith("autofit.probe") and name not in child for target in targets & child]
     assert not outside, outside
 
 
@@ -154,7 +185,7 @@ def test_no_module_reaches_past_another_packages_facade():
 def search_process_imports():
     """What importing the search's side (TORCH_FREE) loads, in a fresh interpreter: (HEAVY packages, modules of the
     probe's child)."""
-    child = sorted(f"autofit.probe.{module}" for module in CHILD_MODULES)
+    child = sorted(child_modules())
     code = (f"import importlib, sys\nfor name in {TORCH_FREE!r}:\n    importlib.import_module(name)\n"
             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
             f"print(sorted(m for m in {child!r} if m in sys.modules))")

@@ -29,7 +29,7 @@ from autofit.memory_model import (
     predict,
     predict_calibrated,
 )
-from autofit.rungs._engines import deepspeed_missing
+from autofit.rungs.engines import deepspeed_missing
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from autofit.core import (
 from autofit.probe import ProcessRunner
 from autofit.probe import _steps as steps
 from autofit.rungs import DEFAULT_LADDER, RungBase, probe_steps
-from autofit.rungs._engines import ZERO2_OFFLOAD
+from autofit.rungs.engines import ZERO2_OFFLOAD
 
 CUSTOM = "custom_steps:RecordingStep"
 
@@ -36,9 +36,9 @@ def names(found):
 
 def test_the_built_in_rungs_name_their_steps_and_every_probe_considers_them():
     named = dict(probe_steps(DEFAULT_LADDER))
-    assert named["liger-kernels"] == "autofit.probe._steps:LigerStep"
-    assert named["activation-offload"] == "autofit.probe._steps:ActivationOffloadStep"
-    assert named["optimizer-offload"] == named["zero3"] == named["fsdp2"] == "autofit.probe._steps:EngineStep"
+    assert named["liger-kernels"] == "autofit.rungs.liger._probe:LigerStep"
+    assert named["activation-offload"] == "autofit.rungs.activation_offload._probe:ActivationOffloadStep"
+    assert named["optimizer-offload"] == named["zero3"] == named["fsdp2"] == "autofit.rungs.engines._probe:EngineStep"
     considered = steps.considered(candidate())
     assert names(considered) == ["LigerStep", "EngineStep", "ActivationOffloadStep", "OwnDeepSpeedStep"]
     assert {"optimizer-offload", "zero1", "fsdp2-offload"} <= considered[1].rungs

@@ -19,7 +19,7 @@ from autofit.export import write as export_write
 from autofit.probe import ProcessRunner
 from autofit.probe._ranks import combine
 from autofit.rungs import DEFAULT_LADDER, SHARDING_RUNGS, LadderState, OptimizerOffload, climb, resolve_ladder
-from autofit.rungs._engines import (
+from autofit.rungs.engines import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,
     ENGINES,
@@ -97,7 +97,7 @@ def test_an_oom_on_one_rank_is_the_candidates_and_the_other_rank_is_ended(tmp_pa
 
 @pytest.mark.slow
 def test_fsdp2_shards_the_training_state_over_the_ranks_on_the_cpu(tmp_path):
-    """FSDP2 full shard for real under gloo (autofit.probe._simulated_fsdp): between steps each rank holds half the
+    """FSDP2 full shard for real under gloo (autofit.rungs.engines._probe_fsdp): between steps each rank holds half the
     weights and AdamW states, where data parallel holds all of them and its gradient buckets."""
     runs = {sharding: ProcessRunner("autofit.probe.algos.sft:build_trainer", None, tmp_path / sharding, timeout_s=300)
             .run(two_ranks(sharding=None if sharding == "ddp" else sharding), steps=2) for sharding in ("ddp", "fsdp2")}

@@ -19,7 +19,7 @@ from autofit.core import ENGINE_FAILURE, Candidate, LoraSettings, Outcome, Probe
 from autofit.export import write as export_write
 from autofit.probe._meters import SimulatedMeter
 from autofit.rungs import RUNGS, LadderState, OptimizerOffload, climb, resolve_ladder
-from autofit.rungs._engines import (
+from autofit.rungs.engines import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,
     MARKER,

@@ -223,3 +223,46 @@ def test_a_packages_rung_failing_in_the_search_is_one_line_naming_it(broken, cap
     code = cli.main(["estimate", "--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--ladder", "micro-batch,faulty"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and "its apply() failed: RuntimeError: boom in apply" in err
+
+
+# -- the plugin's surface --------------------------------------------------------------------------------------------
+def test_the_plugin_imports_only_the_declared_api():
+    """A rung of another package needs nothing of autofit beyond ``autofit.rungs.PLUGIN_API`` (its ledger gets the
+    model's facts handed in): tests/rung_plugin holds to it, so a refactor of the memory model breaks no plugin."""
+    import ast
+
+    from autofit import rungs
+
+    assert all(getattr(rungs, name, None) is not None for name in rungs.PLUGIN_API)
+    for path in sorted((PLUGIN / "autofit_adafactor").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                assert not [a.name for a in node.names if a.name.startswith("autofit")], (path.name, ast.dump(node))
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autofit"):
+                assert node.module == "autofit.rungs", (path.name, node.module)
+                assert {a.name for a in node.names} <= set(rungs.PLUGIN_API), (path.name, [a.name for a in node.names])
+
+
+class Parking(RungBase):
+    """A rung of the caller's that keeps a quarter of the weights in host memory."""
+
+    name, cost, help, host_memory = "parking-custom", QUALITY, "parks a quarter of the weights", "parked weights"
+
+    def apply(self, state):
+        return state.with_rung(self)
+
+    def host_bytes(self, candidate, model):
+        return model.parameters * model.weight_bytes // 4
+
+
+def test_a_rungs_host_bytes_are_counted_and_checked_against_the_machine():
+    from autofit.search._host_memory import host_shortfalls
+
+    register(Parking())
+    shape = mm.ModelShape.from_model("tiny-qwen2")
+    parked = Parking().apply(LadderState(candidate())).candidate
+    quarter = mm.census_for(shape, "sft").total * 4 // 4  # float32 weights
+    assert mm.host_bytes(parked, shape, "cpu") == pytest.approx(mm.host_bytes(candidate(), shape, "cpu") + quarter)
+    start = LadderState(candidate())
+    assert host_shortfalls(start, [Parking()], shape, "cpu", available=quarter - 1)[0][0] == "parking-custom"
+    assert host_shortfalls(start, [Parking()], shape, "cpu", available=quarter * 2) == []

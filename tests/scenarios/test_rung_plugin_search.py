@@ -64,7 +64,8 @@ def test_its_probe_step_read_the_optimizer_back(searched):
     chosen = Candidate(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=1, grad_accum=8, max_length=128,
                        optim="adafactor")
     shape = mm.ModelShape.from_model("tiny-qwen2")
-    assert stats["optimizer_state_bytes"] == pytest.approx(factored_state_bytes(shape, chosen), rel=0.01)
+    facts = mm.ModelFactsOf(shape, chosen)  # what the memory model hands a rung's ledger
+    assert stats["optimizer_state_bytes"] == pytest.approx(factored_state_bytes(facts, chosen), rel=0.01)
 
 
 def test_its_ledger_term_predicts_the_measured_peak(searched):

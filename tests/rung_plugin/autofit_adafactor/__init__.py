@@ -19,9 +19,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any, Dict, Mapping, Optional
 
-from autofit import memory_model
-from autofit.core import Candidate
-from autofit.rungs import QUALITY, LadderState, RungBase
+from autofit.rungs import QUALITY, Candidate, LadderState, ModelFacts, RungBase
 
 OPTIM = "adafactor"
 
@@ -46,22 +44,20 @@ class Adafactor(RungBase):
         return ("Adafactor replaces AdamW: no momentum and a factored second moment, so the optimizer states all "
                 "but vanish; its updates are not AdamW's: check the loss curve and the learning rate")
 
-    def ledger(self, terms: Dict[str, int], candidate: Candidate) -> Dict[str, int]:
+    def ledger(self, terms: Dict[str, int], candidate: Candidate, model: ModelFacts) -> Dict[str, int]:
         """The memory model's optimizer table prices Adafactor at Hugging Face's rule of thumb (4 B per parameter);
         the factored states are far smaller: each phase's optimizer term gets the exact figure instead."""
-        shape = memory_model.ModelShape.from_model(candidate.model)
-        table = memory_model.optimizer_state_bytes(memory_model.trainable_tensors(shape, candidate), OPTIM, 4)
+        table = model.optimizer_state_bytes(OPTIM, 4)
         if terms.get("optimizer", 0) < table:
             return terms  # a phase without the optimizer's states
-        return {**terms, "optimizer": int(terms["optimizer"] - table + factored_state_bytes(shape, candidate))}
+        return {**terms, "optimizer": int(terms["optimizer"] - table + factored_state_bytes(model, candidate))}
 
 
-def factored_state_bytes(shape: memory_model.ModelShape, candidate: Candidate) -> int:
+def factored_state_bytes(model: ModelFacts, candidate: Candidate) -> int:
     """Adafactor's states for full fine-tuning (transformers' ``Adafactor``, ``beta1=None``): per tensor of two or
     more dimensions a row and a column, per vector a full second moment, in the gradients' dtype."""
     per = 2 if candidate.dtype in ("bfloat16", "float16") else 4
     numbers = 0
-    for group in memory_model.census_for(shape, candidate.algo).params:
-        dims = group.shape
-        numbers += group.count * (prod(dims[:-1]) + prod(dims[:-2] + dims[-1:]) if len(dims) >= 2 else prod(dims))
+    for dims, count in model.parameter_shapes:
+        numbers += count * (prod(dims[:-1]) + prod(dims[:-2] + dims[-1:]) if len(dims) >= 2 else prod(dims))
     return numbers * per

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from autofit.core import Candidate, FactoryMisuse
-from autofit.rungs import ProbeStep
+from autofit.rungs import Candidate, FactoryMisuse, ProbeStep
 
 
 class AdafactorStep(ProbeStep):

@@ -1,4 +1,4 @@
-"""TRL's activation offloading, instrumented (runs in the probe process).
+"""TRL's activation offloading, instrumented: the rung's probe step (runs in the probe's child process).
 
 On every device the host copies TRL makes are counted as they come and go (``HostCount``): their peak is the host
 memory the configuration needs (pinned on a GPU machine).
@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Iterator
+from typing import Any, ContextManager, Dict, Iterator
 from unittest import mock
 
-from autofit.core import FactoryMisuse
+from autofit.core import Candidate, FactoryMisuse
+from autofit.rungs._contract import ProbeStep
 
 TRAINER_MODULES = ("trl.trainer.sft_trainer", "trl.trainer.reward_trainer")
 CONTEXT_FACTORY = "get_act_offloading_ctx_manager"
@@ -174,3 +175,18 @@ def offloaded_activations(trainer, host_copies, meter) -> int:
     if hasattr(meter, "check_budget"):
         meter.check_budget()
     return host_copies.peak
+
+
+class ActivationOffloadStep(ProbeStep):
+    """TRL's activation offloading: its host copies counted around training (on the simulated device, TRL's code made
+    to run there), their peak read back."""
+
+    def active(self, candidate: Candidate) -> bool:
+        return candidate.activation_offload
+
+    def around(self, candidate: Candidate, meter: Any) -> ContextManager[Any]:
+        return instrumented(meter, candidate.device == "cpu")
+
+    def read_back(self, trainer: Any, candidate: Candidate, meter: Any, handle: Any,
+                  observed: Dict[str, Any]) -> Dict[str, Any]:
+        return {"activation_host_bytes": offloaded_activations(trainer, handle, meter)}

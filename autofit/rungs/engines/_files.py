@@ -187,7 +187,7 @@ def launch_env(accelerate_yaml: Path, device: str, engine: str = ZERO2_OFFLOAD) 
         args.deepspeed_fields_from_accelerate_config = ",".join(fields + (["mixed_precision"] *
                                                                           mixed_precision_from_config))
         _, env = prepare_deepspeed_cmd_env(args)
-    elif device == "cpu" and engine not in FSDP_ENGINES:  # FSDP: the GPU launcher's (autofit.probe._simulated_fsdp)
+    elif device == "cpu" and engine not in FSDP_ENGINES:  # FSDP: the GPU launcher's (autofit.rungs.engines._probe_fsdp)
         _, env = prepare_simple_launcher_cmd_env(args)
     else:
         env = prepare_multi_gpu_env(args)

@@ -1,5 +1,6 @@
-"""Liger's kernels in a probe: which modules of the trainer's model they patched, read back after training
-(transformers' Trainer applies them when ``train()`` starts, where ``use_liger_kernel`` is set).
+"""Liger's kernels in a probe (the rung's probe step, in the probe's child process): which modules of the trainer's
+model they patched, read back after training (transformers' Trainer applies them when ``train()`` starts, where
+``use_liger_kernel`` is set).
 
 Liger binds its fused forwards to the module instances (``module.forward`` comes from ``liger_kernel``), so the
 count needs no knowledge of its internals. A trainer whose config has the flag off measured something else (the
@@ -8,7 +9,10 @@ user's factory's mistake, named); a model Liger patched nothing of is the rung's
 
 from __future__ import annotations
 
-from autofit.core import FactoryMisuse
+from typing import Any, Dict, Optional, Tuple
+
+from autofit.core import INFRASTRUCTURE, KERNEL_FAILURE, USER, Candidate, FactoryMisuse, Outcome
+from autofit.rungs._contract import ProbeStep
 
 LIGER_PACKAGE = "liger_kernel"
 
@@ -44,3 +48,25 @@ def liger_patched(trainer) -> int:
         model_type = getattr(getattr(trainer.model, "config", None), "model_type", "?")
         raise KernelsNotApplied(f"Liger patched no module of this model (model_type {model_type})")
     return patched
+
+
+class LigerStep(ProbeStep):
+    """Liger's kernels: the trainer's config must ask for them; after training, the modules they patched. A probe
+    they break (or a transformers that refuses the package) is the rung's: the search goes on without them."""
+
+    def active(self, candidate: Candidate) -> bool:
+        return candidate.liger
+
+    def after_build(self, trainer: Any, candidate: Candidate, observed: Dict[str, Any]) -> None:
+        check_liger_flag(trainer)
+
+    def read_back(self, trainer: Any, candidate: Candidate, meter: Any, handle: Any,
+                  observed: Dict[str, Any]) -> Dict[str, Any]:
+        observed["liger_modules"] = liger_patched(trainer)
+        return {}
+
+    def failure(self, candidate: Candidate, outcome: Outcome, fault: str, cause: str) -> Optional[Tuple[Outcome, str]]:
+        # an ImportError of the package, INVALID otherwise, would read as the trainer rejecting the configuration
+        if outcome in (Outcome.CRASH, Outcome.INVALID) and fault not in (USER, INFRASTRUCTURE):
+            return Outcome.INVALID, KERNEL_FAILURE
+        return None

@@ -14,7 +14,7 @@ from autofit.rungs._ladder import SPEED, LadderState
 class ActivationOffload(RungBase):
     name = "activation-offload"
     cost = SPEED
-    probe_step = "autofit.probe._steps:ActivationOffloadStep"
+    probe_step = "autofit.rungs.activation_offload._probe:ActivationOffloadStep"
     help = "activation_offloading=True: saved activations wait in host memory for the backward pass (SFT, reward)"
     alternative_to = ("checkpointing",)
     host_memory = "offloaded activations"

@@ -30,7 +30,7 @@ def liger_missing() -> Optional[str]:
 class LigerKernels(RungBase):
     name = LIGER_RUNG
     cost = FREE
-    probe_step = "autofit.probe._steps:LigerStep"
+    probe_step = "autofit.rungs.liger._probe:LigerStep"
     help = "use_liger_kernel=True: Liger's fused RMSNorm, SwiGLU and RoPE kernels, fewer saved activations (CUDA)"
     trade_text = ("Liger's fused RMSNorm, SwiGLU and RoPE kernels: the same math in other kernels (results equal to "
                   "rounding), nothing traded; TRL 1.16 warns that use_liger_kernel goes in v2")
