@@ -20,3 +20,8 @@ class RecordingStep(ProbeStep):
 
 
 NOT_A_STEP = object()
+
+
+class MisspelledStep(ProbeStep):
+    def read_bak(self, trainer, candidate, meter, handle, observed):  # meant: read_back; never called
+        return {}

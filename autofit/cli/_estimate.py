@@ -10,7 +10,6 @@ prints the user's run at each phase of its step, both meters; ``--json`` prints 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -18,6 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 from autofit.cli._estimate_facts import CardEstimate, card_estimate, parameters_line, phase_label
 from autofit.cli._estimate_json import estimate_json
 from autofit.cli._speed import comparison_lines, speed_cell, speed_lines, your_run_speed_line
+from autofit.cli._stored import load_calibration
 from autofit.core import (
     ESTIMATE,
     RL_ALGOS,
@@ -31,7 +31,6 @@ from autofit.core import (
     one_line,
 )
 from autofit.memory_model import (
-    PRIOR_UNCERTAINTY,
     TERM_GROUPS,
     Calibration,
     Ledger,
@@ -45,7 +44,6 @@ from autofit.rungs import replacement_trade
 __all__ = ["estimate_text", "load_calibration", "parameters_line", "render_text", "run"]
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
-MEMORY_MODEL_KEY = "memory_model"  # best.json key of a calibrated model (Calibration.to_dict())
 
 # Columns of the table: (header, ledger terms summed into it).
 COLUMNS: Tuple[Tuple[str, Tuple[str, ...]], ...] = tuple((header, terms) for header, _, terms in TERM_GROUPS)
@@ -86,37 +84,6 @@ def _check_plot_path(path: Optional[str]) -> None:
         raise InputError(f"--plot '{path}': the file must end in {', '.join(PLOT_SUFFIXES)}")
     if not Path(path).resolve().parent.is_dir():
         raise InputError(f"--plot '{path}': the folder {Path(path).resolve().parent} does not exist")
-
-
-def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optional[Calibration], List[str]]:
-    """The calibrated model stored in ``from_dir/best.json`` when it applies to ``spec``; else None and a note."""
-    if not from_dir:
-        return None, []
-    path = Path(from_dir) / "best.json"
-    prior = f"using the uncalibrated prior (±{PRIOR_UNCERTAINTY:.0%})"
-    if not path.is_file():
-        return None, [f"{path} does not exist: {prior}"]
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--from {path} cannot be read ({type(exc).__name__}: {exc}): run the search again, or drop "
-                         "--from to use the uncalibrated model") from None
-    stored = data.get(MEMORY_MODEL_KEY) if isinstance(data, dict) else None
-    if not stored:
-        return None, [f"{path} has no calibrated memory model ('{MEMORY_MODEL_KEY}'): {prior}"]
-    try:
-        calibration = Calibration.from_dict(stored)
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise InputError(f"--from {path}: its memory model cannot be read ({type(exc).__name__}: {exc}): run the "
-                         "search again, or drop --from") from None
-    mismatch = [f"{name} {mine}" for name, mine, theirs in (
-        ("model", calibration.model, spec.options.model), ("algo", calibration.algo, spec.options.algo),
-        ("device", calibration.device, spec.device)) if mine is not None and mine != theirs]
-    if mismatch:
-        return None, [f"{path} was calibrated for {', '.join(mismatch)}: {prior}"]
-    note = (f"calibrated on {calibration.points} probe(s) from {path} (static x{calibration.static_scale:.3f}, "
-            f"dynamic x{calibration.dynamic_scale:.3f}, ±{calibration.uncertainty:.0%})")
-    return calibration, [note]
 
 
 def _unit(budget: float) -> Tuple[str, float]:

@@ -9,6 +9,7 @@ Nothing here imports another part of autofit: every other package builds on it.
 from autofit.core._accelerate_keys import accelerate_notes, classify_accelerate
 from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, Algorithm, algorithm, algorithm_names, ppo_available
 from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, ProbeSettings
+from autofit.core._cards import CARDS, Card, card_named
 from autofit.core._compat import checkpointing_field, exempt_phases, installed, installed_versions, vllm_installed
 from autofit.core._device import (
     RATE_NAMES,
@@ -33,7 +34,8 @@ from autofit.core._files import (
 )
 from autofit.core._key_table import KEY_KINDS, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
 from autofit.core._knob import FileRun, Knob
-from autofit.core._knob_table import KNOBS, targets, user_dtype
+from autofit.core._knob_peft import targets
+from autofit.core._knob_table import KNOBS, user_dtype
 from autofit.core._knobs import (
     as_trained,
     blocks,
@@ -84,6 +86,7 @@ from autofit.core._sizes import format_size, parse_size
 from autofit.core._spec import FACTORIES, SEARCHED_ARGS, Baseline, SearchSpec
 
 __all__ = [
+    "CARDS", "Card", "card_named",
     "Launch", "LaunchEngine", "TrlFile",
     "KNOBS", "FileRun", "Knob", "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob",
     "knob_of_key", "model_args", "observe_trainer", "option_file_keys", "read_keys", "targets", "user_dtype",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from autofit.core._cards import CARDS
 from autofit.core._errors import InputError
 
 _UNITS = {
@@ -19,10 +20,6 @@ _UNITS = {
 # GPUs by name: the memory the driver reports (nvidia-smi's "MiB" total), what a search on the card itself takes as
 # its budget. "80GB" is 10**9 bytes (74.51 GiB): planning for an "80 GB" card by that number gives up 5 GiB [M: the
 # cards' usual nvidia-smi totals; the H100's as measured on 2026-11-22, 81,559 MiB].
-CARDS_MIB = {
-    "H100": 81559, "H100-80GB": 81559, "H200": 143771, "A100-80GB": 81920, "A100-40GB": 40960,
-    "L40S": 46068, "L4": 23034, "A10G": 23028, "T4": 15360, "V100-32GB": 32768, "RTX4090": 24564, "RTX3090": 24576,
-}
 AMBIGUOUS = {"A100": ("A100-40GB", "A100-80GB"), "V100": ("V100-32GB",)}
 
 
@@ -30,11 +27,11 @@ def _card_key(text: str) -> str:
     return re.sub(r"[\s_-]", "", text).upper()
 
 
-_CARDS = {_card_key(name): mib * 2**20 for name, mib in CARDS_MIB.items()}
+_CARDS = {_card_key(name): card.memory_mib * 2**20 for name, card in CARDS.items()}
 
 
 def card_names() -> str:
-    return ", ".join(CARDS_MIB)
+    return ", ".join(CARDS)
 
 
 def parse_size(text: str) -> int:

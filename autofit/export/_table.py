@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from autofit.core import format_size
 from autofit.search import SearchReport, over_margin
@@ -48,9 +48,10 @@ def table_text(report: SearchReport) -> str:
     return "\n".join(lines)
 
 
-def summary_lines(report: SearchReport) -> List[str]:
-    """The terminal's last lines for a fit: the answer (as trained), its verified peak and speed, and its files."""
-    answer, verified, spec = report.answer, report.verified, report.spec
+def summary_lines(report: SearchReport, answer: Any = None) -> List[str]:
+    """The terminal's last lines for a fit: the answer (as trained; ``report.answer``, as written, where not given),
+    its verified peak and speed, and its files."""
+    answer, verified, spec = answer or report.answer, report.verified, report.spec
     assert answer is not None and verified is not None  # rendered for a written fit
     chosen = answer.candidate
     out = spec.options.out_dir

@@ -16,8 +16,8 @@ and 5.1). One module per family of terms:
 - ``_logits``: TRL's fused LM head and the RL generation phase (2.5, 2.6);
 - ``_allocator``: the CUDA context and the caching allocator's overhead (2.7, 5.1);
 - ``_ledger``: the terms at each phase of a step and the predicted peak;
-- ``_throughput``, ``_cards``, ``_speed_calibration``: how fast a step runs on a card, and that model calibrated on
-  a search's timed steps;
+- ``_throughput``, ``_speed_calibration``: how fast a step runs on a card (``autofit.core``'s cards), and that model
+  calibrated on a search's timed steps;
 - ``_calibration``: a scale on the static part (what does not depend on the tokens) and one on the dynamic part
   (activations, LM-head buffers, generation), fitted by least squares on measured peaks;
 - ``_levels``: the ladder walked over predicted peaks (``autofit estimate``) and the search's grids;
@@ -30,6 +30,7 @@ coefficient is a named constant with its source; "[V]", "[D]", "[M]" are memory-
 from memory), "[A]" marks an assumption that only calibration checks.
 """
 
+from autofit.core import CARDS, Card, card_named
 from autofit.memory_model._activations import (
     ACT_OUTSIDE_LAYERS_BYTES_PER_H,
     activation_bytes_per_token_layer,
@@ -43,7 +44,6 @@ from autofit.memory_model._calibration import (
     calibrate,
     predict_calibrated,
 )
-from autofit.memory_model._cards import CARDS, Card, card_named
 from autofit.memory_model._census import Census, analytic_census
 from autofit.memory_model._census_cache import NoCausalLM, ensure_census
 from autofit.memory_model._checked import (

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from autofit.core import Candidate
+from autofit.core import Candidate, Card
 from autofit.memory_model._calibration import _solve
-from autofit.memory_model._cards import Card
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._throughput import PRIOR_SPEED_UNCERTAINTY, SpeedEstimate, predict_speed
 

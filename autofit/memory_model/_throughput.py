@@ -18,9 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from autofit.core import Candidate
+from autofit.core import Candidate, Card
 from autofit.memory_model._activations import sequence_length, sequences_per_micro_batch
-from autofit.memory_model._cards import Card
 from autofit.memory_model._logits import logit_tokens
 from autofit.memory_model._parameters import (
     Tensors,

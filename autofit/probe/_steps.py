@@ -15,7 +15,7 @@ import importlib
 from typing import Dict, FrozenSet, List, Sequence, Set, Tuple
 
 from autofit.core import Candidate, Outcome
-from autofit.rungs import DEFAULT_LADDER, ProbeStep, probe_steps
+from autofit.rungs import DEFAULT_LADDER, ProbeStep, hook_problem, probe_steps
 
 # Steps of no rung's, considered by every probe.
 NO_RUNGS = ("autofit.rungs.engines._probe:OwnDeepSpeedStep",)
@@ -42,6 +42,9 @@ def load(path: str, rungs: FrozenSet[str] = frozenset()) -> ProbeStep:
     step = found() if isinstance(found, type) else found
     if not isinstance(step, ProbeStep):
         raise TypeError(f"the probe step {path!r} is a {type(step).__name__}, not an autofit.rungs.ProbeStep")
+    problem = hook_problem(step, ProbeStep)
+    if problem:
+        raise TypeError(f"the probe step {path!r}: {problem}")
     step.rungs = step.rungs | rungs
     return step
 

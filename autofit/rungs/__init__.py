@@ -11,7 +11,7 @@ here too, since the rungs that choose them, the probe that launches them and the
 from autofit.core import Candidate, FactoryMisuse, Outcome, keys_of, knob
 from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
 from autofit.rungs._checkpointing import GradientCheckpointing
-from autofit.rungs._contract import ModelFacts, ProbeStep, RungBase, probe_steps
+from autofit.rungs._contract import ModelFacts, ProbeStep, RungBase, hook_problem, probe_steps
 from autofit.rungs._default import (
     DEFAULT_LADDER,
     RUNGS,
@@ -71,7 +71,7 @@ PLUGIN_API = ("Candidate", "FREE", "FactoryMisuse", "LadderState", "ModelFacts",
               "Rung", "RungBase", "SPEED", "keys_of", "knob")
 
 __all__ = [
-    "PLUGIN_API", "Candidate", "FactoryMisuse", "ModelFacts", "Outcome", "keys_of", "knob",
+    "PLUGIN_API", "hook_problem", "Candidate", "FactoryMisuse", "ModelFacts", "Outcome", "keys_of", "knob",
     "ACCELERATE_YAML", "ALLOC_ENV", "COSTS", "DDP", "DEEPSPEED_JSON", "DEFAULT_LADDER", "ENTRY_POINT_GROUP", "FREE",
     "FREE_UNDER_ADAPTERS", "FSDP_ENGINES", "NEVER_DROPPED", "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS",
     "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments",

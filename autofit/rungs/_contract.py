@@ -59,6 +59,9 @@ class RungBase:
     band: Optional[float] = None  # not modelled: the memory model's error band for a candidate with this rung
     # -- needs ------------------------------------------------------------------------------------------------
     host_memory: str = ""  # what it keeps in host memory, in words ("": nothing): RAM checked before probing
+    # -- its place in the ladder --------------------------------------------------------------------------------
+    runs_an_engine: bool = False  # it runs an engine of autofit's own (DeepSpeed, FSDP): it would replace the user's
+    alternative_to: Tuple[str, ...] = ()  # rungs it may stand in for: a fit is also tried without them (pruning)
 
     def apply(self, state: Any) -> Any:  # pragma: no cover - every rung has its own
         raise NotImplementedError
@@ -129,6 +132,26 @@ class ProbeStep:
         (``classify_exception``): the rung's own (outcome, cause) when the failure is the rung's (the search then goes
         on without it), None to leave it as it is."""
         return None
+
+
+def unknown_hooks(obj: Any, contract: type) -> Tuple[str, ...]:
+    """The public methods ``obj``'s class defines that are no hook of ``contract`` (``RungBase``, ``ProbeStep``): a
+    misspelled hook (``ledgr``, ``read_bak``) would be silently never called."""
+    hooks = {name for name in dir(contract) if not name.startswith("_")} | {"apply"}
+    own = {name for klass in type(obj).__mro__ if klass not in (contract, object) for name, value in vars(klass).items()
+           if callable(value) and not name.startswith("_") and not isinstance(value, type)}
+    return tuple(sorted(own - hooks))
+
+
+def hook_problem(obj: Any, contract: type) -> Optional[str]:
+    """What is wrong with ``obj``'s hooks, in words; None when nothing is."""
+    unknown = unknown_hooks(obj, contract)
+    if not unknown:
+        return None
+    hooks = sorted({name for name in dir(contract) if not name.startswith("_") and callable(getattr(contract, name))}
+                   | {"apply"})
+    return (f"{type(obj).__name__} defines {', '.join(unknown)}, which {'is' if len(unknown) == 1 else 'are'} no "
+            f"hook of {contract.__name__} (its hooks: {', '.join(hooks)})")
 
 
 def probe_steps(rungs: Iterable[Any]) -> Tuple[Tuple[str, str], ...]:

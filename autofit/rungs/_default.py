@@ -11,6 +11,7 @@ from autofit.core import Candidate
 from autofit.rungs import _plugins as plugins
 from autofit.rungs._allocator import ExpandableSegments
 from autofit.rungs._checkpointing import GradientCheckpointing
+from autofit.rungs._contract import RungBase, hook_problem
 from autofit.rungs._ladder import Rung, replaces_engine
 from autofit.rungs._lora import Lora
 from autofit.rungs._microbatch import MicroBatch
@@ -80,6 +81,9 @@ def register(rung: Rung) -> None:
     if builtin is not None and type(builtin) is not type(rung):
         raise ValueError(f"your rung {type(rung).__name__} is named '{rung.name}', a built-in rung's name: give it "
                          "another")
+    problem = hook_problem(rung, RungBase)
+    if problem:
+        raise ValueError(f"your rung '{rung.name}': {problem}")
     if builtin is None:
         _REGISTERED[rung.name] = rung
 

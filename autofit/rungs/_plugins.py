@@ -30,6 +30,7 @@ from importlib import metadata
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from autofit.core import InputError, one_line
+from autofit.rungs._contract import RungBase, hook_problem
 from autofit.rungs._ladder import COSTS, Rung
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,9 @@ def _load(name: str, entries: List[Any]) -> Rung:
         raise PluginError(f"{where} calls itself '{found.name}': the entry point's name must be the rung's")
     if found.cost not in COSTS:
         raise PluginError(f"{where} has the cost class '{found.cost}': accepted are {', '.join(COSTS)}")
+    problem = hook_problem(found, RungBase)
+    if problem:
+        raise PluginError(f"{where}: {problem}")
     return _guarded(found, f"rung '{name}' of {_package(entry)}")
 
 

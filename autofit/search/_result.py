@@ -11,6 +11,10 @@ from autofit.core import LENGTH_FIELD, Candidate, Outcome, ProbeResult, SearchSp
 from autofit.rungs import LadderState
 
 
+class ProbeLimitReached(Exception):
+    """--max-probes probes have run: choose among the fits found so far."""
+
+
 @dataclass
 class Record:
     level: int

@@ -26,17 +26,17 @@ import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from autofit import memory_model
-from autofit.core import INFRASTRUCTURE, Candidate, InputError, Outcome, ProbeResult, SearchSpec, clip, format_size
+from autofit.core import INFRASTRUCTURE, Candidate, InputError, Outcome, ProbeResult, SearchSpec, format_size
 from autofit.memory_model import divisors, length_grid
 from autofit.probe import PlainProgress, ProbeProgress, Runner
 from autofit.rungs import FREE, QUALITY, SPEED, FailedRungs, LadderState, Rung, climb
+from autofit.search._choice import choose
 from autofit.search._faults import FaultWatch, check_no_fit_is_an_answer, retry_note
 from autofit.search._guide import MemoryGuide, model_shape
 from autofit.search._host_memory import probeable_rungs
-from autofit.search._margin import best_margin_only_fit, evidence, within_margin
 from autofit.search._pruning import prune
-from autofit.search._refine import refine
-from autofit.search._result import Fit, Record, SearchReport, Skip, truncation_note, undominated
+from autofit.search._refine import refine_fits
+from autofit.search._result import Fit, ProbeLimitReached, Record, SearchReport, Skip, undominated
 from autofit.search._speed_skip import SpeedGate
 from autofit.search._speed_tie import SpeedJudge
 from autofit.search._store import ProbeStore, measured_on
@@ -44,10 +44,6 @@ from autofit.search._store import ProbeStore, measured_on
 log = logging.getLogger(__name__)
 
 REBUILT_LEVELS = 32  # room in the study's level index for levels rebuilt without a rung
-
-
-class ProbeLimitReached(Exception):
-    """--max-probes probes have run: choose among the fits found so far."""
 
 
 class Search:
@@ -298,45 +294,7 @@ class Search:
 
     # -- refining ---------------------------------------------------------------------------------------------
     def _refine(self, primary: List[Fit], stop: int) -> List[Fit]:
-        """With --max-probes, the probes the walk left go to a sampler looking for a faster fit in the winning
-        cost class, at the chosen length (``autofit.search._refine``). Returns the fits it found."""
-        spec = self.spec
-        if spec.options.max_probes is None or not primary or self.report.probe_limit_reached:
-            return []
-        best = self._rank(primary)[0]
-        cost = self._class(self.levels[best.level])
-        levels = [best.level] if cost == QUALITY else [i for i in range(stop) if self._class(self.levels[i]) == cost]
-        space = {}
-        for level in levels:
-            state = self.levels[level]
-            for batch in divisors(spec.rank_batch) if state.vary_batch else [spec.rank_batch]:
-                space[(level, batch)] = self.failed_rungs.runnable(state.candidate.replace(
-                    micro_batch=batch, grad_accum=spec.rank_batch // batch, max_length=best.candidate.max_length))
-        known = {}
-        for r in self.report.records:
-            point = (r.level, r.candidate.micro_batch)
-            if r.kind == "probe" and point in space and space[point].key() == r.candidate.key():
-                known[point] = self._score(r.result)
-
-        def evaluate(level: int, candidate: Candidate) -> Tuple[float, float]:
-            ledger = self._ruled_out(level, candidate)
-            if ledger is not None:
-                return 0.0, ledger.low - self.guide.limit()
-            return self._score(self._measure(level, candidate, stage="refine"))
-
-        before = self.store.probes_run
-        try:
-            answers = refine(space, known, evaluate)
-        except ProbeLimitReached:
-            answers = None
-        self.report.notes.append(
-            f"refinement: {self.store.probes_run - before} probe(s) left under --max-probes "
-            f"{spec.options.max_probes} went to "
-            f"Optuna's TPE sampler over {len(space)} configurations of the {cost} class at length "
-            f"{best.candidate.max_length}" + ("" if answers is not None else " (it stopped at the limit)")
-        )
-        return [Fit(r.level, r.candidate, r.result) for r in self.report.records
-                if r.stage == "refine" and self.guide.fits(r.result)]
+        return refine_fits(self, primary, stop)
 
     def _score(self, result: ProbeResult) -> Tuple[float, float]:
         """(tokens per second, peak minus the budget's limit) as the sampler reads them."""
@@ -358,42 +316,5 @@ class Search:
     def _rank(self, fits: List[Fit]) -> List[Fit]:
         return self.judge.rank(undominated(fits))
 
-    def _choose_over_margin(self, best: Optional[Fit]) -> bool:
-        """A better fit the margin alone rejected is verified; the verification's evidence decides (``margin``)."""
-        budget, limit = self.spec.budget_bytes, self.guide.limit()
-        order = [rung.name for rung in self.rungs]
-        fit = best_margin_only_fit(self.report.records, best, self.levels, order, budget, limit)
-        if fit is None:
-            return False
-        verified = self._measure(fit.level, fit.candidate, kind="verify")
-        assert budget is not None  # a fit over the margin was measured against a budget
-        kept, note = evidence(fit.result, verified, budget, limit)
-        note = f"{fit.candidate.describe()} [{'+'.join(fit.candidate.rungs) or 'baseline'}] {note}"
-        if note not in self.report.notes:
-            self.report.notes.append(note)
-        if kept:
-            self.report.chosen, self.report.verified = fit, verified
-            truncation = truncation_note(self.spec, fit.candidate)
-            if truncation:
-                self.report.notes.append(truncation)
-        return kept
-
     def _choose(self, primary: List[Fit], fallback: List[Fit]) -> bool:
-        primary, fallback = within_margin(primary, fallback, self.guide.fits, self._size)
-        ranked = self._rank(primary) + self._rank(fallback)
-        if self._choose_over_margin(ranked[0] if ranked else None):
-            return True
-        for fit in self.judge.settle(ranked, lambda f: self._measure(f.level, f.candidate, kind="verify")):
-            verified = self._measure(fit.level, fit.candidate, kind="verify")  # a tie's second: measured already
-            if verified.fits:
-                self.report.chosen, self.report.verified = fit, verified
-                note = truncation_note(self.spec, fit.candidate)
-                if note:
-                    self.report.notes.append(note)
-                return True
-            self.report.notes.append(
-                f"{fit.candidate.describe()} fitted in {self.spec.options.probe_steps} steps but not in "
-                f"{self.spec.verify_plan()[0]} steps of verification ({verified.outcome.value}: "
-                f"{clip(verified.error, 120)}); next candidate"
-            )
-        return False
+        return choose(self, primary, fallback)

@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "autofit"
-MAX_LINES = 400
+MAX_LINES = 350
 MAX_TOP_LEVEL = 12
 # From the bottom up: a package may import the ones before it, never one after it.
 LAYERS = ("core", "rungs", "memory_model", "probe", "launch", "search", "export", "report", "_api", "cli")
@@ -216,4 +216,4 @@ def test_the_public_api_is_what_autofit_exports():
 @pytest.mark.parametrize("name", sorted(modules()))
 def test_modules_stay_small(name):
     lines = len(modules()[name].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{name} has {lines} lines: split it by job (the rule is about 400)"
+    assert lines <= MAX_LINES, f"{name} has {lines} lines: split it by job (the rule is 350)"

@@ -545,7 +545,8 @@ def test_estimate_bad_input_is_one_line():
 
 
 def test_estimate_text_with_a_stored_calibration(tmp_path):
-    from autofit.cli._estimate import estimate_text, load_calibration
+    from autofit.cli._estimate import estimate_text
+    from autofit.cli._stored import load_calibration
 
     spec = _spec(model="tiny-qwen2", device="cpu", max_length=512, budget_bytes=512 * MiB)
     points = [(Candidate(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=m, grad_accum=1, max_length=512),

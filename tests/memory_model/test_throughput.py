@@ -3,8 +3,7 @@ from first principles, on named cards. Its figures against measurements are benc
 
 import pytest
 
-from autofit.core import Candidate, LoraSettings, resolve_model
-from autofit.memory_model._cards import CARDS, card_named
+from autofit.core import CARDS, Candidate, LoraSettings, card_named, resolve_model
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._throughput import calibrated_scale, predict_speed
 

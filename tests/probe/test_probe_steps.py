@@ -73,6 +73,8 @@ def test_a_step_that_cannot_be_loaded_is_named():
         steps.load("custom_steps:Missing")
     with pytest.raises(TypeError, match="'custom_steps:NOT_A_STEP' is a object, not an autofit.rungs.ProbeStep"):
         steps.load("custom_steps:NOT_A_STEP")
+    with pytest.raises(TypeError, match="MisspelledStep defines read_bak, which is no hook of ProbeStep"):
+        steps.load("custom_steps:MisspelledStep")
 
 
 def _broken(c):

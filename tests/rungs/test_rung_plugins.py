@@ -81,6 +81,8 @@ def test_without_the_package_the_name_is_unknown():
     ("not-a-rung", "is not a rung: function has no name, cost, help, apply()"),
     ("misnamed", "calls itself 'another-name': the entry point's name must be the rung's"),
     ("bad-cost", "has the cost class 'cheap': accepted are free, speed, quality"),
+    ("misspelled", "Misspelled defines ledgr, which is no hook of RungBase (its hooks: apply, comment, host_bytes, "
+                   "ledger, trade, unavailable)"),
     ("twice", "rung 'twice' is offered by package autofit-twin 0.2 and package autofit-broken 0.1"),
 ])
 def test_a_broken_package_named_in_the_ladder_is_one_line_naming_it(broken, name, says):
@@ -266,3 +268,17 @@ def test_a_rungs_host_bytes_are_counted_and_checked_against_the_machine():
     start = LadderState(candidate())
     assert host_shortfalls(start, [Parking()], shape, "cpu", available=quarter - 1)[0][0] == "parking-custom"
     assert host_shortfalls(start, [Parking()], shape, "cpu", available=quarter * 2) == []
+
+
+def test_a_callers_rung_with_a_misspelled_hook_is_refused_when_registered():
+    class Typo(RungBase):
+        name, cost, help = "typo-custom", QUALITY, "its ledger is misspelled"
+
+        def apply(self, state):
+            return state.with_rung(self)
+
+        def unavailble(self, device):  # meant: unavailable
+            return "never said"
+
+    with pytest.raises(ValueError, match="your rung 'typo-custom': Typo defines unavailble, which is no hook"):
+        register(Typo())

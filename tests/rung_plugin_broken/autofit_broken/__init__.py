@@ -21,6 +21,14 @@ class BadCost(Misnamed):
     cost = "cheap"
 
 
+class Misspelled(Misnamed):
+    name = "misspelled"
+    cost = "quality"
+
+    def ledgr(self, terms, candidate):  # meant: ledger; never called
+        return terms
+
+
 class Shadow(Misnamed):
     name = "checkpointing"
 

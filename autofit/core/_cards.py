@@ -1,5 +1,6 @@
-"""What a GPU can do per second: its peak dense bf16/fp16 tensor FLOP rate, its memory bandwidth, its host link and
-its GPU-to-GPU link, by the names ``--gpu-memory`` takes (``autofit.core._sizes.CARDS_MIB``).
+"""The cards autofit knows, each declared once: its memory (what ``--gpu-memory CARD`` plans for), its peak dense
+bf16/fp16 tensor FLOP rate, its memory bandwidth, its host link and its GPU-to-GPU link. ``parse_size`` takes a card's
+name for its memory (``autofit.core._sizes``); the throughput model prices a step on it (``autofit.memory_model``).
 
 Each figure is the vendor's published peak (datasheets and architecture whitepapers) [M: as NVIDIA publishes them;
 dense, without sparsity; the SXM part where a card has two]. The host link is the PCIe generation's x16 rate in one
@@ -37,21 +38,26 @@ class Card:
     # Seconds per element of a whole-tensor fp32 pass (the CPU meter, measured), which TRL's fused head's torch
     # fallback is made of; 0: its Triton kernel's fused passes at the card's bandwidth
     elementwise_seconds: float = 0.0
+    # What torch reports of the card's memory, which --gpu-memory CARD plans for (0: not a card one names: this
+    # machine's measured rates)
+    memory_mib: int = 0
 
 
 CARDS = {card.name: card for card in (
-    Card("H100", 989e12, 3.35e12, PCIE5, 900e9, "NVIDIA H100 SXM5 datasheet"),
-    Card("H100-80GB", 989e12, 3.35e12, PCIE5, 900e9, "NVIDIA H100 SXM5 datasheet"),
-    Card("H200", 989e12, 4.8e12, PCIE5, 900e9, "NVIDIA H200 SXM datasheet"),
-    Card("A100-80GB", 312e12, 2.039e12, PCIE4, 600e9, "NVIDIA A100 SXM4 80GB datasheet"),
-    Card("A100-40GB", 312e12, 1.555e12, PCIE4, 600e9, "NVIDIA A100 SXM4 40GB datasheet"),
-    Card("L40S", 362e12, 864e9, PCIE4, PCIE4, "NVIDIA L40S datasheet"),
-    Card("L4", 121e12, 300e9, PCIE4, PCIE4, "NVIDIA L4 datasheet"),
-    Card("A10G", 125e12, 600e9, PCIE4, PCIE4, "NVIDIA A10 datasheet (the A10G is AWS's A10)"),
-    Card("T4", 65e12, 320e9, PCIE3, PCIE3, "NVIDIA T4 datasheet (fp16: no bf16)"),
-    Card("V100-32GB", 125e12, 900e9, PCIE3, 300e9, "NVIDIA V100 SXM2 datasheet (fp16: no bf16)"),
-    Card("RTX4090", 165e12, 1.008e12, PCIE4, PCIE4, "NVIDIA Ada whitepaper (fp16 tensor, fp32 accumulate)"),
-    Card("RTX3090", 71e12, 936e9, PCIE4, PCIE4, "NVIDIA Ampere GA102 whitepaper (fp16 tensor, fp32 accumulate)"),
+    Card("H100", 989e12, 3.35e12, PCIE5, 900e9, "NVIDIA H100 SXM5 datasheet", memory_mib=81559),
+    Card("H100-80GB", 989e12, 3.35e12, PCIE5, 900e9, "NVIDIA H100 SXM5 datasheet", memory_mib=81559),
+    Card("H200", 989e12, 4.8e12, PCIE5, 900e9, "NVIDIA H200 SXM datasheet", memory_mib=143771),
+    Card("A100-80GB", 312e12, 2.039e12, PCIE4, 600e9, "NVIDIA A100 SXM4 80GB datasheet", memory_mib=81920),
+    Card("A100-40GB", 312e12, 1.555e12, PCIE4, 600e9, "NVIDIA A100 SXM4 40GB datasheet", memory_mib=40960),
+    Card("L40S", 362e12, 864e9, PCIE4, PCIE4, "NVIDIA L40S datasheet", memory_mib=46068),
+    Card("L4", 121e12, 300e9, PCIE4, PCIE4, "NVIDIA L4 datasheet", memory_mib=23034),
+    Card("A10G", 125e12, 600e9, PCIE4, PCIE4, "NVIDIA A10 datasheet (the A10G is AWS's A10)", memory_mib=23028),
+    Card("T4", 65e12, 320e9, PCIE3, PCIE3, "NVIDIA T4 datasheet (fp16: no bf16)", memory_mib=15360),
+    Card("V100-32GB", 125e12, 900e9, PCIE3, 300e9, "NVIDIA V100 SXM2 datasheet (fp16: no bf16)", memory_mib=32768),
+    Card("RTX4090", 165e12, 1.008e12, PCIE4, PCIE4, "NVIDIA Ada whitepaper (fp16 tensor, fp32 accumulate)",
+         memory_mib=24564),
+    Card("RTX3090", 71e12, 936e9, PCIE4, PCIE4, "NVIDIA Ampere GA102 whitepaper (fp16 tensor, fp32 accumulate)",
+         memory_mib=24576),
 )}
 
 

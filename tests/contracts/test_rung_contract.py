@@ -1,0 +1,98 @@
+"""The rung contract, held by every rung: the built-in ones (every variant the ladder or a name reaches) and a rung of
+another package (tests/rung_plugin). A rung is one unit (autofit.rungs._contract): its name, cost class and help,
+``apply``, its words for best.yaml and best.json, its probe step, its ledger effect and host bytes, what it needs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from autofit import memory_model as mm
+from autofit.core import KNOBS, Candidate, keys_of
+from autofit.rungs import COSTS, DEFAULT_LADDER, RUNGS, LadderState, ProbeStep, RungBase, hook_problem
+
+PLUGIN = Path(__file__).resolve().parents[1] / "rung_plugin"
+
+
+def _plugin():
+    sys.path.insert(0, str(PLUGIN))
+    try:
+        from autofit.rungs import resolve_ladder
+
+        return resolve_ladder(["adafactor"])[0]
+    finally:
+        sys.path.remove(str(PLUGIN))
+
+
+ALL = {**{rung.name: rung for rung in DEFAULT_LADDER}, **RUNGS, "adafactor (tests/rung_plugin)": _plugin()}
+BASE = Candidate("sft", "tiny-qwen2", "cuda", micro_batch=8, grad_accum=1, max_length=128, ranks=2)
+
+
+def _applied(rung):
+    """The rung applied to the ladder's first level (None where it does not apply there)."""
+    return rung.apply(LadderState(BASE, min_length=16))
+
+
+@pytest.fixture(params=sorted(ALL), ids=str)
+def rung(request):
+    return ALL[request.param]
+
+
+def test_it_says_who_it_is_and_has_no_misspelled_hook(rung):
+    assert isinstance(rung.name, str) and rung.name and isinstance(rung.help, str) and rung.help
+    assert rung.cost in COSTS
+    assert hook_problem(rung, RungBase) is None
+    assert set(getattr(rung, "knobs", ())) <= {k.name for k in KNOBS}
+
+
+def test_apply_adds_its_name_and_never_lowers_the_cost(rung):
+    state = _applied(rung)
+    assert state is not None  # every rung applies to this first level (two GPUs, a batch to split, on CUDA)
+    assert state.candidate.rungs[-1] == rung.name
+    assert COSTS.index(state.cost) >= COSTS.index(rung.cost) or getattr(rung, "runs_an_engine", False)
+    assert rung.apply(state) is None or rung.name in ("micro-batch",)  # a rung applies once
+
+
+def test_its_words_are_sentences_or_nothing(rung):
+    candidate = _applied(rung).candidate
+    trade = rung.trade(candidate, {"asked_length": 128}) if hasattr(rung, "trade") else None
+    assert trade is None or (isinstance(trade, str) and trade)
+    for key in keys_of(*getattr(rung, "knobs", ())):  # best.yaml's comment on each key of its knobs
+        comment = rung.comment(key, candidate)
+        assert isinstance(comment, str) and comment, key
+
+
+def test_its_probe_step_loads_in_the_child_with_the_steps_hooks(rung):
+    path = getattr(rung, "probe_step", None)
+    if path is None:
+        return
+    if "adafactor" in rung.name:
+        sys.path.insert(0, str(PLUGIN))
+    try:
+        from autofit.probe import _steps as steps
+
+        step = steps.load(path, frozenset({rung.name}))
+    finally:
+        if "adafactor" in rung.name:
+            sys.path.remove(str(PLUGIN))
+    assert isinstance(step, ProbeStep) and hook_problem(step, ProbeStep) is None and rung.name in step.rungs
+
+
+def test_it_says_whether_this_machine_runs_it(rung):
+    for device in ("cpu", "cuda"):
+        reason = rung.unavailable(device) if hasattr(rung, "unavailable") else None
+        assert reason is None or (isinstance(reason, str) and reason)
+
+
+def test_its_memory_is_the_ledgers_or_a_band(rung):
+    """The ledger prices its level (built-ins through the candidate's fields, another package's by its ledger or its
+    band), host bytes included where it keeps some."""
+    state = _applied(rung)
+    ledger = mm.predict(state.candidate)
+    assert ledger.total > 0 and ledger.uncertainty > 0
+    shape = mm.ModelShape.from_model("tiny-qwen2")
+    assert mm.host_bytes(state.candidate, shape, "cpu") >= 0
+    if getattr(rung, "host_memory", "") and rung.name not in ("zero1", "zero2", "zero3", "fsdp2"):
+        assert mm.host_bytes(state.candidate, shape, "cuda") > 0, rung.name
