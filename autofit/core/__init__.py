@@ -35,7 +35,7 @@ from autofit.core._files import (
 from autofit.core._key_table import KEY_KINDS, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
 from autofit.core._knob import FileRun, Knob
 from autofit.core._knob_peft import targets
-from autofit.core._knob_table import KNOBS, user_dtype
+from autofit.core._knob_table import ACTIVATION_OFFLOADING, BATCH_KEYS, INIT_KWARGS, KNOBS, USE_LIGER, user_dtype
 from autofit.core._knobs import (
     as_trained,
     blocks,
@@ -86,7 +86,7 @@ from autofit.core._sizes import format_size, parse_size
 from autofit.core._spec import FACTORIES, SEARCHED_ARGS, Baseline, SearchSpec
 
 __all__ = [
-    "CARDS", "Card", "card_named",
+    "CARDS", "Card", "card_named", "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "USE_LIGER",
     "Launch", "LaunchEngine", "TrlFile",
     "KNOBS", "FileRun", "Knob", "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob",
     "knob_of_key", "model_args", "observe_trainer", "option_file_keys", "read_keys", "targets", "user_dtype",

@@ -176,7 +176,7 @@ class Candidate:
         import torch
         from transformers import BitsAndBytesConfig
 
-        if settings.get("load_in_4bit"):
+        if self.quantization == "4bit":
             settings["bnb_4bit_compute_dtype"] = torch.float32 if self.device == "cpu" else torch.bfloat16
         return BitsAndBytesConfig(**settings)  # type: ignore[no-untyped-call]
 

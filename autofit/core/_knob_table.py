@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from autofit.core._candidate import Candidate
 
 TRL_VLLM_UTILIZATION = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
+# Keys other stages read by name: a built trainer's switches (its probe step checks it took them), the batch split
+BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+INIT_KWARGS = "model_init_kwargs"  # where TRL's scripts put ModelConfig's dtype and attention for the trainer
+ACTIVATION_OFFLOADING = "activation_offloading"
+USE_LIGER = "use_liger_kernel"
 
 
 def _int(value: Any) -> bool:
@@ -33,13 +38,11 @@ def _said(words: str) -> Any:
 # -- the searched knobs ---------------------------------------------------------------------------------------------
 BATCH = Knob(
     "batch", fields=("micro_batch", "grad_accum"), searched=True,
-    training_keys={"per_device_train_batch_size": "the micro-batch (the search's)",
-                   "gradient_accumulation_steps": "accumulation (effective batch kept)"},
-    training=lambda c: {"per_device_train_batch_size": c.micro_batch, "gradient_accumulation_steps": c.grad_accum},
-    options=lambda run: ({"effective_batch": run.training["per_device_train_batch_size"]
-                          * run.training["gradient_accumulation_steps"]}
-                         if _int(run.training.get("per_device_train_batch_size"))
-                         and _int(run.training.get("gradient_accumulation_steps")) else {}),
+    training_keys=dict(zip(BATCH_KEYS, ("the micro-batch (the search's)", "accumulation (effective batch kept)"),
+                           strict=True)),
+    training=lambda c: dict(zip(BATCH_KEYS, (c.micro_batch, c.grad_accum), strict=True)),
+    options=lambda run: ({"effective_batch": run.training[BATCH_KEYS[0]] * run.training[BATCH_KEYS[1]]}
+                         if all(_int(run.training.get(key)) for key in BATCH_KEYS) else {}),
     said_after=lambda key, c: "effective batch")
 
 
@@ -90,9 +93,9 @@ OPTIM = Knob(
 
 DTYPE = Knob(
     "dtype", fields=("dtype",), late=("dtype",),
-    training_keys={"model_init_kwargs": "the weights' dtype"}, model_keys={"dtype": "the weights' dtype (ModelConfig)"},
+    training_keys={INIT_KWARGS: "the weights' dtype"}, model_keys={"dtype": "the weights' dtype (ModelConfig)"},
     option_keys={"dtype": "dtype"},
-    training=lambda c: {"model_init_kwargs": {"dtype": c.dtype}} if c.dtype is not None else {},
+    training=lambda c: {INIT_KWARGS: {"dtype": c.dtype}} if c.dtype is not None else {},
     model=lambda c, observed: {"dtype": c.dtype} if c.dtype is not None else {},  # TRL's --dtype, passed on as
     options=lambda run: ({"dtype": run.model["dtype"]}                            # model_init_kwargs by its scripts
                          if "dtype" in run.written and run.model.get("dtype") not in (None, "float32") else {}),
@@ -101,18 +104,18 @@ DTYPE = Knob(
 
 ACTIVATION_OFFLOAD = Knob(
     "activation_offload", fields=("activation_offload",), late=("activation_offload",),
-    reads=("activation_offloading",),
-    training_keys={"activation_offloading": "activation offloading"},
-    training=lambda c: {"activation_offloading": True} if c.activation_offload else {},
-    baseline=lambda run: {"activation_offload": bool(run.training.get("activation_offloading"))})
+    reads=(ACTIVATION_OFFLOADING,),
+    training_keys={ACTIVATION_OFFLOADING: "activation offloading"},
+    training=lambda c: {ACTIVATION_OFFLOADING: True} if c.activation_offload else {},
+    baseline=lambda run: {"activation_offload": bool(run.training.get(ACTIVATION_OFFLOADING))})
 
 # The layer kernels only: TRL keeps its own fused LM head and turns Liger's fused cross-entropy off, but after
 # transformers before 5 has applied the kernels (in Trainer.__init__): so it is said here. The user's own
 # use_liger_kernel passes through to the probes as written.
 LIGER = Knob(
     "liger", fields=("liger",), late=("liger",),
-    training_keys={"use_liger_kernel": "Liger's kernels", "liger_kernel_config": "Liger's kernels"},
-    training=lambda c: ({"use_liger_kernel": True, "liger_kernel_config": {"fused_linear_cross_entropy": False}}
+    training_keys={USE_LIGER: "Liger's kernels", "liger_kernel_config": "Liger's kernels"},
+    training=lambda c: ({USE_LIGER: True, "liger_kernel_config": {"fused_linear_cross_entropy": False}}
                         if c.liger else {}))
 
 
@@ -127,7 +130,7 @@ ATTENTION = Knob(
                                        "machine runs it; else sdpa, said before any probe; best.yaml keeps yours"},
     # as TRL's scripts pass ModelConfig's attn_implementation; best.yaml writes it as ModelConfig's, which the
     # probes measured (``observed``)
-    training=lambda c: ({"model_init_kwargs": {"attn_implementation": c.attn_implementation}}
+    training=lambda c: ({INIT_KWARGS: {"attn_implementation": c.attn_implementation}}
                         if c.attn_implementation is not None else {}),
     model=lambda c, observed: ({"attn_implementation": observed["attn_implementation"]}
                                if observed.get("attn_implementation") else {}),
@@ -219,7 +222,7 @@ ENGINE = Knob(
 def user_dtype(user_args: Any) -> Optional[str]:
     """The dtype the user's own ``model_init_kwargs`` loads the weights in (``torch_dtype``: transformers 4's name);
     None where they set none."""
-    init = dict(user_args).get("model_init_kwargs")
+    init = dict(user_args).get(INIT_KWARGS)
     found = init.get("dtype", init.get("torch_dtype")) if isinstance(init, Mapping) else None
     return str(found) if found else None
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from autofit import memory_model
-from autofit.core import Candidate, as_trained, blocks, format_size, one_line, resolve_model
+from autofit.core import INIT_KWARGS, Candidate, as_trained, blocks, format_size, one_line, resolve_model
 from autofit.core import model_args as knob_model_args
 from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
 from autofit.export._user_yaml import user_yaml
@@ -59,13 +59,13 @@ def training_args(candidate: Candidate) -> Dict[str, Any]:
     """The candidate's training arguments as best.yaml writes them: the attention kernel is ModelConfig's
     ``attn_implementation`` there (TRL's script puts it in ``model_init_kwargs``), not a second copy."""
     args = candidate.training_args()
-    init = args.get("model_init_kwargs")
+    init = args.get(INIT_KWARGS)
     if candidate.attn_implementation is not None and isinstance(init, dict):
         init = {k: v for k, v in init.items() if k != "attn_implementation"}
         if init:
-            args["model_init_kwargs"] = init
+            args[INIT_KWARGS] = init
         else:
-            args.pop("model_init_kwargs")
+            args.pop(INIT_KWARGS)
     return args
 
 

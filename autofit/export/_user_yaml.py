@@ -18,7 +18,7 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.representer import RoundTripRepresenter
 from ruamel.yaml.util import load_yaml_guess_indent
 
-from autofit.core import Candidate, TrlFile, keys_of, resolve_model
+from autofit.core import INIT_KWARGS, Candidate, TrlFile, keys_of, resolve_model
 from autofit.rungs import rung_named
 
 # How the probes ran on a GPU machine: the user's file is kept. A CPU search writes what its probes ran with
@@ -116,8 +116,8 @@ def user_yaml(user: TrlFile, candidate: Candidate, exported: Dict[str, Any], why
     document = yaml.load(user.text)
     changes: List[Dict[str, Any]] = []
     exported = _checkpointing_key(user, exported)
-    if not user.wrote("model_init_kwargs") and exported.get("model_init_kwargs") == {"dtype": exported.get("dtype")}:
-        exported = {k: v for k, v in exported.items() if k != "model_init_kwargs"}  # TRL's script passes dtype on
+    if not user.wrote(INIT_KWARGS) and exported.get(INIT_KWARGS) == {"dtype": exported.get("dtype")}:
+        exported = {k: v for k, v in exported.items() if k != INIT_KWARGS}  # TRL's script passes dtype on
     for key, value in exported.items():
         if key == MODEL_KEY:
             _model(document, user, candidate, value, changes)

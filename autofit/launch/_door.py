@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from autofit.core import DEFAULT_ALGO, InputError, Launch, option_file_keys, visible_gpu_count
+from autofit.core import BATCH_KEYS, DEFAULT_ALGO, InputError, Launch, option_file_keys, visible_gpu_count
 from autofit.launch._accelerate_file import read_accelerate_config
 from autofit.launch._engine import launch_engine
 from autofit.launch._run import option_values, passed_through
@@ -61,7 +61,7 @@ def _check_file_values(launch: Launch, from_file: Dict[str, Any], given: Mapping
 
     file = launch.file
     assert file is not None
-    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+    for key in BATCH_KEYS:
         value = file.training.get(key)
         if file.wrote(key) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InputError(f"--config {file.path}: {key} = {value!r}: a positive whole number is accepted")

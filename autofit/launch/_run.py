@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from autofit.core import (
+    BATCH_KEYS,
     PROBED_KEY,
     SEARCHED_ARGS,
     Baseline,
@@ -94,8 +95,7 @@ def baseline(launch: Launch, rank_batch: int) -> Optional[Baseline]:
             return None
         return Baseline(settings=(("checkpointing", engine.checkpointing),), sharding=engine.sharding,
                         source=launch.source)
-    batch, accumulation = file.training.get("per_device_train_batch_size"), \
-        file.training.get("gradient_accumulation_steps")
+    batch, accumulation = (file.training.get(key) for key in BATCH_KEYS)
     split = isinstance(batch, int) and isinstance(accumulation, int) and batch * accumulation == rank_batch
     settings = dict(file_baseline(file.run))
     settings["checkpointing"] = settings["checkpointing"] or engine.checkpointing  # FSDP's own

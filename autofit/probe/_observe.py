@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Optional
 
-from autofit.core import Candidate, FactoryMisuse, keys_of, observe_trainer
+from autofit.core import BATCH_KEYS, Candidate, FactoryMisuse, keys_of, observe_trainer
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def check_trainer(trainer, candidate: Candidate) -> None:
     wrong = {
         key: (getattr(args, key, None), value)
         for key, value in expected.items()
-        if key in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps")
+        if key in (*BATCH_KEYS, "max_steps")
         and getattr(args, key, None) != value
     }
     if wrong:

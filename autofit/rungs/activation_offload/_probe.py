@@ -27,7 +27,7 @@ import types
 from typing import Any, ContextManager, Dict, Iterator
 from unittest import mock
 
-from autofit.core import Candidate, FactoryMisuse
+from autofit.core import ACTIVATION_OFFLOADING, Candidate, FactoryMisuse
 from autofit.rungs._contract import ProbeStep
 
 TRAINER_MODULES = ("trl.trainer.sft_trainer", "trl.trainer.reward_trainer")
@@ -167,7 +167,7 @@ def instrumented(meter, simulated: bool) -> Iterator[HostCount]:
 def offloaded_activations(trainer, host_copies, meter) -> int:
     """The most host memory the offloaded activations took at once; on the simulated meter they leave the device's
     peaks, and its budget is checked now. A trainer that did not offload measured something else: an error."""
-    if not getattr(trainer.args, "activation_offloading", False):
+    if not getattr(trainer.args, ACTIVATION_OFFLOADING, False):
         raise FactoryMisuse(
             "the candidate offloads activations but the trainer's config has activation_offloading off: build the "
             "trainer's config from candidate.training_args() inside the factory"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from autofit.core import INFRASTRUCTURE, KERNEL_FAILURE, USER, Candidate, FactoryMisuse, Outcome
+from autofit.core import INFRASTRUCTURE, KERNEL_FAILURE, USE_LIGER, USER, Candidate, FactoryMisuse, Outcome
 from autofit.rungs._contract import ProbeStep
 
 LIGER_PACKAGE = "liger_kernel"
@@ -34,7 +34,7 @@ def liger_modules(model) -> int:
 
 def check_liger_flag(trainer) -> None:
     """Before training: the trainer's config must ask for the kernels, or the probe would not measure them."""
-    if not getattr(trainer.args, "use_liger_kernel", False):
+    if not getattr(trainer.args, USE_LIGER, False):
         raise FactoryMisuse(
             "the candidate uses Liger's kernels but the trainer's config has use_liger_kernel off: build the "
             "trainer's config from candidate.training_args() inside the factory"

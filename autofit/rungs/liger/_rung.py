@@ -15,6 +15,7 @@ with a note too. A probe the kernels break is the rung's failure: the search goe
 import importlib.util
 from typing import Optional
 
+from autofit.core import USE_LIGER
 from autofit.rungs._contract import RungBase
 from autofit.rungs._failures import LIGER_RUNG
 from autofit.rungs._ladder import FREE, LadderState
@@ -53,6 +54,6 @@ class LigerKernels(RungBase):
         candidate = state.candidate
         if candidate.liger or not candidate.unit.liger:  # PPO's loop builds its own models
             return None
-        if dict(candidate.user_args).get("use_liger_kernel") is not None:
+        if dict(candidate.user_args).get(USE_LIGER) is not None:
             return None  # the user decided, either way
         return state.with_rung(self, candidate_changes={"liger": True})
