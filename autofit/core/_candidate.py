@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 from autofit.core._algorithms import ALGORITHMS, Algorithm, algorithm, algorithm_names
+from autofit.core._knob_table import USE_VLLM
 from autofit.core._knobs import blocks, knob_training_args, late_fields
 from autofit.core._settings import LoraSettings, QuantSettings
 
@@ -77,6 +78,10 @@ class Candidate:
     # RL: vLLM generates ("colocate": in the training process, "server": elsewhere); the trainer does not.
     vllm: Optional[str] = None
     vllm_utilization: Optional[float] = None  # colocate: the share of the card vLLM takes
+    # colocate: those bytes of the card (its utilization of the card's memory): vLLM reserves them at its start, for
+    # its weights, its profiling peak and its KV cache, and holds them through every phase of the step
+    vllm_share_bytes: Optional[int] = None
+    vllm_max_model_length: Optional[int] = None  # vLLM's max_model_len; None: TRL's, the model's whole context
     env: Tuple[Tuple[str, str], ...] = ()
     rungs: Tuple[str, ...] = ()
     # The engine of the user's launch that a rung's engine replaced, in words (``autofit.rungs._ladder``); None: none
@@ -154,8 +159,10 @@ class Candidate:
                 args["ddp_timeout"] = PROBE_DDP_TIMEOUT_S
             if self.unit.counts_episodes:  # PPO counts episodes, not steps; its sample generations are evaluation only
                 args.update(total_episodes=self.effective_batch * self.probe.steps, num_sample_generations=0)
-            elif self.is_rl:  # the worst case: every completion runs to max_completion_length
-                args["generation_kwargs"] = {**(args.get("generation_kwargs") or {}), "min_new_tokens": self.max_length}
+            elif self.is_rl:  # the worst case: every completion runs to max_completion_length (vLLM's SamplingParams
+                # call it min_tokens, transformers' generate min_new_tokens)
+                forced = "min_tokens" if args.get(USE_VLLM) else "min_new_tokens"
+                args["generation_kwargs"] = {**(args.get("generation_kwargs") or {}), forced: self.max_length}
         return args
 
     def peft_config(self) -> Any:
@@ -224,6 +231,9 @@ class Candidate:
             parts.append(self.sharding or "ddp")
         if self.num_generations is not None:
             parts.append(f"gen={self.num_generations}")
+        if self.vllm:
+            parts.append(f"vllm-{self.vllm}" + (f"@{self.vllm_utilization:g}" if self.vllm_utilization else "")
+                         + (f"/ctx{self.vllm_max_model_length}" if self.vllm_max_model_length else ""))
         if self.liger:
             parts.append("liger")
         if self.checkpointing:

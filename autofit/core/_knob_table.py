@@ -25,6 +25,7 @@ BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 INIT_KWARGS = "model_init_kwargs"  # where TRL's scripts put ModelConfig's dtype and attention for the trainer
 ACTIVATION_OFFLOADING = "activation_offloading"
 USE_LIGER = "use_liger_kernel"
+USE_VLLM, VLLM_SHARE_KEY, VLLM_CONTEXT_KEY = "use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length"
 
 
 def _int(value: Any) -> bool:
@@ -173,9 +174,11 @@ def _vllm_training(candidate: Candidate) -> Dict[str, Any]:
     # a probe without vLLM generates itself (the search estimates vLLM's share)
     if not candidate.vllm or (candidate.probe is not None and importlib.util.find_spec("vllm") is None):
         return {}
-    args: Dict[str, Any] = {"use_vllm": True, "vllm_mode": candidate.vllm}
+    args: Dict[str, Any] = {USE_VLLM: True, "vllm_mode": candidate.vllm}
     if candidate.vllm == "colocate":
-        args["vllm_gpu_memory_utilization"] = candidate.vllm_utilization or TRL_VLLM_UTILIZATION
+        args[VLLM_SHARE_KEY] = candidate.vllm_utilization or TRL_VLLM_UTILIZATION
+    if candidate.vllm_max_model_length:
+        args[VLLM_CONTEXT_KEY] = candidate.vllm_max_model_length
     return args
 
 
@@ -186,18 +189,25 @@ def _vllm_of(run: FileRun) -> Dict[str, Any]:
             "vllm_gpu_memory_utilization": run.training.get("vllm_gpu_memory_utilization", TRL_VLLM_UTILIZATION)}
 
 
+def _vllm_context_of(run: FileRun) -> Dict[str, Any]:
+    length = run.training.get("vllm_max_model_length")
+    return {"vllm_max_model_length": length if _int(length) and run.training.get("use_vllm") else None}
+
+
 def _vllm_words(key: str, candidate: Candidate, context: Mapping[str, Any]) -> str:
     return "--use-vllm" + (" (vLLM was estimated, not probed: not installed where the search ran)"
                            if key == "use_vllm" and not vllm_installed() else "")
 
 
 VLLM = Knob(
-    "vllm", fields=("vllm", "vllm_utilization"), late=("vllm", "vllm_utilization"),
-    reads=("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization"),
+    "vllm", fields=("vllm", "vllm_utilization", "vllm_share_bytes", "vllm_max_model_length"),
+    late=("vllm", "vllm_utilization", "vllm_share_bytes", "vllm_max_model_length"),
+    reads=("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_max_model_length"),
     training_keys={"use_vllm": "vLLM's share of the card", "vllm_mode": "vLLM's share of the card",
-                   "vllm_gpu_memory_utilization": "vLLM's share of the card"},
+                   "vllm_gpu_memory_utilization": "vLLM's share of the card",
+                   "vllm_max_model_length": "vLLM's context: the KV cache one sequence must fit to start"},
     option_keys={"use_vllm": "vllm_mode", "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization"},
-    training=_vllm_training, options=_vllm_of, said_before=_vllm_words)
+    training=_vllm_training, options=_vllm_of, baseline=_vllm_context_of, said_before=_vllm_words)
 
 
 def _env_of(run: FileRun) -> Dict[str, Any]:

@@ -15,6 +15,7 @@ from autofit.core import INIT_KWARGS, Candidate, as_trained, blocks, format_size
 from autofit.core import model_args as knob_model_args
 from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
 from autofit.export._user_yaml import user_yaml
+from autofit.export._vllm import vllm_comments, vllm_data
 from autofit.export._words import trades, usage, why
 from autofit.probe.kit import trainable_folder
 from autofit.search import SearchReport
@@ -34,6 +35,7 @@ class Answer:
     blocks: Dict[str, Optional[Dict[str, Any]]]  # best.json's peft and quantization, in the libraries' names
     engine: Optional[Dict[str, Any]]
     host_memory: Optional[Dict[str, Any]]
+    vllm: Optional[Dict[str, Any]]  # vLLM's share, predicted and measured (GRPO and RLOO with --use-vllm)
     user_text: Optional[str] = None  # best.yaml as the user's own file with the changes (``--config``)
     changes: Optional[List[Dict[str, Any]]] = None
     env: Tuple[Tuple[str, str], ...] = field(default=())
@@ -87,17 +89,19 @@ def answer(report: SearchReport, out_dir: Optional[Path] = None) -> Optional[Ans
     comments = {key: comment(key) for key in {**written, **{f"env.{k}": v for k, v in candidate.env}}}
     answered = Answer(
         candidate=candidate, observed=observed, model_args=model, training_args=training,
-        config=candidate.training_args(), written=written, comments=comments, header=_header(report, candidate),
+        config=candidate.training_args(), written=written, comments=comments,
+        header=_header(report, candidate, model["model_name_or_path"]),
         trades=trades(candidate, spec.max_length, memory_model.shape_or_none(spec.options.model)),
         blocks=blocks(candidate), engine=engine_data(report, candidate, out_dir),
-        host_memory=host_memory_data(report, candidate), env=candidate.env)
+        host_memory=host_memory_data(report, candidate),
+        vllm=vllm_data(report, candidate, model["model_name_or_path"]), env=candidate.env)
     if spec.launch.file is None:
         return answered
     text, changes = user_yaml(spec.launch.file, candidate, {**model, **training}, comment, answered.header)
     return Answer(**{**answered.__dict__, "user_text": text, "changes": changes})
 
 
-def _header(report: SearchReport, candidate: Candidate) -> List[str]:
+def _header(report: SearchReport, candidate: Candidate, model: str) -> List[str]:
     spec, verified = report.spec, report.verified
     assert verified is not None
     written = tuple(spec.launch.file.written) if spec.launch.file is not None else ()
@@ -108,7 +112,7 @@ def _header(report: SearchReport, candidate: Candidate) -> List[str]:
         f"rungs: {', '.join(candidate.rungs) or 'none'}",
         usage(one_line(spec.options.algo), exported_engine(report), written),
     ]
-    lines += engine_comments(report, candidate)
+    lines += engine_comments(report, candidate) + vllm_comments(report, candidate, model)
     if candidate.is_rl and candidate.prompt_length:
         lines.append(f"# measured with prompts of {candidate.prompt_length} tokens: TRL {one_line(spec.options.algo)} "
                      "does not truncate prompts, so keep yours this short (or search with --max-prompt-length)")

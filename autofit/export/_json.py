@@ -107,6 +107,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None, answer: Opti
             env=dict(answer.env),
             engine=answer.engine,
             host_memory=answer.host_memory,
+            vllm=answer.vllm,
             phase_peaks=fit.result.phase_peaks,
             probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
             changes=answer.changes,

@@ -72,6 +72,7 @@ from autofit.memory_model._levels import (
     divisors,
     expected_rung,
     length_grid,
+    start_state,
 )
 from autofit.memory_model._logits import (
     GEN_LOGITS_COPIES,
@@ -100,7 +101,7 @@ from autofit.memory_model._throughput import (
     measured_rates_card,
     predict_speed,
 )
-from autofit.memory_model._vllm import VLLM_MODES, vllm_lines, vllm_share
+from autofit.memory_model._vllm import VLLM_MODES, candidate_share, vllm_lines, vllm_need, vllm_share, vllm_term
 
 __all__ = [
     "CARDS", "Card", "PRIOR_SPEED_UNCERTAINTY", "SpeedEstimate", "card_named", "measured_rates_card",
@@ -110,9 +111,10 @@ __all__ = [
     "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CALIBRATED_UNCERTAINTY_FLOOR", "CHECKED", "Calibration", "Census",
     "GEN_LOGITS_COPIES", "GEN_PREFILL_HIDDEN_COPIES", "GEN_PREFILL_MLP_COPIES", "Ledger", "LevelEstimate",
     "ModelShape", "NoCausalLM", "PRIOR_UNCERTAINTY", "ParamCounts", "RungEstimate", "SINGLE_POINT_UNCERTAINTY",
-    "TERMS", "TERM_GROUPS", "TERM_HELP", "Tensors", "VLLM_MODES", "activation_bytes_per_token_layer",
-    "ModelFactsOf", "analytic_census", "base_candidate", "calibrate", "census_for", "custom_rungs", "divisors",
-    "dtype_bytes", "ensure_census",
+    "TERMS", "TERM_GROUPS", "TERM_HELP", "Tensors", "VLLM_MODES", "candidate_share", "vllm_need", "vllm_term",
+    "activation_bytes_per_token_layer",
+    "ModelFactsOf", "analytic_census", "base_candidate", "start_state", "calibrate", "census_for", "custom_rungs",
+    "divisors", "dtype_bytes", "ensure_census",
     "expected_rung", "fused_head_buffer_bytes", "host_bytes", "kv_cache_bytes", "length_grid", "lora_params",
     "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict", "predict_calibrated", "prior_uncertainty",
     "rung_band", "rung_notes", "sequence_length", "shape_or_none", "sizes_are_exact", "train_tokens",

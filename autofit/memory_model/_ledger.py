@@ -35,6 +35,7 @@ from autofit.memory_model._rollout import rollout_phases
 from autofit.memory_model._rungs import custom_host_bytes, custom_rungs, widest_band, with_rungs
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._sharding import sharded_state, sharding_host_bytes, zero_phase_buffers
+from autofit.memory_model._vllm import vllm_term
 
 # The error band of an uncalibrated prediction for a checked family: the activation coefficient alone spans
 # 8..16 B·h (2.4) and the logits/loss costs are version-dependent (2.5) [A]. Unchecked families: ``checked``.
@@ -187,7 +188,9 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
                                             "optimizer": state.optimizer,
                                             "generation": generation_bytes(candidate, shape, act_bytes)}))
     buffers = zero_phase_buffers(candidate, shape, device)
-    return [_Phase(p.name, {**p.terms, "gradients": p.terms.get("gradients", 0.0) + buffers.get(p.name, 0.0)})
+    reserved = vllm_term(candidate, shape)  # a colocated vLLM's share, held through the whole step
+    return [_Phase(p.name, {**p.terms, "gradients": p.terms.get("gradients", 0.0) + buffers.get(p.name, 0.0),
+                            **({"generation": p.terms.get("generation", 0.0) + reserved} if reserved else {})})
             for p in phases]
 
 

@@ -11,6 +11,7 @@ from autofit.core import RL_ALGOS, Candidate, SearchSpec
 from autofit.memory_model._calibration import Calibration, predict_calibrated
 from autofit.memory_model._ledger import Ledger
 from autofit.memory_model._shape import ModelShape
+from autofit.memory_model._vllm import vllm_need
 
 OFFLOAD_ENGINES = ("zero2-offload",)  # the optimizer-offload engine (``Candidate.offload``), not a sharding
 
@@ -44,7 +45,9 @@ def base_candidate(spec: SearchSpec) -> Candidate:
         grad_accum=1,
         ranks=spec.ranks,
         vllm=options.use_vllm,
-        vllm_utilization=options.vllm_gpu_memory_utilization if options.use_vllm else None,
+        vllm_utilization=options.vllm_gpu_memory_utilization if options.use_vllm == "colocate" else None,
+        vllm_share_bytes=int(options.vllm_gpu_memory_utilization * spec.gpu_bytes)
+        if options.use_vllm == "colocate" and spec.gpu_bytes else None,
         max_length=spec.max_length,
         user_args=tuple(sorted(spec.user_args.items())),
         real_weights=options.real_weights,
@@ -64,6 +67,20 @@ def base_candidate(spec: SearchSpec) -> Candidate:
     if user.micro_batch is not None and user.grad_accum is not None:
         changes.update(micro_batch=user.micro_batch, grad_accum=user.grad_accum)
     return candidate.replace(**changes)
+
+
+def start_state(spec: SearchSpec, shape: Optional[ModelShape] = None) -> LadderState:
+    """The ladder's first level (``base_candidate``) with what its rungs may ask of the memory model: what a colocated
+    vLLM needs of its share (the vllm-share rung sizes it). ``shape``: the model's, where it is known."""
+    from autofit.rungs import LadderState
+
+    need = None
+    if spec.options.use_vllm == "colocate" and shape is not None:
+        def need(candidate: Candidate) -> int:
+            return int(vllm_need(candidate, shape))
+
+    return LadderState(base_candidate(spec), min_length=spec.min_length, maximize=spec.options.maximize,
+                       vllm_need=need)
 
 
 @dataclass
@@ -140,7 +157,7 @@ def expected_rung(spec: SearchSpec, budget_bytes: Optional[int] = None, *, calib
     """Walk the ladder (``spec.ladder`` or the default order) over predicted peaks: at each level the largest
     divisor of the effective batch predicted to fit (shorter lengths once that rung is on, or the longest length
     with ``maximize="length"``); the first level with a fit is the rung the model expects to be needed."""
-    from autofit.rungs import LadderState, climb, resolve_ladder, usable_rungs
+    from autofit.rungs import climb, resolve_ladder, usable_rungs
 
     budget = budget_bytes if budget_bytes is not None else spec.budget_bytes
     if budget is None:
@@ -148,8 +165,8 @@ def expected_rung(spec: SearchSpec, budget_bytes: Optional[int] = None, *, calib
     shape = shape or (calibration.shape if calibration is not None and calibration.shape is not None else None) \
         or ModelShape.from_model(spec.options.model)
     rungs = list(rungs) if rungs is not None else resolve_ladder(spec.ladder)
-    rungs, _ = usable_rungs(rungs, spec.device, LadderState(base_candidate(spec)))  # as the search climbs it
-    start = LadderState(base_candidate(spec), min_length=spec.min_length, maximize=spec.options.maximize)
+    start = start_state(spec, shape)
+    rungs, _ = usable_rungs(rungs, spec.device, start)  # as the search climbs it
     predict_at = _predictor(calibration, shape)
     levels = []
     for index, state in enumerate(climb(start, rungs)):

@@ -9,9 +9,10 @@ batch's. TRL 1.16 (``grpo_trainer.py``) starts it with ``max_num_seqs`` = per-de
 ``steps_per_generation``, ``max_num_batched_tokens`` = 4096 and ``max_model_len`` = ``vllm_max_model_length``
 (None: the model's ``max_position_embeddings``).
 
-``colocate``: vLLM runs in each training process, so the trainer has ``1 - utilization`` of the GPU and does not
-generate with transformers (no generation phase in its ledger). ``server``: vLLM runs on other GPUs
-(``trl vllm-serve``); the trainer has the whole GPU and no generation phase.
+``colocate``: vLLM runs in each training process and reserves its share at its start, so the share is a term of every
+phase of the candidate's ledger (``vllm_term``: the generation column), the trainer has the rest and does not generate
+with transformers. ``server``: vLLM runs on other GPUs (``trl vllm-serve``); the trainer has the whole GPU and no
+generation phase.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from autofit.core import DEFAULT_ALGO, SearchSpec, format_size
+from autofit.core import DEFAULT_ALGO, Candidate, SearchSpec, format_size
 from autofit.memory_model._parameters import param_counts
 from autofit.memory_model._shape import ModelShape
 
@@ -69,6 +70,32 @@ def vllm_share(shape: ModelShape, budget_bytes: int, utilization: float, max_num
                      batch_tokens=max_num_seqs * sequence_tokens)
 
 
+def candidate_share(candidate: Candidate, shape: ModelShape) -> VllmShare:
+    """vLLM's share of one GPU as the candidate runs it: its reserved bytes, TRL's ``max_num_seqs`` (the per-device
+    batch x steps per generation), its context."""
+    return vllm_share(shape, candidate.vllm_share_bytes or 0, 1.0,
+                      max_num_seqs=candidate.micro_batch * candidate.grad_accum,
+                      sequence_tokens=(candidate.prompt_length or 0) + candidate.max_length,
+                      max_model_len=candidate.vllm_max_model_length, algo=candidate.algo)
+
+
+def vllm_need(candidate: Candidate, shape: ModelShape) -> float:
+    """The bytes vLLM needs of its share to start and to hold TRL's batch at once: its weights, its profiling peak, and
+    a KV cache of one max_model_len sequence or of the batch, whichever is larger."""
+    share = candidate_share(candidate, shape)
+    return share.weights + share.profile_peak + max(share.start_tokens, share.batch_tokens) * share.kv_per_token
+
+
+def vllm_term(candidate: Candidate, shape: ModelShape) -> float:
+    """What a colocated vLLM holds of the card in every phase of the step: its share, reserved at its start; where the
+    share cannot start it, what it would need (so that such a candidate is never predicted to fit)."""
+    if candidate.vllm != "colocate" or not candidate.vllm_share_bytes:
+        return 0.0
+    share = candidate_share(candidate, shape)
+    starts = share.weights + share.profile_peak + share.start_tokens * share.kv_per_token
+    return float(max(candidate.vllm_share_bytes, starts))
+
+
 def vllm_lines(spec: SearchSpec, shape: ModelShape) -> List[str]:
     """What vLLM's share of each GPU holds (``vllm_share``), and whether it starts and holds TRL's batch."""
     options = spec.options
@@ -95,5 +122,5 @@ def vllm_lines(spec: SearchSpec, shape: ModelShape) -> List[str]:
              f"TRL's {per_rank} sequences of {tokens_per_sequence} tokens need "
              f"{share.batch_tokens:,}: vLLM queues the rest (slower generation, no error)")
     return [head + f"KV cache {format_size(share.kv_cache)} = {tokens:,} tokens; {batch}",
-            f"vllm: the trainer's budget is the rest, {format_size(spec.budget_bytes)} per GPU, without a "
-            "generation phase (estimated only: vLLM is not probed)"]
+            f"vllm: the trainer has the rest, {format_size(spec.gpu_bytes - share.share)} per GPU, and no generation "
+            "phase of its own; the share is the generation column of every level"]

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 from typing import Dict, Optional
 
-from autofit.core import Candidate, exempt_phases, others_bytes
+from autofit.core import Candidate, exempt_phases, others_bytes, vllm_reserved
 
 
 def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
     if exempt_phases(candidate):  # vLLM estimated: the budget is checked after the run, without its phases
         budget_bytes = None
+    elif budget_bytes is not None and vllm_reserved(candidate):  # the trainer's tensors beside vLLM's share
+        budget_bytes = max(budget_bytes - vllm_reserved(candidate), 1)
     if candidate.device == "cpu":
         from autofit.probe._meters import SimulatedMeter
 

@@ -34,6 +34,7 @@ from autofit.core import (
     exempt_phases,
     others_bytes,
     record_probe_process,
+    vllm_reserved,
 )
 from autofit.probe import _steps as steps
 from autofit.probe import _virtual_checkpoint as virtual_checkpoint
@@ -102,7 +103,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             host_stats: Dict = {}
             for step, handle in zip(active, handles, strict=True):
                 host_stats.update(step.read_back(trainer, candidate, meter, handle, observed))
-        peaks = meter.peaks()
+        peaks = {phase: peak + vllm_reserved(candidate) for phase, peak in meter.peaks().items()}
         held = {phase: peak for phase, peak in peaks.items() if phase not in exempt_phases(candidate)}
         over = over_budget(held, budget_bytes) if exempt_phases(candidate) else None
         if over is not None:
@@ -126,7 +127,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         outcome, fault, cause = classify_exception(exc, stage=stage, user_factory=user_factory)
         outcome, cause = steps.claimed(active, candidate, outcome, fault, cause)  # a rung's own: not the search's
         log.error("probe ended with %s\n%s", outcome.value, "".join(traceback.format_exception(exc)))
-        peaks = {phase: peak for phase, peak in safe_peaks(meter).items() if phase not in exempt_phases(candidate)}
+        peaks = {phase: peak + vllm_reserved(candidate) for phase, peak in safe_peaks(meter).items()
+                 if phase not in exempt_phases(candidate)}
         phase = meter.phase if meter is not None and stage != "setup" else stage
         return ProbeResult(
             outcome,

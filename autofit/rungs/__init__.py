@@ -63,6 +63,7 @@ from autofit.rungs.engines import (
     write_engine_files,
 )
 from autofit.rungs.liger import LigerKernels
+from autofit.rungs.vllm import VllmContext, VllmShare
 
 # What a rung of another package may import (from autofit.rungs, nothing else of autofit): the contract and its
 # vocabulary. Its words, ledger, host bytes and probe step are the contract's hooks; what its ledger needs of the
@@ -76,7 +77,8 @@ __all__ = [
     "FREE_UNDER_ADAPTERS", "FSDP_ENGINES", "NEVER_DROPPED", "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS",
     "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments",
     "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload",
-    "PluginError", "ProbeStep", "QuantizedBase", "Rung", "RungBase", "Sharding", "ShorterSequences", "accepted_names",
+    "PluginError", "ProbeStep", "QuantizedBase", "Rung", "RungBase", "Sharding", "ShorterSequences", "VllmContext",
+    "VllmShare", "accepted_names",
     "climb", "deepspeed_config", "free_port", "is_builtin", "launch_env", "launch_line", "probe_steps", "process_env",
     "rank_env", "register", "remove_stale_engine_files", "replacement_trade", "resolve_ladder", "rung_named",
     "usable_rungs", "write_engine_files",

@@ -24,10 +24,13 @@ from autofit.rungs._sharding import OFFLOADING as SHARDING_OFFLOAD
 from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
 from autofit.rungs.activation_offload import ActivationOffload
 from autofit.rungs.liger import LigerKernels
+from autofit.rungs.vllm import VllmContext, VllmShare
 
 DEFAULT_LADDER: Tuple[Rung, ...] = (
     ExpandableSegments(),  # free
     LigerKernels(),  # free; CUDA with liger-kernel installed
+    VllmContext(),  # free; GRPO and RLOO with a colocated vLLM
+    VllmShare(),  # free; after the context, whose KV cache it sizes
     MicroBatch(),  # speed
     *(Sharding(name) for name in SHARDING_RUNGS if name not in SHARDING_OFFLOAD),  # speed; several GPUs only
     GradientCheckpointing(),  # speed

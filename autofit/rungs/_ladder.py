@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from autofit.core import Candidate, keys_of
 from autofit.rungs.engines import deepspeed_engine
@@ -55,6 +55,9 @@ class LadderState:
     # launch runs none of its own. Set by ``climb`` from the first level.
     own_engine: Optional[str] = None
     own_engine_words: str = ""
+    # What a colocated vLLM needs of its share to start and hold the batch, in bytes, for a candidate: the memory
+    # model's (set where it knows the model; the vllm-share rung reads it), None where it is not known
+    vllm_need: Optional[Callable[[Candidate], int]] = None
 
     def with_rung(self, rung: Rung, **state_changes) -> LadderState:
         candidate_changes = state_changes.pop("candidate_changes", {})

@@ -2,7 +2,8 @@
 
 ``question`` is the search's (``autofit search`` and ``autofit.fit``): the device present, each GPU's memory (the
 card's unless ``--gpu-memory``), the GPUs that train together, and the trainer's budget: what other processes leave
-on a busy GPU (with ``--allow-busy-gpu``) and, where vLLM is estimated rather than probed, less its colocated share.
+on a busy GPU (with ``--allow-busy-gpu``). A colocated vLLM's share is one of the ledger's terms and a part of every
+probe's peak (``autofit.core.vllm_reserved``), so the budget stays the card's.
 ``estimate_question`` is the estimate's: a GPU this machine need not have, any number of them. Both refuse a model
 no probe could run (its code, its sizes) before anything starts. Nothing here changes a spec once it is built.
 """
@@ -61,9 +62,6 @@ def question(options: SearchOptions, factory: Optional[str] = None, launch: Opti
     _check_ladder(options)
     config = model_config(options)
     budget, notes = busy_budget(options, device, gpu_bytes, ranks)
-    colocated = options.use_vllm == "colocate" and not vllm_installed()
-    if colocated and budget is not None:  # vLLM is estimated: the trainer measures what it leaves
-        budget = int(budget * (1 - options.vllm_gpu_memory_utilization))
     spec = SearchSpec.plan(options, device=device, gpu_bytes=gpu_bytes, budget_bytes=budget, ranks=ranks,
                            factory=factory, notes=tuple(notes) + _config_notes(launch)
                            + tuple(launches.probe_notes(launch, device)),
@@ -82,8 +80,8 @@ def question(options: SearchOptions, factory: Optional[str] = None, launch: Opti
 
 def estimate_question(options: SearchOptions, launch: Optional[Launch] = None) -> SearchSpec:
     """The estimate's question: for a GPU (``--device auto`` is cuda) this machine need not have, ``--gpus`` of them on
-    each of ``--nodes`` machines (the ledger at the whole world size); the trainer's budget is each GPU's memory less
-    vLLM's colocated share."""
+    each of ``--nodes`` machines (the ledger at the whole world size); a colocated vLLM's share is a term of the
+    ledger."""
     if options.algo not in ESTIMATED_ALGOS:
         raise InputError(f"unknown algo '{options.algo}': accepted are {', '.join(ESTIMATED_ALGOS)}")
     launch = launch if launch is not None else launches.read_launch(vars(options))
@@ -100,8 +98,6 @@ def estimate_question(options: SearchOptions, launch: Optional[Launch] = None) -
     if gpu_bytes is None:
         raise InputError("--gpu-memory is required for an estimate: the memory of the GPU to plan for, e.g. 24GiB")
     budget = gpu_bytes
-    if options.use_vllm == "colocate" and gpu_bytes is not None:
-        budget = int(gpu_bytes * (1 - options.vllm_gpu_memory_utilization))
     spec = SearchSpec.plan(dataclasses.replace(options, nodes=1), device=device, gpu_bytes=gpu_bytes,
                            budget_bytes=budget, ranks=world, notes=_config_notes(launch),
                            baseline=launches.baseline(launch, options.effective_batch // world), probed=False,
@@ -195,14 +191,17 @@ def busy_budget(options: SearchOptions, device: str, gpu_bytes: Optional[int], r
 
 
 def _vllm_notes(spec: SearchSpec) -> List[str]:
-    """What was estimated of vLLM where it is not installed (the trainer's budget already leaves its share)."""
+    """What was estimated of vLLM where it is not installed (its share is a part of every probe's peak)."""
     from autofit.memory_model import shape_or_none, vllm_lines
 
     shape = shape_or_none(spec.options.model)
     estimated = [line.removeprefix("vllm: ") for line in vllm_lines(spec, shape)[:1]] if shape is not None else []
-    notes = [f"vLLM is not installed here, so its part is estimated only: the probes measured the trainer within "
-             f"{format_size(spec.budget_bytes)} of {format_size(spec.gpu_bytes)} and generated with transformers, a "
-             "phase measured but not held against the budget"] + [f"vLLM {line}" for line in estimated]
+    share = int(spec.options.vllm_gpu_memory_utilization * (spec.gpu_bytes or 0))
+    trainer = (f"within {format_size((spec.budget_bytes or 0) - share)} beside vLLM's {format_size(share)}"
+               if spec.options.use_vllm == "colocate" else f"within {format_size(spec.budget_bytes)}")
+    notes = [f"vLLM is not installed here, so its part is estimated only: the probes measured the trainer {trainer} "
+             "and generated with transformers, a phase measured but not held against the budget"] + \
+        [f"vLLM {line}" for line in estimated]
     for line in notes:
         log.warning("%s", line)
     return notes

@@ -53,8 +53,7 @@ class Search:
         self.runner = runner
         self.progress = progress or PlainProgress()  # shows each probe while it runs
         self.on_record = on_record
-        base = memory_model.base_candidate(spec)
-        self.start = LadderState(base, min_length=spec.min_length, maximize=spec.options.maximize)
+        self.start = memory_model.start_state(spec, memory_model.shape_or_none(spec.options.model))  # facts of rungs
         self.rungs, unavailable = probeable_rungs(self.start, rungs, spec.options.model, spec.device)
         self.levels = climb(self.start, self.rungs)
         self.ladder_len = len(self.levels)  # levels past it are rebuilt without a rung (autofit.search._pruning)

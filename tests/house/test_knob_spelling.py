@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "autofit"
 # Knob keys that are also the names of options, candidate fields or config.json entries: a literal of them is not
 # the TRL key (``--dtype``, ``Candidate.optim``, config.json's ``dtype``)
 SHARED_WORDS = {"dtype", "env", "optim", "max_length", "max_completion_length", "beta", "num_generations",
-                "deepspeed", "fsdp", "fsdp_config", "trust_remote_code", "attn_implementation"}
+                "deepspeed", "fsdp", "fsdp_config", "trust_remote_code", "attn_implementation", "vllm_max_model_length"}
 OTHER_VOCABULARIES = {
     "core/_accelerate_keys.py": {"gradient_accumulation_steps"},  # accelerate's DeepSpeed plugin key
     "rungs/engines/_files.py": {"gradient_accumulation_steps"},  # DeepSpeed's JSON key

@@ -48,15 +48,19 @@ def test_a_7b_model_leaves_vllm_no_cache_at_the_default_share():
 
 def test_colocated_the_trainer_has_the_rest_and_does_not_generate():
     colocated = spec()
-    assert colocated.budget_bytes == int(24 * GB * 0.7) and colocated.gpu_bytes == 24 * GB
+    assert colocated.budget_bytes == colocated.gpu_bytes == 24 * GB  # the share is a term of the ledger
     header = estimate_text(colocated).splitlines()[0]
-    assert f"budget {format_size(24 * GB)} per GPU ({format_size(int(24 * GB * 0.7))} for the trainer beside vLLM)" \
-        in header
+    assert f"budget {format_size(24 * GB)} per GPU (vLLM colocated: 30% of it, the generation column)" in header
     candidate = Candidate(algo="grpo", model="Qwen/Qwen2.5-0.5B", device="cuda", micro_batch=2, grad_accum=1,
                           max_length=512, ranks=4)
     phases = {ledger.phase for ledger in mm.phase_ledgers(candidate)}
     assert "generation" in phases
-    assert "generation" not in {ledger.phase for ledger in mm.phase_ledgers(candidate.replace(vllm="colocate"))}
+    beside = candidate.replace(vllm="colocate", vllm_utilization=0.3, vllm_share_bytes=int(0.3 * 24 * GB))
+    assert "generation" not in {ledger.phase for ledger in mm.phase_ledgers(beside)}
+    # vLLM's share is held through every phase of the step: the trainer's peak plus the share
+    plain = {ledger.phase: ledger for ledger in mm.phase_ledgers(candidate.replace(vllm="colocate"))}
+    for ledger in mm.phase_ledgers(beside):
+        assert ledger.generation == pytest.approx(plain[ledger.phase].generation + 0.3 * 24 * GB)
 
 
 def test_server_mode_gives_the_trainer_the_whole_budget():
@@ -92,14 +96,17 @@ def test_probes_without_vllm_generate_themselves_and_the_export_uses_vllm(tmp_pa
     assert colocated.key() != colocated.replace(vllm=None, vllm_utilization=None).key()
 
 
-def test_the_trainers_budget_is_what_vllm_leaves_and_the_notes_say_it_was_estimated(tmp_path):
+def test_vllms_share_is_the_candidates_and_the_notes_say_it_was_estimated(tmp_path):
     def searched(**changes) -> SearchSpec:
         fields = dict(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cpu", gpu_memory=24 * GB, out_dir=tmp_path)
         return question(SearchOptions(**{**fields, **changes}))
 
     colocated = searched(use_vllm="colocate", vllm_gpu_memory_utilization=0.25)
-    assert colocated.budget_bytes == int(24 * GB * 0.75) and colocated.gpu_bytes == 24 * GB
-    assert colocated.notes[0].startswith("vLLM is not installed here, so its part is estimated only")
+    assert colocated.budget_bytes == colocated.gpu_bytes == 24 * GB
+    assert colocated.notes[0].startswith("vLLM is not installed here, so its part is estimated only: the probes "
+                                         f"measured the trainer within {format_size(int(24 * GB * 0.75))} beside "
+                                         f"vLLM's {format_size(int(24 * GB * 0.25))}")
+    assert mm.base_candidate(colocated).vllm_share_bytes == int(24 * GB * 0.25)
     assert colocated.notes[1].startswith("vLLM colocate, 25% of each GPU")
     server = searched(use_vllm="server")
     assert server.budget_bytes == 24 * GB

@@ -40,8 +40,8 @@ def test_the_built_in_rungs_name_their_steps_and_every_probe_considers_them():
     assert named["activation-offload"] == "autofit.rungs.activation_offload._probe:ActivationOffloadStep"
     assert named["optimizer-offload"] == named["zero3"] == named["fsdp2"] == "autofit.rungs.engines._probe:EngineStep"
     considered = steps.considered(candidate())
-    assert names(considered) == ["LigerStep", "EngineStep", "ActivationOffloadStep", "OwnDeepSpeedStep"]
-    assert {"optimizer-offload", "zero1", "fsdp2-offload"} <= considered[1].rungs
+    assert names(considered) == ["LigerStep", "VllmStep", "EngineStep", "ActivationOffloadStep", "OwnDeepSpeedStep"]
+    assert {"optimizer-offload", "zero1", "fsdp2-offload"} <= considered[2].rungs
 
 
 @pytest.mark.parametrize("changes, active", [

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from autofit import memory_model as mm
 from autofit.core import Candidate, LoraSettings
 from autofit.export import trades
 from autofit.export._answer import model_args
@@ -20,8 +21,13 @@ ASKED = 512
 def _bases() -> List[LadderState]:
     """Starting levels between them every built-in rung applies to (sharding needs ranks, the allocator CUDA)."""
     plain = dict(algo="sft", model=MODEL, micro_batch=4, grad_accum=2, max_length=ASKED)
+    shape = mm.ModelShape.from_model(MODEL)
+    vllm = LadderState(Candidate(algo="grpo", model=MODEL, device="cuda", micro_batch=4, grad_accum=2, max_length=ASKED,
+                                 prompt_length=64, vllm="colocate", vllm_utilization=0.3,
+                                 vllm_share_bytes=int(0.3 * 80e9)),
+                       vllm_need=lambda c: int(mm.vllm_need(c, shape)))  # GRPO with a colocated vLLM
     return [LadderState(Candidate(device=device, ranks=ranks, **plain), min_length=64)  # type: ignore[arg-type]
-            for device in ("cuda", "cpu") for ranks in (1, 2)]
+            for device in ("cuda", "cpu") for ranks in (1, 2)] + [vllm]
 
 
 def _exported(candidate: Candidate) -> Dict[str, Any]:

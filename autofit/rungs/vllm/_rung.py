@@ -1,0 +1,71 @@
+"""vLLM's settings as rungs (GRPO and RLOO with ``--use-vllm colocate``): its context and its share of the card.
+
+- ``vllm-context``: vLLM's ``max_model_len`` set to the run's prompt + completion. Left unset, TRL gives vLLM the
+  model's whole context window, and vLLM refuses to start unless its KV cache holds one sequence of it (32,768 tokens
+  for Qwen2.5): the most common reason a colocated vLLM does not start on a small card.
+- ``vllm-share``: ``vllm_gpu_memory_utilization`` set to what vLLM needs to start and to hold TRL's batch at once
+  (its weights, its profiling peak, the KV cache of ``max_num_seqs`` sequences; the memory model's figure, handed in
+  by ``LadderState.vllm_need``), with 10% to spare, in hundredths of the card: the trainer has the rest. Users tune
+  the share by running their job several times; this is that tuning, by the ledger and then by the probes.
+
+Both are free (the same math, the same speed where vLLM holds the batch); the search tries their levels as it tries
+every free level, and keeps the fastest fit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional
+
+from autofit.core import VLLM_CONTEXT_KEY, VLLM_SHARE_KEY, Candidate
+from autofit.rungs._contract import RungBase
+from autofit.rungs._ladder import FREE, LadderState
+
+SPARE = 0.10  # of what vLLM needs, kept free in its share (its profiling run and CUDA graphs vary)
+SHARES = (0.05, 0.95)  # the least and the most of the card the rung gives vLLM, in hundredths
+
+
+class VllmContext(RungBase):
+    name = "vllm-context"
+    cost = FREE
+    help = "vllm_max_model_length = the run's prompt + completion, not the model's whole context"
+    key_comments = {VLLM_CONTEXT_KEY: name}
+    probe_step = "autofit.rungs.vllm._probe:VllmStep"
+
+    def apply(self, state: LadderState) -> Optional[LadderState]:
+        candidate = state.candidate
+        if candidate.vllm is None or candidate.vllm_max_model_length:
+            return None
+        context = (candidate.prompt_length or 0) + candidate.max_length
+        return state.with_rung(self, candidate_changes={"vllm_max_model_length": context})
+
+    def trade(self, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
+        return (f"vLLM's context is the run's {candidate.vllm_max_model_length} tokens (prompt + completion), not "
+                "the model's whole window: its KV cache needs one such sequence to start; a longer prompt is refused "
+                "by vLLM, so keep prompts as short as the probes'")
+
+
+class VllmShare(RungBase):
+    name = "vllm-share"
+    cost = FREE
+    help = ("vllm_gpu_memory_utilization = what vLLM needs to start and hold TRL's batch (weights, profiling peak, KV "
+            f"cache), {SPARE:.0%} to spare: the trainer has the rest")
+    key_comments = {VLLM_SHARE_KEY: name}
+    probe_step = "autofit.rungs.vllm._probe:VllmStep"
+
+    def apply(self, state: LadderState) -> Optional[LadderState]:
+        candidate = state.candidate
+        if candidate.vllm != "colocate" or state.vllm_need is None or not candidate.vllm_share_bytes \
+                or not candidate.vllm_utilization:
+            return None
+        card = candidate.vllm_share_bytes / candidate.vllm_utilization
+        share = max(SHARES[0], math.ceil(100 * state.vllm_need(candidate) * (1 + SPARE) / card) / 100)
+        if share > SHARES[1] or abs(share - candidate.vllm_utilization) < 0.005:
+            return None  # vLLM cannot have enough of this card, or has what it needs already
+        return state.with_rung(self, candidate_changes={"vllm_utilization": share,
+                                                        "vllm_share_bytes": int(share * card)})
+
+    def trade(self, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
+        return (f"vLLM takes {candidate.vllm_utilization:.0%} of each GPU, what it needs to start and hold TRL's "
+                f"{candidate.micro_batch * candidate.grad_accum} sequences at once with {SPARE:.0%} to spare; the "
+                "trainer has the rest (nothing about the training changes)")
