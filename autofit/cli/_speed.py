@@ -135,7 +135,7 @@ def speed_lines(spec: SearchSpec, levels: Sequence[Any], speeds: Optional[List[S
     slowest = max(best.terms.items(), key=lambda item: item[1])
     lines.append(f"fastest predicted fit: level {level.level} ({'+'.join(level.rungs) or 'baseline'}), "
                  f"{level.candidate.describe()}: {speed_cell(best)} tok/s, {best.seconds_per_step:.2f} s per optimizer "
-                 f"step (most of it {slowest[0]})")
+                 f"step (most of it {slowest[0]})" + _engine(level.candidate))
     if len(fitting) > 1:
         second, other = fitting[1]
         gap = 1 - second.tokens_per_second / best.tokens_per_second
@@ -144,6 +144,15 @@ def speed_lines(spec: SearchSpec, levels: Sequence[Any], speeds: Optional[List[S
         lines.append(f"  next: level {other.level} ({'+'.join(other.rungs) or 'baseline'}) at "
                      f"{speed_cell(second)} tok/s, {relation}" + _trade(level, other))
     return lines
+
+
+def _engine(candidate: Any) -> str:
+    """Which generation engine the speed prices (GRPO and RLOO)."""
+    if not candidate.is_rl or candidate.unit.counts_episodes:
+        return ""
+    if candidate.vllm:
+        return f"; generation priced as vLLM runs it ({candidate.vllm}: CUDA-graph decode steps, the weights synced)"
+    return "; generation priced as transformers' generate runs it (every operator launched at every token)"
 
 
 def _trade(faster: Any, slower: Any) -> str:

@@ -16,7 +16,8 @@ from autofit.memory_model._calibration import _solve
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._throughput import PRIOR_SPEED_UNCERTAINTY, SpeedEstimate, predict_speed
 
-FIXED_TERMS = ("launch", "generation launches")  # paid once per micro-batch (or decode step), whatever its size
+# paid once per micro-batch (or decode step), whatever its size
+FIXED_TERMS = ("launch", "generation launches", "vLLM steps")
 # One scale (a single timing, or timings at one micro-batch size) fits the step's absolute speed but leaves its
 # ratios between configurations the prior's [A: make bench-speed measured checkpointing's ratio within 4% on the
 # CPU meter; one-step timings of one candidate spread by 5-10% on a shared machine, so 20% is two such spreads].

@@ -54,6 +54,9 @@ GPU_LINK_EFFICIENCY = 0.70  # [M: nccl-tests' bus bandwidth, 70-80% of NVLink's 
 # LoRA's adapter per module and pass (dropout, A, B, the scale, the add) and the optimizer's step with gradient
 # clipping per trainable tensor, or per step where it runs foreach (CUDA).
 OPS_FORWARD_PER_LAYER = 73
+# vLLM's host time per decode step with CUDA graphs (its scheduler, the sampler, one graph replay) [A: an assumption,
+# no published figure found; vLLM's docs: "CUDA graph optimization - kernel launch overhead eliminated"]
+VLLM_STEP_SECONDS = 1e-3
 OPS_BACKWARD_PER_LAYER = 147
 OPS_RECOMPUTE_PER_LAYER = 130
 OPS_FORWARD_REST = 120
@@ -248,7 +251,10 @@ def _pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tenso
 def _rl_terms(candidate: Candidate, shape: ModelShape, card: Card, params: float, weights: float, seq: int
               ) -> Dict[str, float]:
     """Generation (prefill, then one bandwidth-bound decode step per completion token for the whole generation
-    batch) and the frozen reference model's forward where beta > 0."""
+    batch) and the frozen reference model's forward where beta > 0. transformers' ``generate`` launches every
+    operator of every layer at every decode step; vLLM replays each step as one CUDA graph over its paged KV cache
+    (``VLLM_STEP_SECONDS`` of host time a step [A]) and takes the trainer's weights at every step (the sync: the
+    weights read and written on the card, colocated; sent over the GPU link to the server's GPUs)."""
     batch = candidate.micro_batch * candidate.grad_accum  # the generation batch of one rank
     prompt = seq - candidate.max_length
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2  # bf16 keys and values
@@ -256,8 +262,15 @@ def _rl_terms(candidate: Candidate, shape: ModelShape, card: Card, params: float
     decode_bytes = weights + batch * context * kv_per_token
     decode = _pass_seconds(2 * params * batch, decode_bytes, None, card)
     prefill = _pass_seconds(2 * params * batch * prompt, weights, batch * prompt, card)
-    terms = {"generation": prefill + candidate.max_length * decode,
-             "generation launches": (1 + candidate.max_length) * OPS_FORWARD_PER_LAYER * shape.layers * card.op_seconds}
+    if candidate.vllm:
+        sync = (2 * weights / (card.bandwidth * BANDWIDTH_EFFICIENCY) if candidate.vllm == "colocate"
+                else weights / card.gpu_link)
+        terms = {"vLLM generation": prefill + candidate.max_length * decode,
+                 "vLLM steps": (1 + candidate.max_length) * VLLM_STEP_SECONDS, "vLLM weight sync": sync}
+    else:
+        terms = {"generation": prefill + candidate.max_length * decode,
+                 "generation launches": (1 + candidate.max_length) * OPS_FORWARD_PER_LAYER * shape.layers
+                 * card.op_seconds}
     if _beta(candidate) > 0:
         terms["reference forward"] = _pass_seconds(2 * params * batch * seq, weights, batch * seq, card)
     return terms

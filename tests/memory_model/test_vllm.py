@@ -124,3 +124,19 @@ def test_bad_vllm_options_of_a_search_are_one_line_errors(tmp_path, args, messag
                           "--gpu-memory", "200MiB", "--out", str(tmp_path), *args],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_the_seed_reports_run_is_predicted_to_fail_at_vllms_start_and_the_fix_is_named():
+    """The report this project started from: Qwen2.5-7B(-Instruct) GRPO with a colocated vLLM on 4 x RTX 3090 (24 GB)
+    at TRL's share (0.3) and TRL's defaults, which died at vLLM's KV-cache allocation. The estimate says vLLM cannot
+    start there (its weights alone are more than its share; one sequence of the model's whole context more still),
+    names the fix, and expects a level whose vLLM settings the rungs sized."""
+    text = estimate_text(spec(model="Qwen/Qwen2.5-7B", gpu_memory="RTX3090", max_completion_length=512))
+    lines = [line for line in text.splitlines() if line.startswith("vllm:")]
+    assert "vLLM will not start" in lines[0] and "131072-token sequence" in lines[0]
+    assert "the vllm-context and vllm-share rungs size both" in lines[0]
+    assert any("it refuses to start" in line for line in lines)
+    expected = next(line for line in text.splitlines() if line.startswith("expected:"))
+    assert "vllm-context+vllm-share" in expected and "ctx640" in expected  # prompt 128 + completion 512
+    share = float(expected.split("vllm-colocate@")[1].split("/")[0])
+    assert 0.3 < share < 0.95  # what vLLM needs of a 24 GB card for the 7B model and TRL's batch, with spare
