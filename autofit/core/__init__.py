@@ -7,7 +7,15 @@ Nothing here imports another part of autofit: every other package builds on it.
 """
 
 from autofit.core._accelerate_keys import accelerate_notes, classify_accelerate
-from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, Algorithm, algorithm, algorithm_names, ppo_available
+from autofit.core._algorithms import (
+    ALGORITHMS,
+    DEFAULT_ALGO,
+    PRECOMPUTE,
+    Algorithm,
+    algorithm,
+    algorithm_names,
+    ppo_available,
+)
 from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, ProbeSettings
 from autofit.core._cards import CARDS, Card, card_named
 from autofit.core._compat import (
@@ -111,7 +119,7 @@ __all__ = [
     "accelerate_notes", "classify_accelerate",
     "ESTIMATE", "FIELDS", "FIT", "SEARCH", "SEARCHED_ARGS", "Baseline", "add_options", "cache_entry", "cache_subfolder",
     "door_fields", "entry_problem", "given_values", "ladder_names",
-    "ALGORITHMS", "DEFAULT_ALGO", "Algorithm", "algorithm", "algorithm_names",
+    "ALGORITHMS", "DEFAULT_ALGO", "PRECOMPUTE", "Algorithm", "algorithm", "algorithm_names",
     "BAD_FORK", "DEVICES", "DISTURBED_RETRY_WAIT_S", "ENGINE_FAILURE", "FACTORIES", "GROUP_ALGOS", "INFRASTRUCTURE",
     "KERNEL_FAILURE", "LENGTH_FIELD", "PHASE_FILE", "PID_FILE", "RL_ALGOS", "USER", "BuildTimeout", "Candidate",
     "FactoryMisuse", "GpuInfo", "InputError", "LoraSettings", "NoCudaDeviceError", "Outcome", "ProbeResult",

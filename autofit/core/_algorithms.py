@@ -20,6 +20,7 @@ from typing import Dict, Optional, Tuple
 TRAIN_PHASES = ("train", "backward", "step")
 GENERATING_PHASES = TRAIN_PHASES + ("generation",)
 ROLLOUT_PHASES = ("generation", "scoring") + TRAIN_PHASES  # PPO: the rollout's generation and its no-grad passes
+PRECOMPUTE = "precompute"  # the reference's log-probs over the data set, before training (precompute_ref_log_probs)
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,14 @@ class Algorithm:
     model_init_kwargs: bool = False  # ``model_init_kwargs`` (the dtype the weights are loaded in)
     load_dtype: str = "float32"  # the weights' dtype unless told (TRL's); "auto": the checkpoint's (from_pretrained)
     engine_offload: bool = False  # runs under accelerate's DeepSpeed config (ZeRO-2 optimizer offload)
+    precompute_ref: bool = False  # ``precompute_ref_log_probs``: the reference's log-probs before training, no model
     counts_episodes: bool = False  # ``total_episodes`` instead of ``max_steps``; its sample generations evaluate
     trl_versions: Optional[Tuple[str, str]] = None  # the TRL versions that have it, [from, to); None: every one
-    models: Tuple[str, ...] = ("policy",)  # the models it holds (the reference: when its KL coefficient is > 0)
+    # the models it holds: the reference, where its KL coefficient is > 0, without LoRA (the policy with its adapter off
+    # is the reference then) and unless its log-probs are precomputed
+    models: Tuple[str, ...] = ("policy",)
     critic: str = ""  # the unit of its value and reward models (sequence classifiers beside the policy), if any
-    phases: Tuple[str, ...] = TRAIN_PHASES  # the ledger's phases of one step
+    phases: Tuple[str, ...] = TRAIN_PHASES  # the ledger's phases of one step (and of a precompute pass before)
     estimated: bool = True  # the memory model has its ledger (``autofit estimate``)
     checked_as: str = ""  # the algorithm whose measurements check this one's activation terms ("": its own)
     usage: str = ""  # best.yaml's "# use:" line where there is no trl command
@@ -122,7 +126,19 @@ PPO = Algorithm(
     usage=("# TRL has no ppo command: build PPOConfig(**best.json['config']); PPO's loop does not enable "
            "checkpointing from its config, so call model.gradient_checkpointing_enable() when it is set"))
 
-ALGORITHMS: Dict[str, Algorithm] = {a.name: a for a in (SFT, GRPO, RLOO, REWARD, PPO)}
+# Preference trainers: the reference model's forward (no gradients) and the policy's in each step, over rows of
+# prompt + completion; DPO concatenates the chosen and rejected sides into one forward of twice the micro-batch, KTO's
+# mismatched KL completions run without gradients before the policy's forward (transient: below its saved activations).
+DPO = Algorithm(
+    "dpo", "direct preference optimization", factory="autofit.probe.algos.preference:build_dpo_trainer",
+    config_class="trl:DPOConfig", trl_command="dpo", sequences_per_example=2, default_beta=0.1,
+    activation_offloading=True, liger=True, model_init_kwargs=True, engine_offload=True, precompute_ref=True,
+    models=("policy", "reference"), phases=TRAIN_PHASES + (PRECOMPUTE,))
+KTO = replace(DPO, name="kto", description="Kahneman-Tversky optimization",
+              factory="autofit.probe.algos.preference:build_kto_trainer", config_class="trl:KTOConfig",
+              trl_command="kto", sequences_per_example=1)
+
+ALGORITHMS: Dict[str, Algorithm] = {a.name: a for a in (SFT, GRPO, RLOO, REWARD, DPO, KTO, PPO)}
 # Units that are part of an algorithm, not one the user picks: PPO's value and reward models (sequence classifiers on
 # the policy's backbone, loaded by from_pretrained in the checkpoint's dtype, scoring prompt + response).
 PARTS: Dict[str, Algorithm] = {

@@ -71,6 +71,8 @@ class Candidate:
     activation_offload: bool = False
     # Liger's Triton kernels (``use_liger_kernel``): RMSNorm, SwiGLU and RoPE that save fewer activations (CUDA).
     liger: bool = False
+    # The reference model's log-probs computed before training (``precompute_ref_log_probs``): no reference model held
+    precompute_ref: bool = False
     # Processes (one per GPU) that train together, and the engine that shards the training state across them
     # (``autofit.rungs.engines``: "zero1", "zero2", "zero3", "fsdp2"; None: plain data parallel with several ranks).
     ranks: int = 1
@@ -240,6 +242,8 @@ class Candidate:
             parts.append("ckpt")
         if self.activation_offload:
             parts.append("act-offload")
+        if self.precompute_ref:
+            parts.append("ref-precomputed")
         if self.dtype:
             parts.append(self.dtype)
         if self.optim:

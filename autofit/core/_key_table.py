@@ -92,6 +92,7 @@ _PROBED = {
     "length_column_name": "batches grouped by length", "train_sampling_strategy": "the sampler",
     "importance_sampling_level": "the loss (GRPO)",
     "generation_kwargs": "generation settings (the probes force every completion to full length)",
+    "precompute_ref_batch_size": "the batch of the reference's precompute pass (DPO, KTO; the micro-batch where unset)",
 }
 
 _NO_MEMORY = (
@@ -114,6 +115,8 @@ _NO_MEMORY = (
     "log_completions_hub_repo", "log_multimodal", "log_unique_prompts", "num_completions_to_print",
     "reward_funcs", "reward_model_name_or_path", "ignore_bias_buffers", "past_index", "ray_scope",
     "mp_parameters", "tpu_metrics_debug", "use_legacy_prediction_loop", "_n_gpu",
+    "discopop_tau", "f_alpha_divergence_coef", "f_divergence_type", "label_smoothing", "ld_alpha", "loss_weights",
+    "use_weighting", "desirable_weight", "undesirable_weight",
 )
 
 _EVALUATION = "evaluation: a probe has no evaluation data and measures training"

@@ -110,6 +110,12 @@ ACTIVATION_OFFLOAD = Knob(
     training=lambda c: {ACTIVATION_OFFLOADING: True} if c.activation_offload else {},
     baseline=lambda run: {"activation_offload": bool(run.training.get(ACTIVATION_OFFLOADING))})
 
+PRECOMPUTE_REF = Knob(
+    "precompute_ref", fields=("precompute_ref",), late=("precompute_ref",), reads=("precompute_ref_log_probs",),
+    training_keys={"precompute_ref_log_probs": "the reference model (not loaded: its log-probs precomputed)"},
+    training=lambda c: {"precompute_ref_log_probs": True} if c.precompute_ref else {},
+    baseline=lambda run: {"precompute_ref": bool(run.training.get("precompute_ref_log_probs"))})
+
 # The layer kernels only: TRL keeps its own fused LM head and turns Liger's fused cross-entropy off, but after
 # transformers before 5 has applied the kernels (in Trainer.__init__): so it is said here. The user's own
 # use_liger_kernel passes through to the probes as written.
@@ -237,5 +243,5 @@ def user_dtype(user_args: Any) -> Optional[str]:
     return str(found) if found else None
 
 
-KNOBS = (BATCH, CHECKPOINTING, LENGTH, OPTIM, LORA, DTYPE, QUANTIZATION, ACTIVATION_OFFLOAD, LIGER, ATTENTION,
-         TRUST_REMOTE_CODE, NUM_GENERATIONS, BETA, VLLM, ENV, ENGINE)
+KNOBS = (BATCH, CHECKPOINTING, LENGTH, OPTIM, LORA, DTYPE, QUANTIZATION, ACTIVATION_OFFLOAD, PRECOMPUTE_REF, LIGER,
+         ATTENTION, TRUST_REMOTE_CODE, NUM_GENERATIONS, BETA, VLLM, ENV, ENGINE)

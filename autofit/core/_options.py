@@ -111,8 +111,8 @@ class SearchOptions:
         metavar="MODE")
     vllm_gpu_memory_utilization: float = option(0.3, help="colocate: the share of each GPU vLLM takes (TRL's default "
                                                           "0.3)", kind=FRACTION, doors=DOORS, group=RL_GROUP)
-    beta: Optional[float] = option(help="KL coefficient; > 0 loads and measures the reference model", kind=BETA,
-                                   doors=DOORS, group=RL_GROUP)
+    beta: Optional[float] = option(help="KL coefficient (grpo, rloo, dpo, kto); > 0 loads and measures the reference "
+                                        "model", kind=BETA, doors=DOORS, group=RL_GROUP)
     effective_batch: int = option(8, help="micro-batch x accumulation x GPUs, kept exactly (default 8)",
                                   kind=POSITIVE_INT, doors=DOORS)
     gpus: Union[int, str] = option(
@@ -189,7 +189,8 @@ class SearchOptions:
             raise InputError(f"--beta applies to {with_beta}; {self.algo.upper()}'s KL coefficient is "
                              f"{unit.config_class.rsplit(':', 1)[-1]}.{unit.kl_field}")
         if not rl:
-            given = [name for name in ("max_completion_length", "min_completion_length", "beta")
+            given = [name for name in ("max_completion_length", "min_completion_length") + (() if unit.has_beta
+                                                                                         else ("beta",))
                      if getattr(self, name) is not None]
             if given:
                 raise InputError(f"{flag(given[0])} applies to {with_beta}, not to '{self.algo}'")

@@ -101,7 +101,8 @@ from autofit.memory_model._throughput import (
     measured_rates_card,
     predict_speed,
 )
-from autofit.memory_model._vllm import VLLM_MODES, candidate_share, vllm_lines, vllm_need, vllm_share, vllm_term
+from autofit.memory_model._vllm import VLLM_MODES, candidate_share, vllm_need, vllm_share, vllm_term
+from autofit.memory_model._vllm_lines import vllm_lines
 
 __all__ = [
     "CARDS", "Card", "PRIOR_SPEED_UNCERTAINTY", "SpeedEstimate", "card_named", "measured_rates_card",

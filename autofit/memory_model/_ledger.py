@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
-from autofit.core import Candidate
+from autofit.core import PRECOMPUTE, Candidate
 from autofit.memory_model._activations import activation_bytes, offloaded_activation_bytes
 from autofit.memory_model._allocator import context_bytes, reserved_factor
 from autofit.memory_model._checked import CHECKED_UNCERTAINTY, UNCHECKED_UNCERTAINTY, prior_uncertainty, unmodelled
@@ -183,6 +183,9 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
                                                 "optimizer": state.optimizer * ZERO_MASTER_SHARE}))
     if candidate.offload:
         phases.append(_Phase("engine_setup", {"weights": engine_setup_bytes(candidate, shape, device)}))
+    if PRECOMPUTE in candidate.unit.phases and candidate.precompute_ref:  # the reference's log-probs, before training:
+        # the policy's forward without gradients over the precompute batch (one layer's activations at a time)
+        phases.append(_Phase(PRECOMPUTE, {"weights": state.weights, "activations": layer_moment, "logits": logits}))
     if candidate.is_rl and not candidate.vllm:  # with vLLM the trainer does not generate (``vllm``)
         phases.append(_Phase("generation", {"weights": state.weights, "reference": state.reference,
                                             "optimizer": state.optimizer,

@@ -53,7 +53,8 @@ def logit_tokens(candidate: Candidate, device: str) -> int:
         return 0
     if candidate.is_rl and device == "cuda":
         return candidate.micro_batch * candidate.max_length
-    return candidate.micro_batch * (sequence_length(candidate) - 1)
+    # every row of the micro-batch: DPO's chosen and rejected sides are one forward of twice the rows
+    return candidate.unit.sequences_per_example * candidate.micro_batch * (sequence_length(candidate) - 1)
 
 
 def generation_batch(candidate: Candidate) -> int:

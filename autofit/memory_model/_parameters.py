@@ -194,6 +194,13 @@ def optimizer_step_temporary_bytes(tensors: Iterable[Any], optim: Optional[str],
     return 0
 
 
+def holds_reference(candidate: Candidate) -> bool:
+    """Whether the trainer holds a reference model: its unit has one (``models``), its KL coefficient is > 0, no LoRA
+    (the policy with its adapter off is the reference then) and its log-probs are not precomputed."""
+    return ("reference" in candidate.unit.models and _beta(candidate) > 0 and candidate.lora is None
+            and not candidate.precompute_ref)
+
+
 def _beta(candidate: Candidate) -> float:
     args = dict(candidate.user_args)
     if "beta" in args and args["beta"] is not None:
@@ -288,7 +295,7 @@ def state_bytes(candidate: Candidate, shape: ModelShape, device: str) -> StateBy
         embedding_temporaries = TIED_EMBEDDING_GRAD_COPIES * counts.embedding * t_bytes
 
     # -- reference model (2.6): beta > 0 and no PEFT; reloaded from the path in the same dtype --------------------
-    reference = counts.total * w_bytes if candidate.is_rl and _beta(candidate) > 0 and lora is None else 0.0
+    reference = counts.total * w_bytes if holds_reference(candidate) else 0.0
     return StateBytes(
         weights=weights, autocast_copy=autocast_copy, gradients=trainable * t_bytes + s_count * s_bytes,
         optimizer=optimizer_state_bytes(tensors, candidate.optim, t_bytes)

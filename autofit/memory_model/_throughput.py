@@ -26,6 +26,7 @@ from autofit.memory_model._parameters import (
     _beta,
     census_for,
     head_trained,
+    holds_reference,
     param_counts,
     trainable_tensors,
     weight_bytes,
@@ -231,6 +232,10 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
             terms["parameter gathers"] = micro * passes * share * stored_bytes / link
     if candidate.is_rl:
         terms.update(_rl_terms(candidate, shape, card, active + head, weights, seq))
+    elif holds_reference(candidate):  # a preference trainer's reference model, without gradients, every micro-batch
+        terms["reference forward"] = micro * _pass_seconds(layers_forward + 2 * head * rows, weights, rows, card)
+    elif candidate.precompute_ref:  # the same forward, once per row before training: its share of one step
+        terms["reference precompute"] = micro * _pass_seconds(layers_forward + 2 * head * rows, weights, rows, card)
     tokens = sequences_per_micro_batch(candidate) * seq * micro * candidate.ranks
     return SpeedEstimate(sum(terms.values()), tokens, PRIOR_SPEED_UNCERTAINTY, terms, candidate.ranks)
 

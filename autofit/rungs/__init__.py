@@ -43,6 +43,7 @@ from autofit.rungs._optimizer import EightBitOptimizer
 from autofit.rungs._plugins import GROUP as ENTRY_POINT_GROUP
 from autofit.rungs._plugins import PluginError
 from autofit.rungs._precision import Bf16Weights
+from autofit.rungs._precompute_ref import PrecomputeReference
 from autofit.rungs._quantization import QuantizedBase
 from autofit.rungs._sequence_length import ShorterSequences
 from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
@@ -77,9 +78,9 @@ __all__ = [
     "FREE_UNDER_ADAPTERS", "FSDP_ENGINES", "NEVER_DROPPED", "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS",
     "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments",
     "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload",
-    "PluginError", "ProbeStep", "QuantizedBase", "Rung", "RungBase", "Sharding", "ShorterSequences", "VllmContext",
-    "VllmShare", "accepted_names",
-    "climb", "deepspeed_config", "free_port", "is_builtin", "launch_env", "launch_line", "probe_steps", "process_env",
-    "rank_env", "register", "remove_stale_engine_files", "replacement_trade", "resolve_ladder", "rung_named",
-    "usable_rungs", "write_engine_files",
+    "PrecomputeReference", "PluginError", "ProbeStep", "QuantizedBase", "Rung", "RungBase", "Sharding",
+    "ShorterSequences", "VllmContext", "VllmShare", "accepted_names", "climb", "deepspeed_config", "free_port",
+    "is_builtin", "launch_env", "launch_line", "probe_steps", "process_env", "rank_env", "register",
+    "remove_stale_engine_files", "replacement_trade", "resolve_ladder", "rung_named", "usable_rungs",
+    "write_engine_files",
 ]

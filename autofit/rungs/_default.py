@@ -18,6 +18,7 @@ from autofit.rungs._microbatch import MicroBatch
 from autofit.rungs._offload import OptimizerOffload
 from autofit.rungs._optimizer import EightBitOptimizer
 from autofit.rungs._precision import Bf16Weights
+from autofit.rungs._precompute_ref import PrecomputeReference
 from autofit.rungs._quantization import QuantizedBase
 from autofit.rungs._sequence_length import ShorterSequences
 from autofit.rungs._sharding import OFFLOADING as SHARDING_OFFLOAD
@@ -31,6 +32,7 @@ DEFAULT_LADDER: Tuple[Rung, ...] = (
     LigerKernels(),  # free; CUDA with liger-kernel installed
     VllmContext(),  # free; GRPO and RLOO with a colocated vLLM
     VllmShare(),  # free; after the context, whose KV cache it sizes
+    PrecomputeReference(),  # free; DPO and KTO
     MicroBatch(),  # speed
     *(Sharding(name) for name in SHARDING_RUNGS if name not in SHARDING_OFFLOAD),  # speed; several GPUs only
     GradientCheckpointing(),  # speed

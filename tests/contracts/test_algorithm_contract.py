@@ -10,10 +10,10 @@ import importlib
 import pytest
 
 from autofit import memory_model as mm
-from autofit.core import ALGORITHMS, Candidate
+from autofit.core import ALGORITHMS, PRECOMPUTE, Candidate
 from autofit.launch import trl_command_names
 
-KNOWN_PHASES = {"train", "backward", "step", "generation", "scoring"}
+KNOWN_PHASES = {"train", "backward", "step", "generation", "scoring", "precompute"}
 KNOWN_MODELS = {"policy", "reference", "reward", "value"}
 
 
@@ -57,7 +57,11 @@ def test_the_ledger_computes_the_phases_and_models_it_declares(unit):
                           prompt_length=16 if unit.rl else None, num_generations=2 if unit.groups else None,
                           user_args=(("beta", 0.1),) if unit.has_beta else ())
     ledgers = mm.phase_ledgers(candidate)
-    assert {ledger.phase for ledger in ledgers} == set(unit.phases)
+    assert {ledger.phase for ledger in ledgers} == set(unit.phases) - {PRECOMPUTE}  # a pass before training: optional
+    if unit.precompute_ref:  # the reference's log-probs precomputed: the pass before training, no reference model
+        precomputed = mm.phase_ledgers(candidate.replace(precompute_ref=True))
+        assert PRECOMPUTE in {ledger.phase for ledger in precomputed}
+        assert max(ledger.reference for ledger in precomputed) == 0
     with_reference = max(ledgers, key=lambda ledger: ledger.total).reference
     # the reference model: where the unit holds one, at a KL coefficient above 0 (PPO's kl_coef is never 0 by default)
     assert (with_reference > 0) == ("reference" in unit.models and (unit.has_beta or unit.kl_field is not None))

@@ -35,6 +35,8 @@ VLLM = Candidate("grpo", "tiny-qwen2", "cuda", micro_batch=8, grad_accum=1, max_
 
 def _applied(rung):
     """The rung applied to the ladder's first level (None where it does not apply there)."""
+    if rung.name == "precompute-ref":  # DPO's reference model
+        return rung.apply(LadderState(BASE.replace(algo="dpo"), min_length=16))
     if rung.name.startswith("vllm"):
         shape = mm.ModelShape.from_model("tiny-qwen2")
         return rung.apply(LadderState(VLLM, min_length=16, vllm_need=lambda c: int(mm.vllm_need(c, shape))))

@@ -36,7 +36,8 @@ def test_each_entry_names_a_factory_that_exists(name):
 def test_the_capabilities_the_rungs_and_options_read():
     assert DEFAULT_ALGO in ALGORITHMS and algorithm_names(rl=True) == ("grpo", "rloo", "ppo")
     assert algorithm_names(groups=True) == ("grpo", "rloo")
-    assert algorithm_names(activation_offloading=True) == ("sft", "reward")
+    assert algorithm_names(activation_offloading=True) == ("sft", "reward", "dpo", "kto")
+    assert algorithm_names(precompute_ref=True) == ("dpo", "kto")
     assert "ppo" not in algorithm_names(liger=True) + algorithm_names(engine_offload=True)
     assert algorithm_names(trl_command=None) == ("ppo",)  # TRL 1.13 removed it, with its command
     assert algorithm_names(estimated=True) == tuple(ALGORITHMS)  # PPO's ledger too

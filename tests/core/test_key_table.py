@@ -10,7 +10,7 @@ import pytest
 from autofit.core._key_table import KINDS, TABLE, classify, markdown, unclassified
 from autofit.core._keys_page import page
 
-ALGOS = ("sft", "grpo", "rloo", "reward")
+ALGOS = ("sft", "grpo", "rloo", "reward", "dpo", "kto")
 
 
 def script_fields(algo, extra=()):
