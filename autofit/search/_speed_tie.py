@@ -4,9 +4,10 @@ budget for tiny-qwen2, mb=4x2 with checkpointing timed 3% faster than mb=2x4 wit
 was 19% faster). Where the throughput model, calibrated on the search's timed probes, predicts the two further apart
 than its band, the model decides. Where it cannot split them (inside its band, or no model: ``--no-predict``, no
 rates), the search measures longer instead of guessing: both are verified (the run the chosen fit gets anyway, up to
-10 steps / 60 s) and the faster verified one is chosen (``SpeedJudge.settle``). The prediction runs on a named card's
-published rates on CUDA, and on the CPU meter on this machine's own, measured once in a child process (the search
-never imports torch)."""
+10 steps / 60 s) and the faster verified one is chosen (``SpeedJudge.settle``); where the verified timings tie too
+and one turns the other's rungs but for a quality rung (the drop pass's fit), the one that trades less. The
+prediction runs on a named card's published rates on CUDA, and on the CPU meter on this machine's own, measured once
+in a child process (the search never imports torch)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from autofit.memory_model import (
     card_named,
     measured_rates_card,
 )
+from autofit.rungs import QUALITY, RUNGS
 from autofit.search._guide import MemoryGuide
 from autofit.search._result import Fit, Record
 
@@ -65,6 +67,14 @@ def measured_noise(probe: ProbeResult, verification: ProbeResult) -> float:
 
 
 VERIFIED_TIE = "two fits within the noise"  # how the note of a tie settled by verifying both begins
+
+
+def _fewer_rungs(fit: Fit, than: Fit) -> bool:
+    """Whether ``than`` turns every rung ``fit`` turns and one more that costs quality (the drop pass's fit against
+    the level it dropped an 8-bit optimizer from): a quality rung must buy speed the measurement can see, where a
+    speed rung that times faster is simply faster."""
+    mine, theirs = set(fit.candidate.rungs), set(than.candidate.rungs)
+    return mine < theirs and any(getattr(RUNGS.get(name), "cost", None) == QUALITY for name in theirs - mine)
 
 
 class SpeedJudge:
@@ -198,6 +208,10 @@ class SpeedJudge:
             return ranked  # neither fits over the verification's steps: the search's loop says so for each
         (winner, won), (loser, lost) = sorted(runs, key=lambda p: (p[1].fits, p[1].tokens_per_second),
                                               reverse=True)
+        fewer = lost.fits and _fewer_rungs(loser, winner) and \
+            abs(won.tokens_per_second - lost.tokens_per_second) < band * won.tokens_per_second
+        if fewer:  # verified within the noise too: what the extra rung trades bought no measurable speed
+            (winner, won), (loser, lost) = (loser, lost), (winner, won)
         steps = {run.steps for _, run in runs}
         over = f"{steps.pop()} steps" if len(steps) == 1 else f"{won.steps} and {lost.steps} steps"
         predicted = self.predicted(winner, loser)
@@ -211,8 +225,9 @@ class SpeedJudge:
         note = (f"{VERIFIED_TIE} ({noise}): {first.candidate.describe()}'s probe timed "
                 f"{first.result.tokens_per_second:,.0f} tok/s, {rival.candidate.describe()}'s "
                 f"{rival.result.tokens_per_second:,.0f}, and {why}: both verified over {over}, "
-                f"{won.tokens_per_second:,.0f} tok/s for {winner.candidate.describe()} against {against}; the faster "
-                "verified is chosen")
+                f"{won.tokens_per_second:,.0f} tok/s for {winner.candidate.describe()} against {against}; " +
+                ("still within the noise, so the one without the quality rung is chosen" if fewer else
+                 "the faster verified is chosen"))
         if note not in self.notes:
             self.notes.append(note)
         log.info("%s", note)

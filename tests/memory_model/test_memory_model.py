@@ -537,7 +537,7 @@ def test_ppo_is_estimated_whatever_trl_is_installed():
 
 def test_estimate_bad_input_is_one_line():
     for argv in (["--model", "nope/nope", "--gpu-memory", "24GiB"], ["--model", "tiny-qwen2", "--gpu-memory", "lots"],
-                 ["--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--algo", "dpo"],
+                 ["--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--algo", "orpo"],
                  ["--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--num-generations", "4"]):
         done = _estimate(*argv)
         assert done.returncode == 2, (argv, done.stdout)

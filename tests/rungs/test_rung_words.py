@@ -26,8 +26,9 @@ def _bases() -> List[LadderState]:
                                  prompt_length=64, vllm="colocate", vllm_utilization=0.3,
                                  vllm_share_bytes=int(0.3 * 80e9)),
                        vllm_need=lambda c: int(mm.vllm_need(c, shape)))  # GRPO with a colocated vLLM
+    dpo = LadderState(Candidate(**{**plain, "algo": "dpo"}, device="cuda"))  # type: ignore[arg-type]
     return [LadderState(Candidate(device=device, ranks=ranks, **plain), min_length=64)  # type: ignore[arg-type]
-            for device in ("cuda", "cpu") for ranks in (1, 2)] + [vllm]
+            for device in ("cuda", "cpu") for ranks in (1, 2)] + [vllm, dpo]
 
 
 def _exported(candidate: Candidate) -> Dict[str, Any]:
