@@ -41,6 +41,8 @@ class Published:
     reading: str  # what the figure is, in the source's words, and which meter it reads
     not_expressed: str  # the source's settings our stack or ledger does not express
     card: Optional[float] = None  # bytes: a run published only as fitting or not (``measured`` None)
+    out_of_memory: bool = False  # the source ran out of memory (at its peak; ``phase``'s figure where one is given)
+    meter: str = "nvidia-smi"  # the estimate's figure the published one is compared with: "nvidia-smi" or "pytorch"
 
 
 LLAMA2_70B = ("--model", "benchmarks/models/Llama-2-70b-hf")
@@ -65,10 +67,46 @@ ROWS = (
               "61 (GiB) after the backward pass, out of memory at the optimizer step (tool not stated; read as "
               "**nvidia-smi**, in GiB)",
               "OpenRLHF's trainer (not TRL); compared with the estimate's nvidia-smi figure of that phase (its "
-              "PyTorch figure beside it)"),
+              "PyTorch figure beside it)", out_of_memory=True),
     Published("O1-offload", "O1 with its source's fix: `offload_optimizer: {device: cpu}` in its DeepSpeed block",
               "O1-offload.yaml", ("--gpu-memory", "A100-80GB", *LLAMA3_8B), None, None,
               "trains on the A100 80GB (no figure)", "OpenRLHF's trainer (not TRL); DeepSpeed's CPU Adam",
+              card=80 * GIB),
+)
+QWEN_05B = ("--model", "Qwen/Qwen2.5-0.5B")  # bundled; the -Instruct checkpoint has the same configuration
+FULL_LOGITS = ("the source's TRL materialized the full-vocabulary logits of chosen and rejected (TRL 1.16's DPO "
+               "computes the log-probabilities in chunks without them, the ledger's)")
+PREFERENCE_ROWS = (
+    Published("D1", "DPO of Qwen2.5-0.5B-Instruct, full, float32 weights with bf16 autocast, its reference a "
+              "float32 copy, 1 x A100, batch 4, 512 tokens (TRL PR #5926)", "D1.yaml",
+              ("--algo", "dpo", "--gpu-memory", "A100-40GB", *QWEN_05B), (15531 * 2**20, 15531 * 2**20), None,
+              "peak 15,531 MB after the PR (18,289 before it), over 3 steps; the meter is not stated (the author's "
+              "sibling PR reads `max_memory_allocated`): **PyTorch**, MB read as MiB",
+              f"{FULL_LOGITS}; the benchmark's data (its bench.py is not published: full lengths assumed); the "
+              "card, written \"A100 44GB\"", meter="pytorch"),
+    Published("D2", "DPO of Qwen2.5-0.5B-Instruct, TRL 0.16's quickstart defaults: float32 without autocast, "
+              "batch 8, 1,024 tokens, no checkpointing, 1 x A100 80GB (TRL issue #3168)", "D2.yaml",
+              ("--algo", "dpo", "--gpu-memory", "A100-80GB", *QWEN_05B), None, None,
+              "out of memory at step 0 (no figure)",
+              f"{FULL_LOGITS}: at batch 8 x 2 x 1,024 tokens one float32 copy is 10 GB, and TRL 0.16 kept its "
+              "log-softmax beside it", card=80 * GIB, out_of_memory=True),
+    Published("D2-bf16", "D2 with its fix: the model loaded in bfloat16", "D2-bf16.yaml",
+              ("--algo", "dpo", "--gpu-memory", "A100-80GB", *QWEN_05B), None, None,
+              "trains (no figure)", FULL_LOGITS, card=80 * GIB),
+    Published("D3", "DPO of zephyr-7b-sft-full (Mistral-7B), full, DeepSpeed ZeRO-3 (`deepspeed:`) on 8 GPUs, "
+              "batch 8 x 2, 1,024 tokens, its reference sharded too (alignment-handbook's zephyr-7b-beta recipe)",
+              "D3.yaml", ("--algo", "dpo", "--gpus", "8", "--gpu-memory", "A100-80GB", "--model",
+                          "benchmarks/models/Mistral-7B-v0.1"), None, None,
+              "\"You will require 8 GPUs (80GB of VRAM)\" (no figure)",
+              "TRL 0.7.7 (full-vocabulary logits) and DeepSpeed 0.12; the card's kind (80 GB, A100 assumed)",
+              card=80 * GIB),
+    Published("G5", "GRPO of Qwen2.5-3B-Instruct, full, DeepSpeed ZeRO-3 (`deepspeed:`) on 2 A800s, vLLM served "
+              "from a third at 0.5, batch 8 x 8 completions, prompt 256 + completion 4,096 tokens (Datawhale-R1)",
+              "G5.yaml", ("--algo", "grpo", "--max-prompt-length", "256", "--gpus", "2", "--gpu-memory", "A100-80GB",
+                          "--model", "benchmarks/models/Qwen2.5-3B-Instruct"), None, None,
+              "trained 450 steps in 20 hours (no figure)",
+              "TRL 0.14's vllm_device (vLLM on a GPU of the node, outside accelerate's processes: server mode here); "
+              "the vLLM GPU itself (0.5 of 80 GB for a 3B model) is the server's own --gpu-memory-utilization",
               card=80 * GIB),
 )
 
@@ -106,7 +144,7 @@ def table(_: Path) -> str:
     lines = ["| run | configuration (as its source launched it) | command | published (meter) | "
              "predicted: nvidia-smi (PyTorch) | error | not expressed |",
              "|---|---|---|---|---|---|---|"]
-    for row in chosen(ROWS):
+    for row in chosen(ROWS + PREFERENCE_ROWS):
         found = estimate(row)
         phases = found["phases"]
         peak, allocated = float(found["peak"]), float(found["allocated"])
@@ -116,13 +154,15 @@ def table(_: Path) -> str:
             value = smi
         else:
             shown, value = f"{_gb(peak)} ({_gb(allocated)}) [{found['phase']}]", peak
-        if row.key == "O1":
+            value = allocated if row.meter == "pytorch" else value
+        if row.out_of_memory and row.measured is not None:
             shown += ": out of memory, as published" if not found["fits"] else ": fits, unlike the source"
         if found["host"]:
             shown += f"; host {_gb(float(found['host']))}"
-        if row.measured is None:
-            verdict = "fits, as published" if found["fits"] else "does not fit, unlike the source"
-            error = verdict
+        if row.measured is None and row.out_of_memory:
+            error = "out of memory, as published" if not found["fits"] else "fits, unlike the source"
+        elif row.measured is None:
+            error = "fits, as published" if found["fits"] else "does not fit, unlike the source"
         else:
             low, high = row.measured
             middle = (low + high) / 2
