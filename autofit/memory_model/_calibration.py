@@ -9,6 +9,7 @@ from autofit.core import Candidate
 from autofit.memory_model._activations import train_tokens
 from autofit.memory_model._ledger import PRIOR_UNCERTAINTY, Ledger, phase_ledgers, predict
 from autofit.memory_model._shape import ModelShape
+from autofit.memory_model._stored_checks import check_figures
 
 # With calibration: the largest relative residual of the fitted points, at least this floor [A] ...
 CALIBRATED_UNCERTAINTY_FLOOR = 0.03
@@ -71,7 +72,11 @@ class Calibration:
         values = {k: v for k, v in data.items() if k in names}
         if values.get("shape") is not None:
             values["shape"] = ModelShape.from_dict(values["shape"])
-        return cls(**values)
+        calibration = cls(**values)
+        check_figures("memory_model", calibration, positive=("static_scale", "dynamic_scale"))
+        if calibration.method not in ("prior", "scale", "two-term"):
+            raise ValueError(f"memory_model.method is {calibration.method!r}: expected prior, scale or two-term")
+        return calibration
 
 
 def _solve(parts: Sequence[Tuple[float, float]], measured: Sequence[float]) -> Optional[Tuple[float, float]]:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from autofit.memory_model._census import Census, analytic_census, cached_census
+from autofit.memory_model._stored_checks import check_figures
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,10 @@ class ModelShape:
         values = {k: v for k, v in data.items() if k in names}
         if values.get("census") is not None:
             values["census"] = Census.from_dict(values["census"])
-        return cls(**values)
+        shape = cls(**values)
+        check_figures("shape", shape, positive=("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate",
+                                                "vocab", "dtype_bytes"))
+        return shape
 
 
 def _has_linear(census: Optional[Census], nested: bool, leaves: Tuple[str, ...]) -> bool:
