@@ -16,6 +16,7 @@ from autofit.core._algorithms import (
     algorithm_names,
     ppo_available,
 )
+from autofit.core._allocator_env import ALLOC_ENV, LEGACY_ALLOC_ENV, allocator_options
 from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, ProbeSettings
 from autofit.core._cards import CARDS, Card, card_named
 from autofit.core._compat import (
@@ -110,6 +111,7 @@ from autofit.core._sizes import format_size, parse_size
 from autofit.core._spec import FACTORIES, SEARCHED_ARGS, Baseline, SearchSpec
 
 __all__ = [
+    "ALLOC_ENV", "LEGACY_ALLOC_ENV", "allocator_options",
     "CARDS", "Card", "card_named", "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "USE_LIGER",
     "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "Launch", "LaunchEngine", "TrlFile",

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from autofit.core import Candidate
+from autofit.core import Candidate, allocator_options
 
 GiB = 2**30
 
@@ -14,13 +14,12 @@ CUDA_CONTEXT_BYTES = GiB // 2
 # live storages exactly: 1.0.
 RESERVED_FACTOR = 1.05
 RESERVED_FACTOR_EXPANDABLE = 1.02
-ALLOC_ENV = "PYTORCH_ALLOC_CONF"
 
 
 def reserved_factor(candidate: Candidate, device: str) -> float:
     if device != "cuda":
         return 1.0
-    if "expandable_segments:True" in dict(candidate.env).get(ALLOC_ENV, ""):
+    if "expandable_segments:True" in allocator_options(dict(candidate.env)):
         return RESERVED_FACTOR_EXPANDABLE
     return RESERVED_FACTOR
 

@@ -1,9 +1,8 @@
 """PyTorch's expandable segments: one growing segment per stream instead of fixed blocks, less fragmentation."""
 
+from autofit.core import ALLOC_ENV, allocator_options
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import FREE, LadderState
-
-ALLOC_ENV = "PYTORCH_ALLOC_CONF"
 
 
 class ExpandableSegments(RungBase):
@@ -15,10 +14,11 @@ class ExpandableSegments(RungBase):
 
     def apply(self, state: LadderState):
         candidate = state.candidate
-        given = dict(candidate.env).get(ALLOC_ENV, "")  # the user's env: block's, kept where the rung is not chosen
+        given = allocator_options(dict(candidate.env))  # the user's env: block's, kept where the rung is not chosen
         if candidate.device != "cuda" or "expandable_segments:True" in given or "backend:cudaMallocAsync" in given:
             return None  # already on, or CUDA's own allocator, which has no expandable segments
         kept = [part for part in given.split(",") if part and not part.startswith("expandable_segments:")]
-        value = ",".join(kept + ["expandable_segments:True"])  # the rung's key wins; the user's other options stay
+        # the rung's key wins, written to the name torch reads first; the user's other options (under either name) stay
+        value = ",".join(kept + ["expandable_segments:True"])
         env = tuple(sorted(dict(candidate.env, **{ALLOC_ENV: value}).items()))
         return state.with_rung(self, candidate_changes={"env": env})
