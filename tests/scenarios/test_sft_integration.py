@@ -217,7 +217,15 @@ def test_tight_budget_climbs_to_the_first_quality_rung_that_fits(tmp_path):
     best = json.loads((tmp_path / "best.json").read_text())
     assert code == 0, best["candidates"]
     assert best["rungs"][-1] == "quant-8bit"
-    assert "optimizer-8bit" not in best["rungs"]  # it bought nothing once the base is quantized: dropped
+    # the 8-bit optimizer bought nothing once the base is quantized: the drop pass finds the level without it fits;
+    # the two then time within a few percent of each other, and the choice is the speed judge's
+    # (tests/search/test_speed_verify.py): without the quality rung where the verified timings tie, the faster
+    # where they do not
+    assert any(note.startswith("optimizer-8bit dropped: mb=1x8 len=32 ckpt bfloat16 q8bit lora16 fits without it")
+               for note in best["notes"]), best["notes"]
+    if "optimizer-8bit" in best["rungs"]:
+        assert any(note.startswith("two fits within the noise") and note.endswith("the faster verified is chosen")
+                   for note in best["notes"]), best["notes"]
     assert best["cost_class"] == "quality"
     assert best["quantization"] == {"load_in_8bit": True} and best["peft"]["r"] == 16
     assert best["verified"]["peak_bytes"] <= 22 * 2**20
