@@ -24,6 +24,8 @@ READ_TIMEOUT_S = 300
 READABLE_ALGOS = tuple(a.name for a in ALGORITHMS.values() if a.trl_command)  # the trainers `trl` has a command for
 
 
+CLOCK_DEFAULTS = ("logging_dir",)  # training arguments whose default is computed from the time of reading
+
 def read_trl_file(path: str, algo: str, args: Sequence[str] = ()) -> TrlFile:
     """The file as ``trl <algo> --config FILE ARGS`` reads it; ``InputError`` with TRL's message (one line) when it
     refuses."""
@@ -50,9 +52,14 @@ def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlF
         raise InputError(f"--config {path}: " + _refusal(done, data, algo))
     fields = data["fields"]
     text, flagged = fold_flags(text, path, flags, fields)  # the launch's flags, written into its file
-    return TrlFile(path=path, algo=algo, text=text, training=fields.get("training", {}),
+    written = {**data.get("written", {}), **flagged}
+    # transformers < 5 defaults logging_dir to a folder named by the clock: the same file read a second later would
+    # be another question
+    training = {key: value for key, value in fields.get("training", {}).items()
+                if key not in CLOCK_DEFAULTS or key in written}
+    return TrlFile(path=path, algo=algo, text=text, training=training,
                    model=fields.get("model", {}), script=fields.get("script", {}),
-                   written={**data.get("written", {}), **flagged}, defaults=data.get("defaults", {}),
+                   written=written, defaults=data.get("defaults", {}),
                    launch=data.get("launch") or {})
 
 
