@@ -69,7 +69,7 @@ def measured_noise(probe: ProbeResult, verification: ProbeResult) -> float:
 VERIFIED_TIE = "two fits within the noise"  # how the note of a tie settled by verifying both begins
 
 
-def _fewer_rungs(fit: Fit, than: Fit) -> bool:
+def _drops_a_quality_rung(fit: Fit, than: Fit) -> bool:
     """Whether ``than`` turns every rung ``fit`` turns and one more that costs quality (the drop pass's fit against
     the level it dropped an 8-bit optimizer from): a quality rung must buy speed the measurement can see, where a
     speed rung that times faster is simply faster."""
@@ -208,9 +208,9 @@ class SpeedJudge:
             return ranked  # neither fits over the verification's steps: the search's loop says so for each
         (winner, won), (loser, lost) = sorted(runs, key=lambda p: (p[1].fits, p[1].tokens_per_second),
                                               reverse=True)
-        fewer = lost.fits and _fewer_rungs(loser, winner) and \
+        spares_quality = lost.fits and _drops_a_quality_rung(loser, winner) and \
             abs(won.tokens_per_second - lost.tokens_per_second) < band * won.tokens_per_second
-        if fewer:  # verified within the noise too: what the extra rung trades bought no measurable speed
+        if spares_quality:  # verified within the noise too: what the extra rung trades bought no measurable speed
             (winner, won), (loser, lost) = (loser, lost), (winner, won)
         steps = {run.steps for _, run in runs}
         over = f"{steps.pop()} steps" if len(steps) == 1 else f"{won.steps} and {lost.steps} steps"
@@ -226,7 +226,7 @@ class SpeedJudge:
                 f"{first.result.tokens_per_second:,.0f} tok/s, {rival.candidate.describe()}'s "
                 f"{rival.result.tokens_per_second:,.0f}, and {why}: both verified over {over}, "
                 f"{won.tokens_per_second:,.0f} tok/s for {winner.candidate.describe()} against {against}; " +
-                ("still within the noise, so the one without the quality rung is chosen" if fewer else
+                ("still within the noise, so the one without the quality rung is chosen" if spares_quality else
                  "the faster verified is chosen"))
         if note not in self.notes:
             self.notes.append(note)
