@@ -67,7 +67,8 @@ def host_memory_data(report: SearchReport, candidate: Candidate) -> Optional[Dic
     shape = memory_model.shape_or_none(candidate.model)
     predicted = memory_model.host_bytes(candidate, shape, candidate.device) if shape is not None else None
     return {"bytes": sum(measured.values()) or None, "predicted_bytes": round(predicted) if predicted else None,
-            "optimizer_bytes": measured.get("host_bytes"), "activation_bytes": measured.get("activation_host_bytes")}
+            "optimizer_bytes": measured.get("host_bytes"), "activation_bytes": measured.get("activation_host_bytes"),
+            "activation_kept_on_device_bytes": _stat(report, "activation_kept_bytes")}
 
 
 def engine_comments(report: SearchReport, candidate: Candidate) -> List[str]:
@@ -95,7 +96,10 @@ def engine_comments(report: SearchReport, candidate: Candidate) -> List[str]:
                      + " (ZeRO-3 and FSDP2 shard by the world size); on each machine set machine_rank and "
                      "main_process_ip in accelerate.yaml")
     if candidate.activation_offload:
-        host = _stat(report, "activation_host_bytes")
+        host, kept = _stat(report, "activation_host_bytes"), _stat(report, "activation_kept_bytes")
         lines.append("# activation offloading: saved activations in host memory until the backward pass"
                      + (f" (at most {format_size(host)} measured)" if host else "") + "; same math, slower steps")
+        if kept:  # see autofit/rungs/activation_offload/_probe.py
+            lines.append(f"# TRL kept up to {format_size(kept)} of them on the GPU in the probe: a freed address of "
+                         "one it had offloaded was reused, and its deduplication took the new tensor for the old")
     return lines

@@ -18,13 +18,20 @@ forward stash), with three stand-ins for what a CPU cannot show:
   node longer.
 
 On CUDA only the counting runs: the probe uses TRL's offloading as it is.
+
+TRL skips offloading a saved tensor whose storage address it offloaded earlier in the pass (its deduplication of
+views). It keys that by the address of the tensor it was given, but when it offloads a copy of a view the address can
+be freed and handed to a new tensor, which then stays on the device (``HostCount.kept``; TRL PR #6241 fixed one way
+this happened, 1.16 still has this one). How often depends on the allocator, so the probe counts those bytes
+rather than the ledger guessing them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any, ContextManager, Dict, Iterator
+import weakref
+from typing import Any, Callable, ContextManager, Dict, Iterator, Optional
 from unittest import mock
 
 from autofit.core import ACTIVATION_OFFLOADING, Candidate, FactoryMisuse
@@ -65,8 +72,8 @@ HOST_STREAMS = types.SimpleNamespace(
 )
 
 
-class HostCount:
-    """Bytes of host copies live now, and the most at once."""
+class _Bytes:
+    """Bytes live now, and the most at once."""
 
     def __init__(self) -> None:
         self.live = 0
@@ -75,6 +82,32 @@ class HostCount:
     def add(self, nbytes: int) -> None:
         self.live += nbytes
         self.peak = max(self.peak, self.live)
+
+
+class HostCount(_Bytes):
+    """Bytes of host copies live now, and the most at once; ``kept``: bytes TRL meant to offload but kept on the
+    device because their address was one it had offloaded from before (see the module's doc); ``meant``: the two
+    together, what TRL set out to offload."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = _Bytes()
+        self.meant = _Bytes()
+        self.kept_ids: Dict[int, int] = {}  # TRL's tensor id -> bytes kept on the device
+
+    def add(self, nbytes: int) -> None:
+        super().add(nbytes)
+        self.meant.add(nbytes)
+
+    def keep(self, tensor_id, nbytes: int) -> None:
+        self.kept_ids[tensor_id] = nbytes
+        self.kept.add(nbytes)
+        self.meant.add(nbytes)
+
+    def release(self, tensor_id) -> None:
+        nbytes = self.kept_ids.pop(tensor_id, 0)
+        self.kept.add(-nbytes)
+        self.meant.add(-nbytes)
 
 
 class _CountingTracker(dict):
@@ -102,11 +135,51 @@ class _CountingTracker(dict):
 
     def __delitem__(self, key) -> None:
         self._count.add(-self._host_bytes(self.get(key)))
+        self._count.release(key)
         super().__delitem__(key)
 
     def clear(self) -> None:
         self._count.add(-sum(self._host_bytes(value) for value in self.values()))
+        for key in self:
+            self._count.release(key)
         super().clear()
+
+
+def _storage_key_function() -> Optional[Callable[[Any], Any]]:
+    from trl.models import activation_offloading
+
+    return getattr(activation_offloading, "_get_unique_tensor_key", None)
+
+
+def _would_offload(context, activation) -> bool:
+    import torch
+
+    return (activation.device.type == context.accelerator_type and not isinstance(activation, torch.nn.Parameter)
+            and activation.element_size() * activation.nelement() >= context.min_tensor_size_bytes)
+
+
+def _counting_kept(context, count: HostCount) -> None:
+    """Wrap the context's pack hook to count what TRL keeps on the device for an address it tracks from a tensor
+    that no longer lives (the storage's owner, a view's base, is gone: the address is a new tensor's)."""
+    if _storage_key_function() is None or not getattr(context, "use_streams", False) \
+            or not hasattr(context, "storage_to_tensor_id"):
+        return
+    pack, key_of = context.pack_hook, _storage_key_function
+    owners: Dict[Any, Any] = {}  # storage key -> weak reference to the tensor owning the storage packed under it
+
+    def pack_counting(activation):
+        key = key_of()(activation)  # looked up per call, as TRL's pack does
+        owner = owners.get(key)
+        stale = (not context.is_first_forward_call  # the pass's first pack forgets the last pass's addresses
+                 and key in context.storage_to_tensor_id and (owner is None or owner() is None)
+                 and _would_offload(context, activation))
+        tensor_id = pack(activation)
+        owners[key] = weakref.ref(activation if activation._base is None else activation._base)
+        if stale:
+            count.keep(tensor_id, activation.element_size() * activation.nelement())
+        return tensor_id
+
+    context.pack_hook = pack_counting
 
 
 def _counted(original, count: HostCount):
@@ -114,6 +187,7 @@ def _counted(original, count: HostCount):
         context = original(model, *args, **kwargs)
         if hasattr(context, "tracker"):
             context.tracker = _CountingTracker(count)
+            _counting_kept(context, count)
         return context
 
     return build
@@ -132,6 +206,7 @@ def _on_simulated_device(original, count: HostCount, meter):
         if not hasattr(context, "tracker"):  # offloading off (a no-op manager): nothing to stand in for
             return context
         context.tracker = _CountingTracker(count, meter)
+        _counting_kept(context, count)
         context.unpack_hook = _brought_back_to_device(context.unpack_hook, meter)
         return context
 
@@ -164,9 +239,10 @@ def instrumented(meter, simulated: bool) -> Iterator[HostCount]:
         yield count
 
 
-def offloaded_activations(trainer, host_copies, meter) -> int:
-    """The most host memory the offloaded activations took at once; on the simulated meter they leave the device's
-    peaks, and its budget is checked now. A trainer that did not offload measured something else: an error."""
+def offloaded_activations(trainer, host_copies, meter) -> Dict[str, int]:
+    """The most host memory the offloaded activations took at once, the most TRL kept on the device instead (see the
+    module's doc), and the most of the two together; on the simulated meter they leave the device's peaks, and its
+    budget is checked now. A trainer that did not offload measured something else: an error."""
     if not getattr(trainer.args, ACTIVATION_OFFLOADING, False):
         raise FactoryMisuse(
             "the candidate offloads activations but the trainer's config has activation_offloading off: build the "
@@ -174,7 +250,8 @@ def offloaded_activations(trainer, host_copies, meter) -> int:
         )
     if hasattr(meter, "check_budget"):
         meter.check_budget()
-    return host_copies.peak
+    return {"activation_host_bytes": host_copies.peak, "activation_kept_bytes": host_copies.kept.peak,
+            "activation_meant_bytes": host_copies.meant.peak}
 
 
 class ActivationOffloadStep(ProbeStep):
@@ -189,4 +266,4 @@ class ActivationOffloadStep(ProbeStep):
 
     def read_back(self, trainer: Any, candidate: Candidate, meter: Any, handle: Any,
                   observed: Dict[str, Any]) -> Dict[str, Any]:
-        return {"activation_host_bytes": offloaded_activations(trainer, handle, meter)}
+        return offloaded_activations(trainer, handle, meter)
