@@ -18,6 +18,7 @@ import yaml
 
 from autofit.core import InputError, one_line
 from autofit.launch._config_file import read_config_text
+from autofit.launch._engine_values import check_accelerate_values, check_deepspeed_config
 
 FLAG = "--accelerate-config"
 # accelerate's DistributedType values (accelerate.utils.DistributedType): what a config file's distributed_type takes
@@ -61,7 +62,7 @@ def read_accelerate_config(value: str, where: str = FLAG) -> Dict[str, Any]:
     """``{"path", "values"}``: the file as accelerate reads it, its DeepSpeed JSON read into
     ``deepspeed_config["deepspeed_config_file_values"]``; ``InputError`` (one line naming the value, as ``where``
     names it, and what is accepted) for a missing, unreadable or non-YAML file or a ``distributed_type`` accelerate
-    does not know."""
+    does not know, or an engine value accelerate or DeepSpeed does not take (``autofit.launch._engine_values``)."""
     path = resolve(value, where)
     text = _text(path, where)
     try:
@@ -79,6 +80,7 @@ def read_accelerate_config(value: str, where: str = FLAG) -> Dict[str, Any]:
     if str(kind) not in DISTRIBUTED_TYPES:
         raise InputError(f"{where} {value}: distributed_type {kind!r} is not one accelerate knows: accepted are "
                          f"{', '.join(DISTRIBUTED_TYPES)}")
+    check_accelerate_values(values, f"{where} {value}")
     deepspeed = values.get("deepspeed_config")
     if isinstance(deepspeed, dict) and deepspeed.get("deepspeed_config_file"):
         deepspeed = {**deepspeed, "deepspeed_config_file_values": read_deepspeed_json(
@@ -97,6 +99,7 @@ def read_deepspeed_json(path: str, where: str) -> Dict[str, Any]:
         raise InputError(f"{where} {path}: not JSON DeepSpeed can read ({one_line(exc)})") from None
     if not isinstance(values, dict):
         raise InputError(f"{where} {path}: a DeepSpeed config is a JSON object, not {type(values).__name__}")
+    check_deepspeed_config(values, f"{where} {path}")
     return values
 
 

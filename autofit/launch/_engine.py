@@ -23,6 +23,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from autofit.core import LaunchEngine, accelerate_notes
 from autofit.launch._accelerate_file import read_accelerate_config, read_deepspeed_json, zero_settings
+from autofit.launch._engine_values import (
+    COUNT_KEYS,
+    PLUGIN_OFFLOADS,
+    check_count,
+    check_offload_device,
+    check_zero_stage,
+    zero_stage,
+)
 
 FSDP_STRATEGIES = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2")
 
@@ -88,7 +96,7 @@ def _fsdp_plugin(fsdp: Dict[str, Any], name: str) -> LaunchEngine:
 
 
 def _deepspeed_plugin(ds: Dict[str, Any], name: str) -> LaunchEngine:
-    stage, optimizer, param = ds.get("zero_stage"), ds.get("offload_optimizer_device", "none"), \
+    stage, optimizer, param = zero_stage(ds.get("zero_stage")), ds.get("offload_optimizer_device", "none"), \
         ds.get("offload_param_device", "none")
     if ds.get("deepspeed_config_file"):  # accelerate takes the JSON's settings over the plugin's then
         values = ds.get("deepspeed_config_file_values") or read_deepspeed_json(
@@ -146,11 +154,24 @@ def _overlay(values: Dict[str, Any], launch: Dict[str, Any]) -> Dict[str, Any]:
     return merged
 
 
+def _check_launch_options(launch: Dict[str, Any]) -> None:
+    """``accelerate launch``'s own engine options, named as the user typed them."""
+    for key in COUNT_KEYS:
+        if launch.get(key) is not None:
+            check_count(launch[key], f"--{key}", "accelerate launch")
+    if launch.get("zero_stage") is not None:
+        check_zero_stage(launch["zero_stage"], "--zero_stage", "accelerate launch")
+    for key in PLUGIN_OFFLOADS:
+        if launch.get(key) is not None:
+            check_offload_device(launch[key], f"--{key}", "accelerate launch")
+
+
 def launch_engine(training: Dict[str, Any], written: Dict[str, Any], launch: Dict[str, Any],
                   door_file: Optional[Dict[str, Any]] = None) -> LaunchEngine:
     """The engine, processes and machines the user's launch runs (the training arguments' FSDP first, as the
     Trainer's FSDP plugin is built from them whatever accelerate's file says). ``door_file``: the accelerate config
     given at autofit's door (``--accelerate-config``), which wins over the file's ``accelerate_config``."""
+    _check_launch_options(launch)
     config = door_file or launch.get("config_file") or {}
     if config.get("path") and "values" not in config:  # the launch's own (the file's accelerate_config, a flag's)
         key = "accelerate_config" if written.get("accelerate_config") else "--config_file"
