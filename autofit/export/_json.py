@@ -40,7 +40,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None, answer: Opti
         },
         "notes": report.notes,
         "request": spec.options.record(),
-        "study": {"name": spec.study_name(), "journal": STUDY_FILE},
+        "study": {"name": spec.study_name(), "journal": STUDY_FILE, "fingerprint": report.fingerprint or None},
         "candidates": [
             {
                 "kind": r.kind,

@@ -159,9 +159,11 @@ def check_best(data: Dict[str, Any], path: Path) -> None:
                          "what autofit search writes (run the search again)")
 
 
-def read_probes(out_dir: Path, study_name: Optional[str]) -> List[Probe]:
-    """Every finished probe of the study, in the order they ran (a record the report cannot read is left out, with a
-    warning, as the search leaves it out of its reuse)."""
+def read_probes(out_dir: Path, study_name: Optional[str], fingerprint: Optional[str] = None) -> List[Probe]:
+    """Every finished probe of the study, in the order they ran, that was measured on ``fingerprint`` where one is
+    given (the search's: a probe of the model's earlier configuration, or on other libraries, is another question's;
+    best.json's notes say how many the search measured again). A record the report cannot read is left out, with a
+    warning, as the search leaves it out of its reuse."""
     path = out_dir / STUDY_FILE
     if not path.is_file():
         raise InputError(f"{path} does not exist: the report is drawn from the study a search leaves there")
@@ -178,6 +180,8 @@ def read_probes(out_dir: Path, study_name: Optional[str]) -> List[Probe]:
         result, candidate = trial.user_attrs.get("result"), trial.user_attrs.get("candidate")
         if not result or not candidate:
             continue  # interrupted: no result
+        if fingerprint and trial.user_attrs.get("fingerprint") != fingerprint:
+            continue
         try:
             probe = Probe(
                 number=trial.number, level=int(trial.params.get("level", 0)),
@@ -217,7 +221,10 @@ def _trials(path: Path, study_name: Optional[str]) -> List[Any]:
 
 def gather(out_dir: Path) -> ReportData:
     best = read_best(out_dir)
-    data = ReportData(out_dir, best, read_probes(out_dir, (best.get("study") or {}).get("name")))
+    study = best.get("study") or {}
+    fingerprint = study.get("fingerprint")
+    data = ReportData(out_dir, best, read_probes(out_dir, study.get("name"),
+                                                 fingerprint if isinstance(fingerprint, str) else None))
     calibration = _calibration(best)
     if calibration is not None:
         data.curves = _curves(data, calibration)

@@ -96,6 +96,7 @@ class SearchReport:
     speed_skipped: List[SpeedSkip] = field(default_factory=list)  # not timed (autofit.search._speed_skip)
     speed_model: Optional[memory_model.SpeedCalibration] = None  # the throughput model calibrated on the timings
     answer: Any = None  # the answer as the export derived it once (``autofit.export.Answer``), set when written
+    fingerprint: str = ""  # what this search's probes were measured on (``autofit.search._store.fingerprint``)
 
     @property
     def fits(self) -> bool:

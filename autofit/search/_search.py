@@ -60,7 +60,7 @@ class Search:
         self.store = store or ProbeStore(spec.options.out_dir, spec.study_name(), spec.budget_bytes,
                                          self.ladder_len + REBUILT_LEVELS, spec.options.effective_batch,
                                          spec.max_length, measured_on(spec), spec.question_key())
-        self.report = SearchReport(spec, self.levels, ladder_len=self.ladder_len)
+        self.report = SearchReport(spec, self.levels, ladder_len=self.ladder_len, fingerprint=self.store.fingerprint)
         self.report.notes.extend(getattr(self.store, "notes", []))
         self.report.notes.extend(unavailable)
         self.guide = MemoryGuide(spec, self.report, model_shape(spec) if spec.options.predict else None)

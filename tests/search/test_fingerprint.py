@@ -4,6 +4,7 @@ factory was named by that one function's bytecode alone (not the helpers it call
 data files it loads). Each of these can change a peak, and each now changes the fingerprint or the identity."""
 
 import textwrap
+from pathlib import Path
 
 from autofit.probe._factory import identity
 from autofit.search import _store
@@ -67,3 +68,41 @@ def test_a_factorys_helpers_globals_and_data_files_are_in_its_identity(tmp_path)
     assert third != second  # a helper's change
     data.write_text('{"text": "' + "long " * 1000 + '"}\n')  # the data the factory loads
     assert identity(load(source)) != third
+
+
+def test_a_config_json_edited_between_two_runs_is_not_mixed_into_the_answer_or_the_report(tmp_path):
+    """Issue 50, item 7: the model's config.json edited between two runs of one search. The second run measures
+    again (a note says so), and its best.json and report.html show its own probes only, not both configurations'."""
+    import json
+
+    from fakes import FormulaRunner, MiB, formula_spec
+
+    from autofit.export import write as export_write
+    from autofit.report._data import gather
+    from autofit.rungs import resolve_ladder
+    from autofit.search import Search
+
+    model = tmp_path / "model"
+    model.mkdir()
+    config = json.loads((Path(_store.__file__).parents[1] / "models" / "tiny-qwen2.json").read_text())
+    (model / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+
+    def run():
+        report = Search(formula_spec(out, 900 * MiB, model=str(model)), FormulaRunner(900 * MiB),
+                        resolve_ladder(["micro-batch"])).run()
+        export_write(report, out)
+        return report, json.loads((out / "best.json").read_text())
+
+    first, first_best = run()
+    again, again_best = run()  # unchanged: everything is reused, nothing probed
+    assert again.probes_run == 0 and again_best["study"]["fingerprint"] == first_best["study"]["fingerprint"]
+    runs_before = len(gather(out).probes)
+    config["num_hidden_layers"] += 2
+    (model / "config.json").write_text(json.dumps(config))
+    edited, edited_best = run()
+    assert edited.probes_run == first.probes_run  # measured again, on the edited configuration
+    assert edited_best["study"]["fingerprint"] != first_best["study"]["fingerprint"]
+    assert any("measured on another configuration of the model" in note for note in edited_best["notes"])
+    shown = gather(out).probes
+    assert len(shown) == edited.probes_run < runs_before + edited.probes_run  # this run's probes, not both
