@@ -6,8 +6,9 @@ Nothing else in autofit inspects exception types or error strings. A failed prob
   CRASH, TIMEOUT: no answer);
 - ``fault``: whose problem it is when it is not the candidate's: ``"infrastructure"`` (the machine or the
   environment: a bad fork, no disk space, a CUDA driver that cannot start, a missing package) or ``"user"`` (an
-  exception raised by the user's own trainer factory, or a factory that returns something that is not a Trainer);
-  empty when the failure belongs to the candidate;
+  exception raised by the user's own trainer factory, or a factory that returns something that is not a Trainer) or
+  ``"plugin"`` (a rung of another package failed in its own probe-step code: ``PluginStepError``); empty when the
+  failure belongs to the candidate;
 - ``cause``: a short stable code for the reason (``bad-fork``, ``disk``, ``cuda``, ``import``, ``factory``, ...).
 
 The search stops on a user fault at once and on the same non-memory error for two different candidates; it never
@@ -36,6 +37,7 @@ class Outcome(str, enum.Enum):
 
 INFRASTRUCTURE = "infrastructure"
 USER = "user"
+PLUGIN = "plugin"
 
 # Causes (``ProbeResult.cause``).
 BAD_FORK = "bad-fork"  # the probe was forked from a process that had initialized CUDA
@@ -104,6 +106,11 @@ _FIELD_TYPES = {
     "config_defaults": (dict,), "fault": (str,), "cause": (str,), "log_path": (str,), "detail": (str,),
     "origin": (str,), "generation_tokens_per_second": (float, int), "observed": (dict,),
 }
+
+
+class PluginStepError(RuntimeError):
+    """The probe step of another package's rung raised in its own code, or could not be imported: that package's
+    fault, its message one line naming the package (the search stops on it: exit 2)."""
 
 
 class FactoryMisuse(TypeError):
@@ -221,6 +228,8 @@ def classify_exception(exc: BaseException, *, stage: str = "train", user_factory
 
     if isinstance(exc, BuildTimeout):
         return Outcome.TIMEOUT, (USER if user_factory else ""), "build-timeout"
+    if isinstance(exc, PluginStepError):
+        return Outcome.CRASH, PLUGIN, "plugin-step"
     text = _text(exc)
     if isinstance(exc, torch.OutOfMemoryError) or any(marker in text for marker in _OOM_MARKERS):
         return Outcome.OOM, "", "oom"

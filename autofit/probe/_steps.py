@@ -12,10 +12,10 @@ of the user's own DeepSpeed run.
 from __future__ import annotations
 
 import importlib
-from typing import Dict, FrozenSet, List, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, Sequence, Set, Tuple
 
-from autofit.core import Candidate, Outcome
-from autofit.rungs import DEFAULT_LADDER, ProbeStep, hook_problem, probe_steps
+from autofit.core import PLUGIN, Candidate, FactoryMisuse, Outcome, PluginStepError, classify_exception, one_line
+from autofit.rungs import DEFAULT_LADDER, ProbeStep, hook_problem, package_of, probe_steps
 
 # Steps of no rung's, considered by every probe.
 NO_RUNGS = ("autofit.rungs.engines._probe:OwnDeepSpeedStep",)
@@ -31,9 +31,37 @@ def considered(candidate: Candidate) -> List[ProbeStep]:
     return [load(path, frozenset(names)) for path, names in rungs.items()]
 
 
+def _is_autofits(module: str) -> bool:
+    return module.split(".")[0] == "autofit"
+
+
+def _plugin_failure(path: str, rungs: FrozenSet[str], what: str, exc: BaseException) -> PluginStepError:
+    """One line naming the rung and the package that offers it (as the search's process names it), else the
+    step's module."""
+    name = sorted(rungs)[0] if rungs else None
+    package = (package_of(name) if name else None) or f"module {path.partition(':')[0]}"
+    return PluginStepError(f"{f'rung {name!r}' if name else 'a rung'} of {package}: its probe step {path} {what}: "
+                           f"{type(exc).__name__}: {one_line(exc)}")
+
+
+def call(step: ProbeStep, hook: str, *args: Any, enter_into: Any = None) -> Any:
+    """A step's hook, called (``around``'s manager entered into the ``enter_into`` stack); another package's step
+    raising in its own code is that package's fault (``PluginStepError``), but for an out-of-memory (an answer about
+    the candidate) and a factory that ignored the candidate (the user's)."""
+    try:
+        answer = getattr(step, hook)(*args)
+        return enter_into.enter_context(answer) if enter_into is not None else answer
+    except Exception as exc:
+        if _is_autofits(type(step).__module__) or isinstance(exc, FactoryMisuse) \
+                or classify_exception(exc)[0] is Outcome.OOM:
+            raise
+        path = f"{type(step).__module__}:{type(step).__qualname__}"
+        raise _plugin_failure(path, step.rungs, f"failed in {hook}()", exc) from exc
+
+
 def load(path: str, rungs: FrozenSet[str] = frozenset()) -> ProbeStep:
     """The step at ``path`` (``"module:attribute"``: a ``ProbeStep`` subclass or instance); an error of one line
-    naming the path when it cannot be imported."""
+    naming the path when it cannot be imported (a missing module: the machine's, "install the missing package")."""
     module, _, attribute = path.partition(":")
     try:
         found = getattr(importlib.import_module(module), attribute)
@@ -52,7 +80,9 @@ def load(path: str, rungs: FrozenSet[str] = frozenset()) -> ProbeStep:
 def claimed(steps: Sequence[ProbeStep], candidate: Candidate, outcome: Outcome, fault: str, cause: str
             ) -> Tuple[Outcome, str]:
     """A failure's outcome and cause, once the active steps have had their say: the last step first, the first answer
-    kept."""
+    kept. A plugin's own failure is not theirs to claim."""
+    if fault == PLUGIN:
+        return outcome, cause
     for step in reversed(steps):
         answer = step.failure(candidate, outcome, fault, cause)
         if answer is not None:

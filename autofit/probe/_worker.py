@@ -77,13 +77,13 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
         if any(step.stage == "load" for step in active):
             stage = "load"  # a step's failures belong to its rung (``failure``), not to the machine
         for step in active:
-            step.before_build(candidate)
+            steps.call(step, "before_build", candidate)
         meter = make_meter(candidate, budget_bytes)
         phases.follow(meter)
         with contextlib.ExitStack() as around:
             if candidate.device == "cpu":
                 around.enter_context(meter)
-            handles = [around.enter_context(step.around(candidate, meter)) for step in active]
+            handles = [steps.call(step, "around", candidate, meter, enter_into=around) for step in active]
             stage = "load"
             meter.set_phase("load")
             fill = contextlib.nullcontext() if candidate.real_weights else virtual_checkpoint.fill_on_load()
@@ -92,7 +92,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             check_trainer(trainer, candidate)
             observed = describe_trainer(trainer, candidate)
             for step in active:
-                step.after_build(trainer, candidate, observed)
+                steps.call(step, "after_build", trainer, candidate, observed)
             if hasattr(meter, "track"):  # weights loaded from disk bypass the dispatch mode
                 meter.track(*models_of(trainer))
             stage = "train"
@@ -102,7 +102,7 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             trainer.train()
             host_stats: Dict = {}
             for step, handle in zip(active, handles, strict=True):
-                host_stats.update(step.read_back(trainer, candidate, meter, handle, observed))
+                host_stats.update(steps.call(step, "read_back", trainer, candidate, meter, handle, observed))
         peaks = {phase: peak + vllm_reserved(candidate) for phase, peak in meter.peaks().items()}
         held = {phase: peak for phase, peak in peaks.items() if phase not in exempt_phases(candidate)}
         over = over_budget(held, budget_bytes) if exempt_phases(candidate) else None

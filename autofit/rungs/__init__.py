@@ -41,7 +41,7 @@ from autofit.rungs._microbatch import MicroBatch
 from autofit.rungs._offload import OptimizerOffload
 from autofit.rungs._optimizer import EightBitOptimizer
 from autofit.rungs._plugins import GROUP as ENTRY_POINT_GROUP
-from autofit.rungs._plugins import PluginError
+from autofit.rungs._plugins import PluginError, package_of
 from autofit.rungs._precision import Bf16Weights
 from autofit.rungs._precompute_ref import PrecomputeReference
 from autofit.rungs._quantization import QuantizedBase
@@ -78,7 +78,7 @@ __all__ = [
     "FREE_UNDER_ADAPTERS", "FSDP_ENGINES", "NEVER_DROPPED", "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS",
     "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments",
     "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload",
-    "PrecomputeReference", "PluginError", "ProbeStep", "QuantizedBase", "Rung", "RungBase", "Sharding",
+    "PrecomputeReference", "PluginError", "package_of", "ProbeStep", "QuantizedBase", "Rung", "RungBase", "Sharding",
     "ShorterSequences", "VllmContext", "VllmShare", "accepted_names", "climb", "deepspeed_config", "free_port",
     "is_builtin", "launch_env", "launch_line", "probe_steps", "process_env", "rank_env", "register",
     "remove_stale_engine_files", "replacement_trade", "resolve_ladder", "rung_named", "usable_rungs",

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from autofit.core import InputError, one_line
 from autofit.rungs._contract import RungBase, hook_problem
-from autofit.rungs._ladder import COSTS, Rung
+from autofit.rungs._ladder import COSTS, LadderState, Rung
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,12 @@ def offered(builtin: Callable[[str], bool] = lambda name: False) -> Dict[str, Li
         _say(f"the rung '{name}' of {', '.join(_package(e) for e in found.pop(name))} (entry point {GROUP}) is "
              "ignored: autofit has a built-in rung of that name")
     return found
+
+
+def package_of(name: str) -> Optional[str]:
+    """The package that offers the rung ``name`` (``package autofit-broken 0.1``), None where none does."""
+    entries = offered().get(name)
+    return _package(entries[0]) if entries else None
 
 
 def load(name: str, entries: List[Any]) -> Rung:
@@ -156,7 +162,33 @@ def _answering(method: Callable[..., Any], attr: str, where: str) -> Callable[..
                 return None
             raise PluginError(f"{where}: {failed}") from None
 
-    return call
+    if attr != "apply":
+        return call
+
+    @functools.wraps(method)
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        state = call(*args, **kwargs)
+        problem = answer_problem(state)
+        if problem:
+            raise PluginError(f"{where}: its apply() {problem}")
+        return state
+
+    return apply
+
+
+def answer_problem(state: Any) -> Optional[str]:
+    """What is wrong with a rung's answer, or None: ``apply`` answers None or a ``LadderState`` whose candidate's
+    sizes are positive whole numbers (a micro-batch of -1 had been probed as mb=-1x-8)."""
+    if state is None:
+        return None
+    if not isinstance(state, LadderState):
+        return f"returned {type(state).__name__}, not None or a LadderState (state.with_rung(...))"
+    candidate = state.candidate
+    for size in ("micro_batch", "grad_accum", "max_length"):
+        value = getattr(candidate, size, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"set {size} to {value!r}: a positive whole number is accepted"
+    return None
 
 
 def _say(note: str) -> None:

@@ -6,6 +6,8 @@
   aside) stops it after the second: with ``FactoryError`` when it comes from a user's factory and not from the
   machine, else with ``InfrastructureError`` (the CLI's exit 4): a bad fork, a full disk, a CUDA driver that
   cannot start, a missing package, a probe killed by the host.
+- A **plugin fault** (another package's rung failed in its own probe-step code) stops it at once with that
+  package's ``PluginError`` (exit 2): its step runs in every probe of its levels.
 - A search that ends with no fit although no probe ran out of memory and the memory model ruled nothing out has
   not learnt that nothing fits: ``InfrastructureError`` too.
 
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple
 
-from autofit.core import INFRASTRUCTURE, USER, Candidate, Outcome, ProbeResult, clip
+from autofit.core import INFRASTRUCTURE, PLUGIN, USER, Candidate, Outcome, PluginStepError, ProbeResult, clip
 from autofit.probe import FactoryError
+from autofit.rungs import PluginError
 
 if TYPE_CHECKING:
     from autofit.search._result import Record
@@ -76,6 +79,9 @@ class FaultWatch:
     def observe(self, candidate: Candidate, result: ProbeResult) -> None:
         if result.fault == USER:
             raise factory_failure(candidate, result)
+        if result.fault == PLUGIN:
+            said = result.error.removeprefix(f"{PluginStepError.__name__}: ")
+            raise PluginError(f"{said}{_where(result)}; the search stops ({candidate.describe()})")
         if result.outcome is not Outcome.CRASH:
             return  # OOM answers the question; INVALID belongs to its rung; a time-out to its candidate
         signature = result.signature()

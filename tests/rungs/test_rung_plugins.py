@@ -7,6 +7,7 @@ The end-to-end search with the plugin's rung is in ``tests/scenarios/test_rung_p
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -225,6 +226,50 @@ def test_a_packages_rung_failing_in_the_search_is_one_line_naming_it(broken, cap
     code = cli.main(["estimate", "--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--ladder", "micro-batch,faulty"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and "its apply() failed: RuntimeError: boom in apply" in err
+
+
+@pytest.mark.parametrize("name,problem", [
+    ("wrong-answer", "its apply() returned dict, not None or a LadderState"),
+    ("negative-batch", "micro_batch"),
+])
+def test_a_packages_rung_that_answers_wrongly_is_named_before_any_probe(broken, tmp_path, capsys, name, problem):
+    """Issue 50, item 3: apply() returning a dict was a traceback; a micro-batch of -1 was probed as mb=-1x-8."""
+    try:
+        from fakes import FormulaRunner, formula_spec
+    except ImportError:  # tests/ became a package
+        from tests.fakes import FormulaRunner, formula_spec
+    from autofit.search import Search
+
+    [rung] = resolve_ladder([name])
+    with pytest.raises(PluginError, match=rf"^rung '{name}' of package autofit-broken 0.1: .*{re.escape(problem)}"):
+        rung.apply(LadderState(candidate()))
+    runner = FormulaRunner(2**20)  # nothing fits at the first level: the search climbs to the broken rung
+    with pytest.raises(PluginError, match=re.escape(problem)):
+        Search(formula_spec(tmp_path, 2**20), runner, resolve_ladder(["micro-batch", name])).run()
+    assert all(c.micro_batch >= 1 and c.grad_accum >= 1 for c in runner.candidates)
+    code = cli.main(["estimate", "--model", "tiny-qwen2", "--gpu-memory", "1GiB", "--ladder", f"micro-batch,{name}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1 and "autofit-broken 0.1" in err, err
+
+
+@pytest.mark.slow
+def test_a_packages_probe_step_that_fails_is_the_packages_fault(broken, tmp_path):
+    """Issue 50, item 3: a plugin's probe step raising ended in "nothing fits ... even with <rung>" (exit 3). The
+    probe says whose fault it is, and the search stops on it naming the package (exit 2)."""
+    from autofit.core import PLUGIN, Outcome, ProbeSettings
+    from autofit.probe._worker import run_probe
+    from autofit.probe.algos import sft
+    from autofit.search._faults import FaultWatch
+
+    path = "autofit_broken.probe:FailingStep"
+    what = f"its probe step {path} failed in after_build(): RuntimeError: boom in the step"
+    probe = ProbeSettings(steps=1, output_dir=str(tmp_path / "probe"), rung_steps=(("step-fails", path),))
+    stepping = candidate(max_length=32, micro_batch=1, rungs=("step-fails",), probe=probe)
+    result = run_probe(sft.build_trainer, stepping, None)
+    assert result.outcome is Outcome.CRASH and result.fault == PLUGIN, result.error
+    assert f"rung 'step-fails' of package autofit-broken 0.1: {what}" in result.error
+    with pytest.raises(PluginError, match=r"^rung 'step-fails' of package autofit-broken 0.1: its probe step"):
+        FaultWatch(user_factory=False).observe(stepping, result)
 
 
 # -- the plugin's surface --------------------------------------------------------------------------------------------

@@ -54,3 +54,31 @@ class Needy(Misnamed):
 
     def unavailable(self, device):
         raise OSError("cannot tell")
+
+
+class WrongAnswer(Misnamed):
+    """Loads, and answers apply() with a dict where a LadderState belongs."""
+
+    name = "wrong-answer"
+
+    def apply(self, state):
+        return {"micro_batch": 1}
+
+
+class NegativeBatch(Misnamed):
+    """Loads, and sets a micro-batch of -1."""
+
+    name = "negative-batch"
+
+    def apply(self, state):
+        return state.with_rung(self, candidate_changes={"micro_batch": -1})
+
+
+class StepFails(Misnamed):
+    """Loads and climbs; its probe step raises in the probe."""
+
+    name = "step-fails"
+    probe_step = "autofit_broken.probe:FailingStep"
+
+    def apply(self, state):
+        return state.with_rung(self)
