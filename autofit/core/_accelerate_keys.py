@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from autofit.core._files import clip
 from autofit.core._key_table import NO_MEMORY, NOT_PROBED
 from autofit.core._knob import MODELLED
 
@@ -103,10 +104,14 @@ def _is_off(key: str, value: Any) -> bool:
     return value in _OFF
 
 
+UNKNOWN_NAMED = 8  # unknown keys named one by one; past that, one note counts them
+
+
 def accelerate_notes(values: Dict[str, Any], name: str) -> List[str]:
     """The keys of an accelerate config (as read, the launch's options over it) that the ledger does not describe,
     each in a note: a not-probed feature turned on, and a key the table does not know."""
-    notes = []
+    notes: List[str] = []
+    unknown: List[str] = []
     kind = str(values.get("distributed_type", "")).upper()
     for section, table in SECTIONS.items():
         block = values.get(section, {}) if section else values
@@ -116,14 +121,17 @@ def accelerate_notes(values: Dict[str, Any], name: str) -> List[str]:
         for key, value in block.items():
             if key == "deepspeed_config_file_values":  # the JSON, read by autofit
                 continue
-            where = f"{section}.{key}" if section else key
+            where = clip(f"{section}.{key}" if section else str(key), 80)
             entry = table.get(key)
             if entry is None:
-                notes.append(f"{where}: {value!r} in {name} (a key of accelerate's config autofit's key table does "
-                             "not know)")
+                unknown.append(f"{where}: {clip(repr(value), 80)}")
             elif entry[0] == NOT_PROBED and not _is_off(key, value):
-                notes.append(f"{entry[1]} ({where}: {value!r} in {name})")
-    return notes
+                notes.append(f"{entry[1]} ({where}: {clip(repr(value), 80)} in {name})")
+    if len(unknown) > UNKNOWN_NAMED:  # one note, of a bounded length, for a file of thousands of keys
+        return notes + [f"{len(unknown)} keys of accelerate's config autofit's key table does not know in {name}: "
+                        f"{'; '.join(unknown[:UNKNOWN_NAMED])}; and {len(unknown) - UNKNOWN_NAMED} more"]
+    return notes + [f"{item} in {name} (a key of accelerate's config autofit's key table does not know)"
+                    for item in unknown]
 
 
 def markdown_sections() -> List[str]:

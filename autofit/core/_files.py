@@ -121,13 +121,17 @@ def read_own_file(path: Path, limit: int = 64 << 20) -> str:
 def cache_subfolder(*parts: str) -> Path:
     """``cache_dir() / parts``, each level created where missing (for its owner only) and checked as the root is."""
     folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    check_private(folder)
-    for part in parts:
-        folder = folder / part
-        with contextlib.suppress(FileExistsError):
-            folder.mkdir(mode=0o700)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
         check_private(folder)
+        for part in parts:
+            folder = folder / part
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=0o700)
+            check_private(folder)
+    except OSError as exc:  # HOME unwritable or gone, a read-only filesystem: no cache, one line
+        raise InputError(f"the cache folder {one_line(folder)} cannot be created ({exc.strerror or one_line(exc)}):"
+                         " set AUTOFIT_CACHE to a folder you can write") from None
     return folder
 
 

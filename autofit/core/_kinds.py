@@ -71,7 +71,9 @@ def one_of(choices: Sequence[str]) -> Kind:
 TEXT = Kind("a non-empty string is accepted", lambda v: isinstance(v, str) and bool(v))
 FLAG = Kind("True or False is accepted", lambda v: isinstance(v, bool))
 POSITIVE_INT = Kind("a positive integer is accepted", lambda v: _is_int(v) and v >= 1, int)
-PROBE_STEPS = Kind("a probe needs at least 2 optimizer steps", lambda v: _is_int(v) and v >= 2, int)
+MAX_STEPS = 1000  # a probe or check run measures memory and speed; far more steps add hours, not answers
+PROBE_STEPS = Kind(f"a probe needs at least 2 optimizer steps, and at most {MAX_STEPS}",
+                   lambda v: _is_int(v) and 2 <= v <= MAX_STEPS, int)
 GENERATIONS = Kind("GRPO/RLOO need at least 2 completions per prompt to compare them",
                    lambda v: _is_int(v) and v >= 2, int)
 SECONDS = Kind("a positive, finite number of seconds is accepted", lambda v: _is_number(v) and 0 < v < math.inf,
@@ -84,8 +86,8 @@ SIZE = Kind("give a size with a unit, e.g. '24GiB' or '1.5GiB', a GPU's name (H1
             "an integer number of bytes, not below 1 MiB", _size, explain=_which_card)
 GPUS = Kind("a positive number of GPUs or 'all' is accepted", lambda v: v == "all" or (_is_int(v) and v >= 1),
             _gpu_count)
-VERIFY_STEPS = Kind("use a positive integer or 'auto'", lambda v: v == AUTO_VERIFY or (_is_int(v) and v >= 1),
-                    _verify_steps)
+VERIFY_STEPS = Kind(f"use a whole number from 1 to {MAX_STEPS}, or 'auto'",
+                    lambda v: v == AUTO_VERIFY or (_is_int(v) and 1 <= v <= MAX_STEPS), _verify_steps)
 LADDER = Kind("rung names are accepted, comma-separated (or a list in fit())",
               lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(n, str) for n in v)))
 FOLDER = Kind("a folder path is accepted", lambda v: isinstance(v, (str, Path)) and str(v) != "")

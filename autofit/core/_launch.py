@@ -25,9 +25,16 @@ class TrlFile:
     written: Dict[str, Any] = field(default_factory=dict)
     defaults: Dict[str, Any] = field(default_factory=dict)  # the config classes' defaults of the keys written
     launch: Dict[str, Any] = field(default_factory=dict)  # what the launch tells accelerate (``_trl_config``)
+    flagged: Dict[str, Any] = field(default_factory=dict)  # the keys the launch's flags set, not the file
 
     def wrote(self, key: str) -> bool:
         return key in self.written
+
+    def where(self, key: str) -> str:
+        """Where the user wrote ``key``, for a message: the launch's flag, else the file's key."""
+        if key in self.flagged:
+            return f"the launch's flag --{key}"
+        return f"--config {self.path}: {key}"
 
     @property
     def run(self) -> FileRun:

@@ -20,6 +20,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from autofit.core import ALGORITHMS, InputError
+from autofit.launch._accelerate_file import resolve
 
 # autofit's algorithms by the trl command that trains them
 COMMANDS = {a.trl_command: a.name for a in ALGORITHMS.values() if a.trl_command}
@@ -100,6 +101,8 @@ def _accelerate(words: List[str]) -> Dict[str, Any]:
                          f"{ACCEPTED}")
     options = [word for word in words[:script] if word not in ("-m", "--module")]
     config_file, options = _take(options, ("--config_file", "--config-file"))
+    if config_file is not None:  # named as the user typed it, not as the door's --accelerate-config
+        resolve(config_file, "accelerate launch --config_file")
     values = _trl(words[script + 1:], "accelerate launch")
     if config_file is not None and "accelerate_config" not in values:
         values["accelerate_config"] = config_file

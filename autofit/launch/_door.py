@@ -77,7 +77,7 @@ def _check_file_values(launch: Launch, from_file: Dict[str, Any], given: Mapping
     for key in BATCH_KEYS:
         value = file.training.get(key)
         if file.wrote(key) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InputError(f"--config {file.path}: {key} = {value!r}: a positive whole number is accepted")
+            raise InputError(f"{file.where(key)} = {value!r}: a positive whole number is accepted")
     for name, key in _FILE_KEYS.items():
         value = from_file.get(name)
         if value is None or given.get(name) is not None:
@@ -85,7 +85,7 @@ def _check_file_values(launch: Launch, from_file: Dict[str, Any], given: Mapping
         kind = FIELDS[name].metadata["kind"]
         if not kind.accepts(value):
             words = (kind.explain(value) if kind.explain else None) or kind.phrase
-            raise InputError(f"--config {file.path}: {key} = {value!r} is not valid: {words}")
+            raise InputError(f"{file.where(key)} = {value!r} is not valid: {words}")
 
 
 def _world_size(values: Mapping[str, Any]) -> int:

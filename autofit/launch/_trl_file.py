@@ -60,7 +60,7 @@ def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlF
     return TrlFile(path=path, algo=algo, text=text, training=training,
                    model=fields.get("model", {}), script=fields.get("script", {}),
                    written=written, defaults=data.get("defaults", {}),
-                   launch=data.get("launch") or {})
+                   launch=data.get("launch") or {}, flagged=flagged)
 
 
 def _refusal(done: subprocess.CompletedProcess[str], data: Dict[str, Any], algo: str) -> str:

@@ -170,6 +170,20 @@ class _NamedJournal(JournalFileBackend):
             raise OSError(exc.errno, exc.strerror, self._file_path) from exc
 
 
+def _kind_of(path: Path) -> str:
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a link to nothing"
+    for test, kind in ((stat.S_ISFIFO, "a fifo"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
 class ProbeStore:
     def __init__(self, out_dir: Path, study_name: str, budget_bytes: Optional[int], levels: int, max_batch: int,
                  max_length: int, fingerprint: str = "", question: str = ""):
@@ -215,7 +229,11 @@ class ProbeStore:
 
     def _open(self, path: Path, study_name: str) -> optuna.Study:
         """The study in ``path``; a journal damaged after its valid records (a crash mid-write, a stray line) is cut
-        back to them, the damaged file kept beside it."""
+        back to them, the damaged file kept beside it. Anything but a file there (a fifo, a device, a folder) is
+        refused before it is opened: opening a fifo to append waits for a reader forever."""
+        if os.path.lexists(path) and not path.is_file():
+            raise InputError(f"{path} is not a file ({_kind_of(path)}): the study's journal goes there; move it away "
+                             "or give another --out")
         if path.is_file() and path.stat().st_size and recover_journal(path):  # before Optuna appends to it
             self.notes.append(f"{path} was damaged or cut short after its valid records (a full disk, a crash "
                               f"mid-write): they were kept and the whole file moved to {path.name}.damaged")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,8 @@ def base_args(tmp_path, **overrides):
     ({"--effective-batch": "1000000000"}, "65,536"),  # absurd sizes are refused, not built row by row
     ({"--max-length": "1000000000"}, "2,147,483,648"),
     ({"--max-length": "100000"}, "max_position_embeddings"),
+    ({"--probe-steps": "100000"}, "at most 1000"),  # issue 50, item 4: it had no bound, and fits came back as OOM
+    ({"--verify-steps": "100000"}, "from 1 to 1000"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, overrides, named):
     code = exit_code(base_args(tmp_path, **overrides))
@@ -131,3 +134,27 @@ def test_estimate_refuses_absurd_sizes_at_once(capsys):
     code = exit_code(["estimate", "--model", "Qwen/Qwen2.5-7B", "--gpu-memory", "80GB", "--effective-batch",
                       "1000000000"])
     assert code == 2 and "65,536" in capsys.readouterr().err
+
+
+def test_a_fifo_where_the_study_goes_is_refused_not_waited_on(tmp_path):
+    """Issue 50, item 4: a fifo named study.journal in --out hung the search (appending to a fifo waits for a
+    reader)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "study.journal")
+    done = subprocess.run([sys.executable, "-m", "autofit.cli", *base_args(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{out / 'study.journal'} is not a file (a fifo)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_cache_that_cannot_be_created_is_one_line(tmp_path):
+    """Issue 50, item 4: HOME unwritable (here: a folder no file can be made in) and no cache set was a traceback."""
+    env = {key: value for key, value in os.environ.items() if key not in ("AUTOFIT_CACHE", "XDG_CACHE_HOME")}
+    env["HOME"] = "/proc/self"
+    done = subprocess.run([sys.executable, "-m", "autofit.cli", *base_args(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.endswith("autofit: error: the cache folder /proc/self/.cache/autofit cannot be created (No "
+                                "such file or directory): set AUTOFIT_CACHE to a folder you can write\n")
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,52 @@
+"""Issue 50, item 5: say where the mistake is. A launch's flag was blamed on the file's key, a missing
+``accelerate launch --config_file`` on ``--accelerate-config`` (which the user never typed), and 45,000 unknown keys of
+an accelerate file made one 5.4 MB note."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autofit import cli
+from autofit.core import accelerate_notes
+
+TRL_FILE = """model_name_or_path: tiny-qwen2
+max_length: 64
+per_device_train_batch_size: 2
+gradient_accumulation_steps: 1
+"""
+
+
+def _refused(capsys, argv) -> str:
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    assert code == 2 and out.err.count("\n") == 1 and "Traceback" not in out.err, out.err
+    return out.err
+
+
+def test_a_launch_flag_is_named_as_the_flag_not_as_the_files_key(tmp_path: Path, capsys):
+    config = tmp_path / "sft.yaml"
+    config.write_text(TRL_FILE)
+    err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--", "trl", "sft", "--config", str(config),
+                            "--gradient_accumulation_steps", "0"])
+    assert "the launch's flag --gradient_accumulation_steps = 0" in err and "--config" not in err, err
+    config.write_text(TRL_FILE.replace("accumulation_steps: 1", "accumulation_steps: 0"))
+    err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--config", str(config)])
+    assert f"--config {config}: gradient_accumulation_steps = 0" in err  # the file's own key: named as it was
+
+
+def test_a_missing_accelerate_config_file_is_named_as_the_launch_typed_it(tmp_path: Path, capsys):
+    config = tmp_path / "sft.yaml"
+    config.write_text(TRL_FILE)
+    err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--", "accelerate", "launch", "--config_file",
+                            "missing.yaml", "-m", "trl", "sft", "--config", str(config)])
+    assert "accelerate launch --config_file missing.yaml: no such file" in err and "--accelerate-config" not in err
+
+
+def test_thousands_of_unknown_keys_make_one_short_note():
+    values = {"distributed_type": "MULTI_GPU", **{f"key_{n}": "x" * 1000 for n in range(45_000)}}
+    [note] = accelerate_notes(values, "accelerate config big.yaml")
+    assert note.startswith("45000 keys of accelerate's config autofit's key table does not know in accelerate "
+                           "config big.yaml: key_0: 'xxx") and note.endswith("; and 44992 more")
+    assert len(note) < 2_000
+    [one] = accelerate_notes({"distributed_type": "MULTI_GPU", "gpu_ids_typo": "all"}, "f.yaml")
+    assert one == "gpu_ids_typo: 'all' in f.yaml (a key of accelerate's config autofit's key table does not know)"
