@@ -36,6 +36,21 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _utf8(value: Any) -> bool:
+    try:
+        str(value).encode("utf-8")
+    except UnicodeEncodeError:  # bytes the command line could not decode, kept as lone surrogates
+        return False
+    return True
+
+
+def _not_utf8(value: Any) -> Optional[str]:
+    if _utf8(value):
+        return None
+    return ("it holds bytes that are not UTF-8; best.yaml, best.json and the study are UTF-8 text and could not name "
+            "it: rename it")
+
+
 def _gpu_count(text: str) -> Union[int, str]:
     return "all" if text.strip().lower() == "all" else int(text)
 
@@ -68,7 +83,8 @@ def one_of(choices: Sequence[str]) -> Kind:
     return Kind(f"accepted are {', '.join(choices)}", lambda v: v in choices)
 
 
-TEXT = Kind("a non-empty string is accepted", lambda v: isinstance(v, str) and bool(v))
+TEXT = Kind("a non-empty string is accepted", lambda v: isinstance(v, str) and bool(v) and _utf8(v),
+            explain=_not_utf8)
 FLAG = Kind("True or False is accepted", lambda v: isinstance(v, bool))
 POSITIVE_INT = Kind("a positive integer is accepted", lambda v: _is_int(v) and v >= 1, int)
 MAX_STEPS = 1000  # a probe or check run measures memory and speed; far more steps add hours, not answers
@@ -90,7 +106,8 @@ VERIFY_STEPS = Kind(f"use a whole number from 1 to {MAX_STEPS}, or 'auto'",
                     lambda v: v == AUTO_VERIFY or (_is_int(v) and 1 <= v <= MAX_STEPS), _verify_steps)
 LADDER = Kind("rung names are accepted, comma-separated (or a list in fit())",
               lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(n, str) for n in v)))
-FOLDER = Kind("a folder path is accepted", lambda v: isinstance(v, (str, Path)) and str(v) != "")
+FOLDER = Kind("a folder path is accepted", lambda v: isinstance(v, (str, Path)) and str(v) != "" and _utf8(v),
+              explain=_not_utf8)
 ARGS = Kind("a dict of config fields is accepted", lambda v: isinstance(v, dict))
 WORDS = Kind("a list of command-line words (strings) is accepted",
              lambda v: isinstance(v, (list, tuple)) and all(isinstance(w, str) for w in v))

@@ -67,6 +67,9 @@ def base_args(tmp_path, **overrides):
     ({"--max-length": "100000"}, "max_position_embeddings"),
     ({"--probe-steps": "100000"}, "at most 1000"),  # issue 50, item 4: it had no bound, and fits came back as OOM
     ({"--verify-steps": "100000"}, "from 1 to 1000"),
+    # issue 50, item 4: bytes the command line could not decode (kept as lone surrogates) were a UnicodeEncodeError
+    ({"--model": "/tmp/m\udcff"}, "holds bytes that are not UTF-8"),
+    ({"--out": "out-\udcfe"}, "holds bytes that are not UTF-8"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, overrides, named):
     code = exit_code(base_args(tmp_path, **overrides))
