@@ -182,7 +182,8 @@ def test_a_reused_address_that_trl_keeps_on_the_device_is_counted(monkeypatch):
     x = torch.randn(2, 1024, requires_grad=True)
     w = torch.randn(1023, requires_grad=True)  # saved by both products and alive: a true duplicate, offloaded once
     with meter, instrumented(meter, simulated=True) as count:
-        context = sft_trainer.get_act_offloading_ctx_manager(torch.nn.Linear(4, 4), use_pin_memory=False)
+        context = sft_trainer.get_act_offloading_ctx_manager(torch.nn.Linear(4, 4), use_pin_memory=False,
+                                                             warn_if_no_head=False)
         with context:
             first_base = x * 2  # saves nothing: only the view below holds its storage
             first = first_base[0, 1:]  # a view at an offset: TRL offloads a copy of it
@@ -199,6 +200,30 @@ def test_a_reused_address_that_trl_keeps_on_the_device_is_counted(monkeypatch):
     assert count.kept.peak == 1023 * 4 and count.kept.live == 0  # the second view, on the device until backward
     assert count.meant.peak == 3 * 1023 * 4
     assert torch.allclose(x.grad[0, 1:], 5 * w) and not x.grad[1].any() and torch.allclose(w.grad, 5 * x[0, 1:])
+
+
+def test_an_address_that_was_a_parameters_is_counted_when_no_parameter_holds_it():
+    """TRL skips saved tensors at its parameters' addresses, taken when the trainer was made: one the model no longer
+    holds (replaced, freed, its address a new tensor's) keeps that tensor on the device. Here the allocator's reuse
+    is stood in for by adding the tensor's address to TRL's set."""
+    from trl.trainer import sft_trainer
+
+    from autofit.rungs.activation_offload._probe import instrumented
+
+    meter = SimulatedMeter(budget_bytes=64 * MiB, host_aware=True)
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 1024, requires_grad=True)
+    with meter, instrumented(meter, simulated=True) as count:
+        context = sft_trainer.get_act_offloading_ctx_manager(model, use_pin_memory=False, warn_if_no_head=False)
+        with context:
+            y = (x * 2).exp()  # exp saves its result: offloaded
+            z = x * 3
+            context.param_storages.add(z.untyped_storage().data_ptr())  # a freed parameter's address, reused
+            y = y + z.sin()  # sin saves its input: z, at the stale address
+            y = y + model(x[:, :4]).sum()  # the live parameter is skipped, and not counted
+        y.sum().backward()
+    assert count.peak == count.kept.peak == 2 * 1024 * 4 and count.meant.peak == 2 * count.peak
+    assert torch.allclose(x.grad[:, 4:], 2 * (x[:, 4:] * 2).exp() + 3 * (x[:, 4:] * 3).cos())
 
 
 @pytest.mark.slow

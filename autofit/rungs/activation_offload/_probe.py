@@ -20,10 +20,10 @@ forward stash), with three stand-ins for what a CPU cannot show:
 On CUDA only the counting runs: the probe uses TRL's offloading as it is.
 
 TRL skips offloading a saved tensor whose storage address it offloaded earlier in the pass (its deduplication of
-views). It keys that by the address of the tensor it was given, but when it offloads a copy of a view the address can
-be freed and handed to a new tensor, which then stays on the device (``HostCount.kept``; TRL PR #6241 fixed one way
-this happened, 1.16 still has this one). How often depends on the allocator, so the probe counts those bytes
-rather than the ledger guessing them.
+views), or whose address was a parameter's when the trainer was made. Both are addresses, and an address can be
+freed and handed to a new tensor (a view's base freed once TRL copied the view; a parameter the model no longer
+holds), which then stays on the device (``HostCount.kept``; TRL PR #6241 fixed one way this happened, 1.16 still has
+these). How often depends on the allocator, so the probe counts those bytes rather than the ledger guessing them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import types
 import weakref
-from typing import Any, Callable, ContextManager, Dict, Iterator, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, Optional, Set
 from unittest import mock
 
 from autofit.core import ACTIVATION_OFFLOADING, Candidate, FactoryMisuse
@@ -158,23 +158,42 @@ def _would_offload(context, activation) -> bool:
             and activation.element_size() * activation.nelement() >= context.min_tensor_size_bytes)
 
 
-def _counting_kept(context, count: HostCount) -> None:
+def _storage_pointer(tensor) -> int:
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, AttributeError):
+        return 0
+
+
+def _counting_kept(context, count: HostCount, model) -> None:
     """Wrap the context's pack hook to count what TRL keeps on the device for an address it tracks from a tensor
-    that no longer lives (the storage's owner, a view's base, is gone: the address is a new tensor's)."""
+    that no longer lives: a storage key whose owner (a view's base) is gone, or a parameter's address taken at the
+    trainer's making whose parameter is not the model's now (the address is a new tensor's)."""
     if _storage_key_function() is None or not getattr(context, "use_streams", False) \
             or not hasattr(context, "storage_to_tensor_id"):
         return
     pack, key_of = context.pack_hook, _storage_key_function
     owners: Dict[Any, Any] = {}  # storage key -> weak reference to the tensor owning the storage packed under it
+    parameters: Set[int] = set()  # the model's parameters' addresses in this pass
 
     def pack_counting(activation):
         key = key_of()(activation)  # looked up per call, as TRL's pack does
-        owner = owners.get(key)
-        stale = (not context.is_first_forward_call  # the pass's first pack forgets the last pass's addresses
-                 and key in context.storage_to_tensor_id and (owner is None or owner() is None)
-                 and _would_offload(context, activation))
+        if context.is_first_forward_call:  # the pass's first pack forgets the last pass's addresses
+            parameters.clear()
+            parameters.update(_storage_pointer(p) for p in model.parameters())
+            stale = False
+        else:
+            owner = owners.get(key)
+            stale = key in context.storage_to_tensor_id and (owner is None or owner() is None)
         tensor_id = pack(activation)
         owners[key] = weakref.ref(activation if activation._base is None else activation._base)
+        if not _would_offload(context, activation):
+            return tensor_id
+        if not stale:
+            kept = context.tracker.get(tensor_id)
+            pointer = _storage_pointer(activation)
+            stale = kept is not None and kept[1] is False and pointer in getattr(context, "param_storages", ()) \
+                and pointer not in parameters
         if stale:
             count.keep(tensor_id, activation.element_size() * activation.nelement())
         return tensor_id
@@ -187,7 +206,7 @@ def _counted(original, count: HostCount):
         context = original(model, *args, **kwargs)
         if hasattr(context, "tracker"):
             context.tracker = _CountingTracker(count)
-            _counting_kept(context, count)
+            _counting_kept(context, count, model)
         return context
 
     return build
@@ -206,7 +225,7 @@ def _on_simulated_device(original, count: HostCount, meter):
         if not hasattr(context, "tracker"):  # offloading off (a no-op manager): nothing to stand in for
             return context
         context.tracker = _CountingTracker(count, meter)
-        _counting_kept(context, count)
+        _counting_kept(context, count, model)
         context.unpack_hook = _brought_back_to_device(context.unpack_hook, meter)
         return context
 
