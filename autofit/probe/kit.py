@@ -104,7 +104,10 @@ def model_path(candidate: Candidate) -> str:
     source = resolve_model(candidate.model)
     if candidate.real_weights:
         return source.local_path or candidate.model
-    code_from = (source.local_path or candidate.model) if candidate.trust_remote_code else None
+    # a model without code of its own (no auto_map) has none to trust: built from its configuration, as TRL loads it
+    # (a bundled name with trust_remote_code had been looked up on the hub)
+    own_code = candidate.trust_remote_code and bool(source.config.get("auto_map"))
+    code_from = (source.local_path or candidate.model) if own_code else None
     return str(random_checkpoint(source.config, candidate.model, code_from=code_from))
 
 

@@ -149,3 +149,16 @@ def test_a_probe_trains_a_filled_model_from_a_weightless_checkpoint(tmp_path):
     assert not virtual_checkpoint.is_virtual(exported) and exported.name.startswith("tiny-qwen2-filled-")
     with safe_open(str(exported / "model.safetensors"), framework="pt") as handle:
         assert float(handle.get_tensor("model.layers.0.mlp.up_proj.weight").float().std()) > 0.01
+
+
+def test_trust_remote_code_for_a_model_without_code_of_its_own_builds_from_its_configuration(tmp_path, monkeypatch):
+    """Issue 50, item 5: ``model_init_kwargs: {trust_remote_code: true}`` for a model with no ``auto_map`` (a bundled
+    name) looked the name up on the hub and exited 4 with a nonsense URL; there is no code to trust, and TRL loads
+    such a model as any other."""
+    from autofit.core import Candidate
+    from autofit.probe import kit
+
+    monkeypatch.setenv("AUTOFIT_CACHE", str(tmp_path / "cache"))  # cold: the checkpoint is written now
+    fields = dict(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=1, grad_accum=1, max_length=32)
+    trusted = kit.model_path(Candidate(**fields, trust_remote_code=True))
+    assert trusted == kit.model_path(Candidate(**fields)) and (Path(trusted) / "config.json").is_file()
