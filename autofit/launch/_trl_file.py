@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from typing import Any, Dict, Sequence, Tuple
 
@@ -49,7 +50,7 @@ def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlF
         except ValueError:
             data = {}
     if done.returncode != 0 or "error" in data or "fields" not in data:
-        raise InputError(f"--config {path}: " + _refusal(done, data, algo))
+        raise InputError(_flags_refused(data, algo, flags) or f"--config {path}: " + _refusal(done, data, algo))
     fields = data["fields"]
     text, flagged = fold_flags(text, path, flags, fields)  # the launch's flags, written into its file
     written = {**data.get("written", {}), **flagged}
@@ -61,6 +62,19 @@ def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlF
                    model=fields.get("model", {}), script=fields.get("script", {}),
                    written=written, defaults=data.get("defaults", {}),
                    launch=data.get("launch") or {}, flagged=flagged)
+
+
+def _flags_refused(data: Dict[str, Any], algo: str, flags: Tuple[str, ...]) -> str:
+    """The refusal of options the launch typed, not the file wrote (TRL's parser says "from config file" of both),
+    named as typed: accelerate's own after its ``--``, TRL's before; empty where the file wrote one of them."""
+    unknown = re.findall(r"'(--[^']+)'", str(data.get("error", ""))) if "Unknown arguments" in str(data.get("error")) \
+        else []
+    split = flags.index("--") if "--" in flags else len(flags)
+    trl, accelerate = set(flags[:split]), set(flags[split + 1:])
+    if not unknown or not all(name in trl or name in accelerate for name in unknown):
+        return ""
+    return "; ".join(f"accelerate launch {name}: not an option accelerate launch takes" if name in accelerate else
+                     f"the launch's flag {name}: not an option TRL's {algo} command takes" for name in unknown)
 
 
 def _refusal(done: subprocess.CompletedProcess[str], data: Dict[str, Any], algo: str) -> str:

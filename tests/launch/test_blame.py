@@ -50,3 +50,19 @@ def test_thousands_of_unknown_keys_make_one_short_note():
     assert len(note) < 2_000
     [one] = accelerate_notes({"distributed_type": "MULTI_GPU", "gpu_ids_typo": "all"}, "f.yaml")
     assert one == "gpu_ids_typo: 'all' in f.yaml (a key of accelerate's config autofit's key table does not know)"
+
+
+def test_an_unknown_option_of_the_launch_is_named_as_typed_not_as_the_files(tmp_path: Path, capsys):
+    """An accelerate option or a TRL flag neither takes was "--config f.yaml: ... from config file ... is the file for
+    another trainer? --algo"; a key the file wrote still is the file's."""
+    config = tmp_path / "sft.yaml"
+    config.write_text(TRL_FILE)
+    err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--", "accelerate", "launch", "--bogus_option", "3",
+                            "-m", "trl", "sft", "--config", str(config)])
+    assert err == "autofit: error: accelerate launch --bogus_option: not an option accelerate launch takes\n"
+    err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--", "trl", "sft", "--config", str(config),
+                            "--bogus_flag", "3"])
+    assert err == "autofit: error: the launch's flag --bogus_flag: not an option TRL's sft command takes\n"
+    config.write_text(TRL_FILE + "bogus_key: 1\n")
+    err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--config", str(config)])
+    assert err.startswith(f"autofit: error: --config {config}: ") and "--bogus_key" in err
