@@ -81,6 +81,10 @@ def _trl(words: List[str], launcher: str) -> Dict[str, Any]:
     if config is None:
         raise InputError(f"the launch 'trl {command}' has no --config FILE: autofit reads your run from its config "
                          f"file; accepted are {ACCEPTED}")
+    if "--" in rest:  # argparse ends its options there: TRL would refuse what follows (and autofit keeps "--" for
+        # accelerate's own options, where a second one read the flags after it as accelerate's: a two-GPU run)
+        raise InputError(f"the launch 'trl {command}' has a '--' of its own ({' '.join(rest)}): trl's parser ends its "
+                         "options there; give the flags without it")
     accelerate, rest = _take(rest, ("--accelerate_config",))
     values: Dict[str, Any] = {"config": config, "algo": COMMANDS[command]}
     if accelerate is not None:

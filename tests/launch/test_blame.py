@@ -66,3 +66,13 @@ def test_an_unknown_option_of_the_launch_is_named_as_typed_not_as_the_files(tmp_
     config.write_text(TRL_FILE + "bogus_key: 1\n")
     err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--config", str(config)])
     assert err.startswith(f"autofit: error: --config {config}: ") and "--bogus_key" in err
+
+
+def test_a_second_separator_in_the_launch_is_named_not_read_as_accelerates_options(tmp_path: Path, capsys):
+    """``-- trl sft --config f.yaml -- --num_processes 2`` was read as a two-GPU run: autofit keeps a ``--`` of its
+    own before accelerate's options. TRL's parser ends its options at a ``--``; autofit says so."""
+    config = tmp_path / "sft.yaml"
+    config.write_text(TRL_FILE)
+    err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--", "trl", "sft", "--config", str(config), "--",
+                            "--num_processes", "2"])
+    assert "the launch 'trl sft' has a '--' of its own (-- --num_processes 2)" in err
