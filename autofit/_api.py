@@ -16,6 +16,7 @@ from autofit.core import (
     FIT,
     Candidate,
     InputError,
+    Outcome,
     SearchOptions,
     SearchSpec,
     clip,
@@ -26,7 +27,7 @@ from autofit.core import (
 )
 from autofit.launch import at_door
 from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
-from autofit.rungs import Rung, probe_steps, register, resolve_ladder
+from autofit.rungs import Rung, package_of, probe_steps, register, resolve_ladder
 from autofit.search import InfrastructureError, Record, Search, SearchReport, question, quiet_optuna
 
 log = logging.getLogger(__name__)
@@ -151,10 +152,31 @@ def no_fit_message(report: SearchReport) -> str:
             + (f"; not tried: {', '.join(untried)}" if untried else "")
             + ". Run it again with a larger --max-probes: it resumes from what was measured."
         )
+    refused = _refused_levels(report)
+    if refused and failure is not None:  # the rungs of a level no probe measured are no claim: the deepest measured
+        last = report.levels[failure.level]
     return (
-        f"nothing fits in {format_size(spec.budget_bytes)} even with {', '.join(last.rungs) or 'no rung'}: {seen}. "
-        "Try a larger --gpu-memory, a lower --min-length, a smaller --effective-batch, or more rungs in --ladder."
+        f"nothing fits in {format_size(spec.budget_bytes)} even with {', '.join(last.rungs) or 'no rung'}: {seen}"
+        + (f"; not measured: {refused}" if refused else "")
+        + ". Try a larger --gpu-memory, a lower --min-length, a smaller --effective-batch, or more rungs in --ladder."
     )
+
+
+def _refused_levels(report: SearchReport) -> str:
+    """The levels whose every probe the libraries (or a rung's own step) refused (INVALID): each by its rung, the
+    package that offers it where it is another package's, and the first refusal."""
+    by_level: Dict[int, List[Record]] = {}
+    for record in report.records:
+        by_level.setdefault(record.level, []).append(record)
+    parts = []
+    for level, records in sorted(by_level.items()):
+        if not all(record.result.outcome is Outcome.INVALID for record in records):
+            continue
+        rung = report.levels[level].rungs[-1] if report.levels[level].rungs else "the baseline"
+        owner = package_of(rung)
+        parts.append(f"{rung}{f' of {owner}' if owner else ''}, every probe of its level refused "
+                     f"({clip(records[0].result.error or 'INVALID', 160)})")
+    return "; ".join(parts)
 
 
 def fit(trainer_factory: Union[str, Callable[[Candidate], Any]], *,

@@ -272,6 +272,26 @@ def test_a_packages_probe_step_that_fails_is_the_packages_fault(broken, tmp_path
         FaultWatch(user_factory=False).observe(stepping, result)
 
 
+def test_a_packages_rung_whose_every_probe_is_refused_is_no_claim_that_nothing_fits(broken, tmp_path):
+    """Issue 50, item 3: a plugin rung whose only probes were INVALID ended in "nothing fits ... even with <rung>":
+    a claim about a rung that measured nothing. The message names the deepest level measured, and the rung, its
+    package and the refusal as not measured."""
+    try:
+        from fakes import FormulaRunner, formula_spec
+    except ImportError:  # tests/ became a package
+        from tests.fakes import FormulaRunner, formula_spec
+    from autofit._api import no_fit_message
+    from autofit.core import Outcome
+    from autofit.search import Search
+
+    runner = FormulaRunner(2**20, fail_if=lambda c, steps: Outcome.INVALID if "step-fails" in c.rungs else None)
+    report = Search(formula_spec(tmp_path, 2**20), runner, resolve_ladder(["micro-batch", "step-fails"])).run()
+    assert not report.fits and any("step-fails" in c.rungs for c in runner.candidates)
+    message = no_fit_message(report)
+    assert message.startswith("nothing fits in 1.00 MiB even with micro-batch: "), message
+    assert "; not measured: step-fails of package autofit-broken 0.1, every probe of its level refused (" in message
+
+
 # -- the plugin's surface --------------------------------------------------------------------------------------------
 def test_the_plugin_imports_only_the_declared_api():
     """A rung of another package needs nothing of autofit beyond ``autofit.rungs.PLUGIN_API`` (its ledger gets the

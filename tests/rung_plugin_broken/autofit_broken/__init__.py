@@ -81,4 +81,4 @@ class StepFails(Misnamed):
     probe_step = "autofit_broken.probe:FailingStep"
 
     def apply(self, state):
-        return state.with_rung(self)
+        return state.with_rung(self, candidate_changes={"optim": "sgd"})
