@@ -91,6 +91,7 @@ from autofit.core._options import (
 from autofit.core._others import DISTURBED_RETRY_WAIT_S, disturbed, free_bytes, other_processes, others_bytes
 from autofit.core._outcome import (
     BAD_FORK,
+    CANNOT_CREATE_EXIT,
     ENGINE_FAILURE,
     INFRASTRUCTURE,
     KERNEL_FAILURE,
@@ -124,7 +125,8 @@ __all__ = [
     "ESTIMATE", "FIELDS", "FIT", "SEARCH", "SEARCHED_ARGS", "Baseline", "add_options", "cache_entry", "cache_subfolder",
     "door_fields", "entry_problem", "given_values", "ladder_names",
     "ALGORITHMS", "DEFAULT_ALGO", "PRECOMPUTE", "Algorithm", "algorithm", "algorithm_names",
-    "BAD_FORK", "DEVICES", "DISTURBED_RETRY_WAIT_S", "ENGINE_FAILURE", "FACTORIES", "GROUP_ALGOS", "INFRASTRUCTURE",
+    "BAD_FORK", "CANNOT_CREATE_EXIT", "DEVICES", "DISTURBED_RETRY_WAIT_S", "ENGINE_FAILURE", "FACTORIES",
+    "GROUP_ALGOS", "INFRASTRUCTURE",
     "KERNEL_FAILURE", "LENGTH_FIELD", "PHASE_FILE", "PID_FILE", "RL_ALGOS", "PLUGIN", "USER", "BuildTimeout",
     "Candidate", "FactoryMisuse", "GpuInfo", "InputError", "LoraSettings", "NoCudaDeviceError", "Outcome",
     "PluginStepError", "ProbeResult", "QuantSettings", "runnable_attention",

@@ -271,6 +271,11 @@ def error_origin(exc: BaseException, stage: str, user_factory: bool) -> str:
     return "building the trainer"
 
 
+# The exit status of a probe process that could not create its log (no space or no inodes left): sysexits.h's
+# EX_CANTCREAT. It exits quietly with it: its traceback would reach the user's terminal, having nowhere else to go.
+CANNOT_CREATE_EXIT = 73
+
+
 def classify_exit(exitcode: Optional[int], timed_out: bool, phase: str = "", user_factory: bool = False, *,
                   stopped: bool = False) -> ProbeResult:
     """A probe that ended without writing its result: killed, hung or crashed hard. ``phase``: the last phase it
@@ -288,6 +293,10 @@ def classify_exit(exitcode: Optional[int], timed_out: bool, phase: str = "", use
         hint = " (host memory exhausted?)" if -exitcode == signal.SIGKILL else ""
         return ProbeResult(Outcome.CRASH, error=f"probe killed by signal {name}{hint}", fault=INFRASTRUCTURE,
                            cause=f"signal-{name}")
+    if exitcode == CANNOT_CREATE_EXIT:
+        return ProbeResult(Outcome.CRASH, error="the probe process could not create its log file (no space or no "
+                                                "inodes left on the disk of --out?)", fault=INFRASTRUCTURE,
+                           cause="disk")
     if user_factory and phase == "load" and exitcode is not None:
         return ProbeResult(Outcome.CRASH, error=f"the probe process exited (code {exitcode}, no exception) while your "
                                                 "factory built the trainer: os._exit() or an exit of its own in it?",

@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional
 
 from autofit.core import (
     BAD_FORK,
+    CANNOT_CREATE_EXIT,
     INFRASTRUCTURE,
     PHASE_FILE,
     USER,
@@ -152,7 +153,10 @@ def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Opti
     """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically.
     ``env``: this rank's launch variables, when the probe runs several."""
     os.environ.update(env or {})
-    detach_into_log(log_path)
+    try:
+        detach_into_log(log_path)
+    except OSError:  # no room for the log: the runner names the cause (``classify_exit``)
+        os._exit(CANNOT_CREATE_EXIT)
     record_probe_process(Path(log_path).parent)  # its log open: the mark of this folder's probe
     result = _main(factory, candidate, budget_bytes, Path(result_path).parent / PHASE_FILE)
     result.log_path = log_path

@@ -53,3 +53,21 @@ def test_a_probe_dies_at_once_when_its_search_is_killed_though_its_server_linger
         if search.poll() is None:
             search.kill()
             search.wait()
+
+
+def test_a_probe_that_cannot_create_its_log_exits_quietly_and_the_disk_is_named(tmp_path):
+    """Issue 50, item 4: on a disk out of inodes the search's exit 4 was right, but each probe child printed a
+    13-line traceback to the user's terminal first (its log could not be created, so its stderr was still the
+    terminal's). It now exits with EX_CANTCREAT, silently, and the runner names the disk."""
+    import subprocess
+    import sys
+
+    from autofit.core import CANNOT_CREATE_EXIT, INFRASTRUCTURE, classify_exit
+
+    missing = tmp_path / "gone" / "probe.log"  # as a log no inode is left for: os.open fails
+    code = ("from autofit.probe._worker import child_main\n"
+            f"child_main(None, None, None, {str(tmp_path / 'result.json')!r}, {str(missing)!r})\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == CANNOT_CREATE_EXIT and done.stderr == "" and done.stdout == ""
+    result = classify_exit(done.returncode, timed_out=False)
+    assert result.fault == INFRASTRUCTURE and result.cause == "disk" and "could not create its log" in result.error
