@@ -52,14 +52,14 @@ def load_speed_calibration(spec: SearchSpec) -> Tuple[Optional[SpeedCalibration]
     prior = f"tok/s from the uncalibrated throughput model (±{PRIOR_SPEED_UNCERTAINTY:.0%})"
     try:
         data = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         data = None  # the memory model's loading names the unreadable file (autofit.cli._estimate)
     stored = data.get(SPEED_MODEL_KEY) if isinstance(data, dict) else None
     if not stored:
         return None, [f"{path} has no calibrated throughput model ('{SPEED_MODEL_KEY}'): {prior}"] if data else []
     try:
         calibration = SpeedCalibration.from_dict(stored)
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise InputError(f"--from {path}: its throughput model cannot be read ({type(exc).__name__}: {exc}): run the "
                          "search again, or drop --from") from None
     mismatch = calibration.mismatch(base_candidate(spec), estimate_card(spec))

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from autofit.core import InputError, SearchSpec
+from autofit.core import InputError, SearchSpec, one_line
 from autofit.memory_model import PRIOR_UNCERTAINTY, Calibration
 
 MEMORY_MODEL_KEY = "memory_model"  # best.json key of a calibrated model (Calibration.to_dict())
@@ -23,15 +23,15 @@ def load_calibration(from_dir: Optional[str], spec: SearchSpec) -> Tuple[Optiona
         return None, [f"{path} does not exist: {prior}"]
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--from {path} cannot be read ({type(exc).__name__}: {exc}): run the search again, or drop "
-                         "--from to use the uncalibrated model") from None
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested beyond any best.json
+        raise InputError(f"--from {path} cannot be read ({type(exc).__name__}: {one_line(exc)}): run the search "
+                         "again, or drop --from to use the uncalibrated model") from None
     stored = data.get(MEMORY_MODEL_KEY) if isinstance(data, dict) else None
     if not stored:
         return None, [f"{path} has no calibrated memory model ('{MEMORY_MODEL_KEY}'): {prior}"]
     try:
         calibration = Calibration.from_dict(stored)
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise InputError(f"--from {path}: its memory model cannot be read ({type(exc).__name__}: {exc}): run the "
                          "search again, or drop --from") from None
     mismatch = [f"{name} {mine}" for name, mine, theirs in (

@@ -111,10 +111,10 @@ from autofit.core._outdir import PHASE_FILE, PID_FILE, exclusive, record_probe_p
 from autofit.core._registry import UnknownModelError, needs_own_code, resolve_model
 from autofit.core._settings import LoraSettings, QuantSettings, runnable_attention
 from autofit.core._sizes import format_size, parse_size
-from autofit.core._spec import FACTORIES, SEARCHED_ARGS, Baseline, SearchSpec
+from autofit.core._spec import FACTORIES, MAX_EFFECTIVE_BATCH, SEARCHED_ARGS, Baseline, SearchSpec
 
 __all__ = [
-    "ALLOC_ENV", "LEGACY_ALLOC_ENV", "allocator_options",
+    "ALLOC_ENV", "LEGACY_ALLOC_ENV", "MAX_EFFECTIVE_BATCH", "allocator_options",
     "CARDS", "Card", "card_named", "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "USE_LIGER",
     "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "Launch", "LaunchEngine", "TrlFile",

@@ -39,8 +39,12 @@ def trl_names() -> Tuple[str, ...]:
 def resolve(value: str, where: str = FLAG) -> str:
     """The file a launch's accelerate config names: a path that exists, else one of TRL's names, resolved by TRL's own
     code as ``--accelerate_config`` is (a path first, as TRL does)."""
-    if Path(value).exists():
-        return value
+    try:
+        if Path(value).exists():
+            return value
+    except OSError as exc:  # a name longer than the filesystem takes (ENAMETOOLONG)
+        raise InputError(f"{where} {one_line(value)[:80]}...: not a path this system can open ({exc.strerror})") \
+            from None
     if value in trl_names():
         from trl.cli.accelerate_config import resolve_accelerate_config_argument
 

@@ -8,7 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Mapping, Tuple
 
-from autofit.core import BATCH_KEYS, DEFAULT_ALGO, InputError, Launch, option_file_keys, visible_gpu_count
+from autofit.core import (
+    BATCH_KEYS,
+    DEFAULT_ALGO,
+    MAX_EFFECTIVE_BATCH,
+    InputError,
+    Launch,
+    option_file_keys,
+    visible_gpu_count,
+)
 from autofit.launch._accelerate_file import read_accelerate_config, read_deepspeed_json
 from autofit.launch._engine import launch_engine
 from autofit.launch._engine_values import check_deepspeed_config
@@ -76,8 +84,10 @@ def _check_file_values(launch: Launch, from_file: Dict[str, Any], given: Mapping
     assert file is not None
     for key in BATCH_KEYS:
         value = file.training.get(key)
-        if file.wrote(key) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InputError(f"{file.where(key)} = {value!r}: a positive whole number is accepted")
+        if file.wrote(key) and (isinstance(value, bool) or not isinstance(value, int)
+                                or not 1 <= value <= MAX_EFFECTIVE_BATCH):
+            raise InputError(f"{file.where(key)} = {value!r}: a whole number from 1 to {MAX_EFFECTIVE_BATCH:,} is "
+                             "accepted")
     for name, key in _FILE_KEYS.items():
         value = from_file.get(name)
         if value is None or given.get(name) is not None:

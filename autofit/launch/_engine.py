@@ -40,6 +40,7 @@ _STRATEGY_NUMBERS = {"1": "full_shard", "2": "shard_grad_op", "3": "no_shard", "
                      "5": "hybrid_shard_zero2"}
 # accelerate launch's options that override its config file's plugin settings (accelerate's names)
 _DEEPSPEED_OPTIONS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "deepspeed_config_file")
+ACCELERATE_DEFAULT_STAGE = 2  # accelerate.utils.DeepSpeedPlugin: ACCELERATE_DEEPSPEED_ZERO_STAGE, else 2
 _OTHER_TYPES = {"MEGATRON_LM": "Megatron-LM", "XLA": "XLA (TPU)"}
 
 
@@ -103,9 +104,11 @@ def _deepspeed_plugin(ds: Dict[str, Any], name: str) -> LaunchEngine:
             str(ds["deepspeed_config_file"]), f"{name}: deepspeed_config_file")
         stage, optimizer, param = zero_settings(values)
         name += f" ({ds['deepspeed_config_file']})"
+    elif stage is None:  # accelerate's DeepSpeedPlugin runs ZeRO-2 where neither the file nor the launch says
+        stage = ACCELERATE_DEFAULT_STAGE
     if stage not in (1, 2, 3):
-        return LaunchEngine(source=name, notes=(f"the DeepSpeed plugin of {name} (no zero_stage 1-3 in it) is "
-                                                "not modelled",))
+        return LaunchEngine(source=name, notes=(f"the DeepSpeed plugin of {name} (ZeRO stage 0: no ZeRO) is "
+                                                "modelled as data parallel",))
     offloads = [str(device).lower() not in ("none", "") for device in (optimizer, param)]
     sharding = f"zero{stage}"
     if stage == 3 and all(offloads):

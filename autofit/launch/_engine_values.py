@@ -22,6 +22,13 @@ ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_DEVICES = ("none", "cpu")
 MAX_PROCESSES = 65536  # far beyond any cluster a search is run for; 10**30 is a typo, not a cluster
 COUNT_KEYS = ("num_processes", "num_machines")
+MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")  # accelerate's PrecisionType
+FSDP_VERSIONS = (1, 2)
+# accelerate's FSDP sharding strategies, by name and by number (its config files write either)
+FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+FSDP_BOOLEANS = ("fsdp_offload_params", "fsdp_activation_checkpointing", "fsdp_cpu_ram_efficient_loading",
+                 "fsdp_use_orig_params", "fsdp_sync_module_states")  # reshard_after_forward: a bool or a strategy
+_TRUTH = ("true", "false", "1", "0", "yes", "no")  # what accelerate's str_to_bool takes (and y/n, on/off, t/f)
 # accelerate's DeepSpeed plugin keys and the DeepSpeed JSON's blocks that name an offload device
 PLUGIN_OFFLOADS = ("offload_optimizer_device", "offload_param_device")
 JSON_OFFLOADS = ("offload_optimizer", "offload_param")
@@ -56,12 +63,36 @@ def check_count(value: Any, key: str, where: str) -> None:
         raise _refuse(where, key, value, f"a whole number from 1 to {MAX_PROCESSES}")
 
 
+def _check_fsdp(plugin: Mapping[str, Any], where: str) -> None:
+    version = plugin.get("fsdp_version")
+    if version is not None and (isinstance(version, bool) or version not in FSDP_VERSIONS):
+        raise _refuse(where, "fsdp_config.fsdp_version", version, "1 or 2, the FSDP versions accelerate runs")
+    strategy = plugin.get("fsdp_sharding_strategy")
+    if strategy is not None and str(strategy).upper() not in FSDP_STRATEGIES \
+            and str(strategy) not in {str(n) for n in range(1, len(FSDP_STRATEGIES) + 1)}:
+        raise _refuse(where, "fsdp_config.fsdp_sharding_strategy", strategy, f"one of {', '.join(FSDP_STRATEGIES)}")
+    for key in FSDP_BOOLEANS:
+        value = plugin.get(key)
+        if value is not None and not isinstance(value, bool) \
+                and str(value).strip().lower() not in _TRUTH + ("y", "n", "on", "off", "t", "f"):
+            raise _refuse(where, f"fsdp_config.{key}", value, "true or false")
+
+
 def check_accelerate_values(values: Mapping[str, Any], where: str) -> None:
-    """An accelerate config's counts and its DeepSpeed plugin's stage and offload devices (absent keys take
-    accelerate's defaults, which are accepted)."""
+    """An accelerate config's counts, mixed precision, and its plugins' values: the DeepSpeed plugin's stage and
+    offload devices, the FSDP plugin's version, sharding strategy and switches (absent keys take accelerate's
+    defaults, which are accepted)."""
     for key in COUNT_KEYS:
         if values.get(key) is not None:
             check_count(values[key], key, where)
+    precision = values.get("mixed_precision")
+    if precision is not None and str(precision).lower() not in MIXED_PRECISIONS:
+        raise _refuse(where, "mixed_precision", precision, f"one of {', '.join(MIXED_PRECISIONS)}")
+    for block in ("deepspeed_config", "fsdp_config"):
+        if values.get(block) is not None and not isinstance(values[block], dict):
+            raise _refuse(where, block, values[block], "a mapping of the plugin's settings")
+    if isinstance(values.get("fsdp_config"), dict):
+        _check_fsdp(values["fsdp_config"], where)
     plugin = values.get("deepspeed_config")
     if not isinstance(plugin, dict):
         return

@@ -50,7 +50,8 @@ def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlF
         except ValueError:
             data = {}
     if done.returncode != 0 or "error" in data or "fields" not in data:
-        raise InputError(_flags_refused(data, algo, flags) or f"--config {path}: " + _refusal(done, data, algo))
+        raise InputError(_flags_refused(data, algo, flags, done.stderr) or f"--config {path}: "
+                         + _refusal(done, data, algo))
     fields = data["fields"]
     text, flagged = fold_flags(text, path, flags, fields)  # the launch's flags, written into its file
     written = {**data.get("written", {}), **flagged}
@@ -64,13 +65,22 @@ def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlF
                    launch=data.get("launch") or {}, flagged=flagged)
 
 
-def _flags_refused(data: Dict[str, Any], algo: str, flags: Tuple[str, ...]) -> str:
-    """The refusal of options the launch typed, not the file wrote (TRL's parser says "from config file" of both),
-    named as typed: accelerate's own after its ``--``, TRL's before; empty where the file wrote one of them."""
-    unknown = re.findall(r"'(--[^']+)'", str(data.get("error", ""))) if "Unknown arguments" in str(data.get("error")) \
-        else []
+def _flags_refused(data: Dict[str, Any], algo: str, flags: Tuple[str, ...], stderr: str = "") -> str:
+    """The refusal of options the launch typed, not the file wrote (TRL's parser says "from config file" of both,
+    and argparse's "argument --x" of accelerate's own), named as typed: accelerate's after its ``--``, TRL's before;
+    empty where the file wrote one of them."""
     split = flags.index("--") if "--" in flags else len(flags)
     trl, accelerate = set(flags[:split]), set(flags[split + 1:])
+    typed = {word.split("=", 1)[0] for word in flags if word.startswith("--")}
+    refused = [line.split("error:", 1)[1].strip() for line in stderr.splitlines() if "error: argument --" in line]
+    if refused:  # argparse refused a value: "argument --mixed_precision: invalid choice: 'bf17' (...)"
+        name = refused[-1].split()[1].split("/")[0].rstrip(":")
+        if name in typed:
+            who = "accelerate launch" if any(w.split("=", 1)[0] == name for w in flags[split + 1:]) else \
+                f"the launch's flag (trl {algo})"
+            return f"{who} {one_line(refused[-1].split(' ', 1)[1])}"
+    unknown = re.findall(r"'(--[^']+)'", str(data.get("error", ""))) if "Unknown arguments" in str(data.get("error")) \
+        else []
     if not unknown or not all(name in trl or name in accelerate for name in unknown):
         return ""
     return "; ".join(f"accelerate launch {name}: not an option accelerate launch takes" if name in accelerate else

@@ -9,7 +9,7 @@ from autofit.core import Candidate
 from autofit.memory_model._activations import train_tokens
 from autofit.memory_model._ledger import PRIOR_UNCERTAINTY, Ledger, phase_ledgers, predict
 from autofit.memory_model._shape import ModelShape
-from autofit.memory_model._stored_checks import check_figures
+from autofit.memory_model._stored_checks import SCALE_LIMIT, check_figures
 
 # With calibration: the largest relative residual of the fitted points, at least this floor [A] ...
 CALIBRATED_UNCERTAINTY_FLOOR = 0.03
@@ -73,7 +73,8 @@ class Calibration:
         if values.get("shape") is not None:
             values["shape"] = ModelShape.from_dict(values["shape"])
         calibration = cls(**values)
-        check_figures("memory_model", calibration, positive=("static_scale", "dynamic_scale"))
+        check_figures("memory_model", calibration, positive=("static_scale", "dynamic_scale"),
+                      at_most=dict.fromkeys(("static_scale", "dynamic_scale", "max_residual"), SCALE_LIMIT))
         if calibration.method not in ("prior", "scale", "two-term"):
             raise ValueError(f"memory_model.method is {calibration.method!r}: expected prior, scale or two-term")
         return calibration

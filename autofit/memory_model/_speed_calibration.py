@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from autofit.core import Candidate, Card
 from autofit.memory_model._calibration import _solve
 from autofit.memory_model._shape import ModelShape
-from autofit.memory_model._stored_checks import check_figures
+from autofit.memory_model._stored_checks import SCALE_LIMIT, check_figures
 from autofit.memory_model._throughput import PRIOR_SPEED_UNCERTAINTY, SpeedEstimate, predict_speed
 
 # paid once per micro-batch (or decode step), whatever its size
@@ -81,7 +81,8 @@ class SpeedCalibration:
     def from_dict(cls, data: Mapping[str, Any]) -> SpeedCalibration:
         names = {f.name for f in fields(cls)}
         calibration = cls(**{k: v for k, v in data.items() if k in names})
-        check_figures("speed_model", calibration, positive=("compute_scale", "fixed_scale"))
+        check_figures("speed_model", calibration, positive=("compute_scale", "fixed_scale"),
+                      at_most=dict.fromkeys(("compute_scale", "fixed_scale"), SCALE_LIMIT))
         if calibration.method not in ("prior", "scale", "two-term"):
             raise ValueError(f"speed_model.method is {calibration.method!r}: expected prior, scale or two-term")
         if calibration.card is not None:

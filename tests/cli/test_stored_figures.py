@@ -44,6 +44,9 @@ def test_a_good_stored_model_still_calibrates(tmp_path, capsys):
     ("speed_model.card", "bandwidth", 0), ("speed_model.card", "flops", -80e9),
     ("memory_model.shape", "hidden", 0), ("memory_model.shape", "layers", 2.5),
     ("memory_model.shape", "tied_embeddings", "yes"),
+    # a held-out hostile round: finite but absurd scales overflowed to NaN peaks (a traceback)
+    ("memory_model", "static_scale", 1e308), ("memory_model", "max_residual", 1e300),
+    ("speed_model", "compute_scale", 1e300),
 ])
 def test_a_bad_stored_figure_is_one_line_naming_the_key_and_the_file(tmp_path, capsys, part, key, value):
     best = _stored()
@@ -57,3 +60,12 @@ def test_a_bad_stored_figure_is_one_line_naming_the_key_and_the_file(tmp_path, c
     named = f"{part.replace('memory_model.', '')}.{key}"
     assert str(tmp_path / "best.json") in out.err and named in out.err, out.err
     assert "Traceback" not in out.err and out.out == ""
+
+
+def test_a_best_json_nested_beyond_reading_is_named_as_the_file(tmp_path, capsys):
+    """It was blamed on the model's config.json (a RecursionError caught as the model's)."""
+    (tmp_path / "best.json").write_text('{"memory_model": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    code = cli.main([*ARGV, "--from", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"autofit: error: --from {tmp_path / 'best.json'} cannot be read"), err
+    assert "config.json" not in err and err.count("\n") == 1

@@ -76,3 +76,19 @@ def test_a_second_separator_in_the_launch_is_named_not_read_as_accelerates_optio
     err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--", "trl", "sft", "--config", str(config), "--",
                             "--num_processes", "2"])
     assert "the launch 'trl sft' has a '--' of its own (-- --num_processes 2)" in err
+
+
+def test_a_value_accelerate_launch_refuses_is_named_as_accelerates(tmp_path: Path, capsys):
+    config = tmp_path / "sft.yaml"
+    config.write_text(TRL_FILE)
+    err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--", "accelerate", "launch", "--mixed_precision",
+                            "bf17", "-m", "trl", "sft", "--config", str(config)])
+    assert err.startswith("autofit: error: accelerate launch --mixed_precision") and "'bf17'" in err
+    assert "--config" not in err and "TRL" not in err
+
+
+def test_a_batch_size_the_file_writes_is_named_as_the_files_key(tmp_path: Path, capsys):
+    config = tmp_path / "sft.yaml"
+    config.write_text(TRL_FILE.replace("per_device_train_batch_size: 2", "per_device_train_batch_size: 100000000"))
+    err = _refused(capsys, ["estimate", "--gpu-memory", "80GiB", "--config", str(config)])
+    assert f"--config {config}: per_device_train_batch_size = 100000000: a whole number from 1 to 65,536" in err

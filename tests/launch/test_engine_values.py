@@ -101,3 +101,51 @@ def test_values_the_engines_take_still_answer(tmp_path, capsys):
                                                     accelerate]):
         assert cli.main(argv) == 0, capsys.readouterr().err
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("text,key,accepted", [
+    ("distributed_type: MULTI_GPU\nmixed_precision: bf17\n", "mixed_precision = 'bf17'", "no, fp16, bf16, fp8"),
+    ("distributed_type: DEEPSPEED\ndeepspeed_config: [1, 2]\n", "deepspeed_config = [1, 2]", "a mapping"),
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 3\n", "fsdp_config.fsdp_version = 3", "1 or 2"),
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_offload_params: yes please\n",
+     "fsdp_config.fsdp_offload_params = 'yes please'", "true or false"),
+    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HALF_SHARD\n",
+     "fsdp_config.fsdp_sharding_strategy = 'HALF_SHARD'", "FULL_SHARD"),
+])
+def test_an_accelerate_value_accelerate_would_refuse_is_named(tmp_path, capsys, text, key, accepted):
+    """A held-out hostile round found these answered with exit 0 (fsdp_version 3 as FSDP2, a strategy or a switch
+    accelerate cannot read dropped, bf17 ignored) or blamed on the model (a list for the DeepSpeed plugin)."""
+    accelerate = _write(tmp_path, "acc.yaml", text)
+    err = _refused(capsys, [*ESTIMATE, "--model", "tiny-qwen2", "--accelerate-config", accelerate])
+    assert f"{accelerate}: {key} is not accepted" in err and accepted in err
+
+
+def test_trls_own_accelerate_configs_are_accepted():
+    import importlib.resources as resources
+
+    import yaml
+
+    from autofit.launch._engine_values import check_accelerate_values
+
+    names = [item for item in resources.files("trl.accelerate_configs").iterdir() if item.name.endswith(".yaml")]
+    assert names
+    for item in names:
+        check_accelerate_values(yaml.safe_load(item.read_text()), item.name)
+
+
+def test_a_name_longer_than_the_filesystem_takes_is_one_line(tmp_path, capsys):
+    config = _write(tmp_path, "sft.yaml", TRL_FILE)
+    err = _refused(capsys, [*ESTIMATE, "--config", config, "--accelerate-config", "a" * 300 + ".yaml"])
+    assert "--accelerate-config aaaa" in err and "not a path this system can open" in err
+
+
+def test_a_deepspeed_plugin_without_a_stage_runs_accelerates_default():
+    """accelerate's DeepSpeedPlugin runs ZeRO-2 where no stage is given: it was estimated as plain data parallel,
+    the CPU offload it names ignored."""
+    from autofit.launch import launch_engine
+
+    given = {"path": "acc.yaml", "values": {"distributed_type": "DEEPSPEED",
+                                            "deepspeed_config": {"offload_optimizer_device": "cpu"}}}
+    assert launch_engine({}, {}, {}, given).sharding == "zero2-offload"
+    given["values"]["deepspeed_config"] = {}
+    assert launch_engine({}, {}, {}, given).sharding == "zero2"
