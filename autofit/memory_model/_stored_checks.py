@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import fields
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 # No stored figure is this large (a FLOP rate is ~1e16, a byte count ~1e14): 1e308 scales overflowed to NaN peaks.
 MAX_FIGURE = 1e18
 SCALE_LIMIT = 100.0  # a calibration scale or residual: a fraction of the model's figure, never a hundredfold
 
 
-def check_figures(what: str, obj: Any, positive: Iterable[str] = (), at_most: Mapping[str, float] = {}) -> None:
+def check_figures(what: str, obj: Any, positive: Iterable[str] = (),
+                  at_most: Optional[Mapping[str, float]] = None) -> None:
     """Every number of the dataclass ``obj`` finite, at least 0 and at most ``MAX_FIGURE`` (or its ``at_most``),
     those named in ``positive`` above 0, its int fields whole and its bool fields booleans; else ValueError naming
     ``what``'s key, its value and what is accepted."""
@@ -35,6 +36,6 @@ def check_figures(what: str, obj: Any, positive: Iterable[str] = (), at_most: Ma
         if not number or not math.isfinite(value) or (value <= 0 if strict else value < 0):
             accepted = "a whole number" if whole else "a finite number"
             raise ValueError(f"{key} is {value!r}: expected {accepted} {'> 0' if strict else '>= 0'}")
-        limit = at_most.get(field.name, MAX_FIGURE)
+        limit = (at_most or {}).get(field.name, MAX_FIGURE)
         if value > limit:
             raise ValueError(f"{key} is {value!r}: expected at most {limit:g}")
