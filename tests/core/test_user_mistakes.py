@@ -58,8 +58,8 @@ def test_a_head_width_of_its_own_lets_heads_not_divide_the_hidden_size(tmp_path)
 
 
 @pytest.mark.parametrize("line, named", [
-    ("per_device_train_batch_size: -4", "per_device_train_batch_size = -4: a positive whole number"),
-    ("gradient_accumulation_steps: 0", "gradient_accumulation_steps = 0: a positive whole number"),
+    ("per_device_train_batch_size: -4", "per_device_train_batch_size = -4: a whole number from 1 to 65,536 is accepted"),
+    ("gradient_accumulation_steps: 0", "gradient_accumulation_steps = 0: a whole number from 1 to 65,536 is accepted"),
     ("max_length: -5", "max_length = -5 is not valid"),
 ])
 def test_a_bad_batch_in_the_file_is_named_as_the_files_key(tmp_path, capsys, line, named):
