@@ -57,9 +57,12 @@ def test_a_head_width_of_its_own_lets_heads_not_divide_the_hidden_size(tmp_path)
     assert resolve_model(str(tmp_path)).config["num_attention_heads"] == 3
 
 
+BATCH_ACCEPTED = "a whole number from 1 to 65,536 is accepted"
+
+
 @pytest.mark.parametrize("line, named", [
-    ("per_device_train_batch_size: -4", "per_device_train_batch_size = -4: a whole number from 1 to 65,536 is accepted"),
-    ("gradient_accumulation_steps: 0", "gradient_accumulation_steps = 0: a whole number from 1 to 65,536 is accepted"),
+    ("per_device_train_batch_size: -4", f"per_device_train_batch_size = -4: {BATCH_ACCEPTED}"),
+    ("gradient_accumulation_steps: 0", f"gradient_accumulation_steps = 0: {BATCH_ACCEPTED}"),
     ("max_length: -5", "max_length = -5 is not valid"),
 ])
 def test_a_bad_batch_in_the_file_is_named_as_the_files_key(tmp_path, capsys, line, named):
