@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
-from autofit.core import InputError, SearchSpec
+from autofit.core import InputError, SearchSpec, priced_card
 from autofit.memory_model import (
     PRIOR_SPEED_UNCERTAINTY,
     Card,
@@ -17,7 +17,6 @@ from autofit.memory_model import (
     SpeedCalibration,
     SpeedEstimate,
     base_candidate,
-    card_named,
     predict_speed,
 )
 from autofit.rungs import rung_named
@@ -71,10 +70,9 @@ def load_speed_calibration(spec: SearchSpec) -> Tuple[Optional[SpeedCalibration]
 
 
 def estimate_card(spec: SearchSpec) -> Optional[Card]:
-    """The card whose peaks the speed is predicted on: the one ``--gpu-memory`` names (H100, L4, ...); None for a
-    size, or the CPU."""
-    given = spec.options.gpu_memory
-    return card_named(given) if spec.device == "cuda" and isinstance(given, str) else None
+    """The card whose peaks the speed is predicted on: the one ``--gpu-memory`` names (H100, L4, ...), else the GPU
+    NVML reports where autofit knows it; None for a size elsewhere, or the CPU."""
+    return priced_card(spec.options.gpu_memory, spec.device)
 
 
 def level_speeds(spec: SearchSpec, shape: ModelShape, levels: Sequence[Any]) -> Optional[List[SpeedEstimate]]:

@@ -18,7 +18,7 @@ from autofit.core._algorithms import (
 )
 from autofit.core._allocator_env import ALLOC_ENV, LEGACY_ALLOC_ENV, allocator_options
 from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, ProbeSettings
-from autofit.core._cards import CARDS, Card, card_named
+from autofit.core._cards import CARDS, Card, card_named, card_of_device
 from autofit.core._compat import (
     checkpointing_field,
     exempt_phases,
@@ -33,6 +33,7 @@ from autofit.core._device import (
     NoCudaDeviceError,
     driver_version,
     first_gpu,
+    priced_card,
     resolve_device,
     resolve_gpus,
     visible_gpu_count,
@@ -115,7 +116,7 @@ from autofit.core._spec import FACTORIES, MAX_EFFECTIVE_BATCH, SEARCHED_ARGS, Ba
 
 __all__ = [
     "ALLOC_ENV", "LEGACY_ALLOC_ENV", "MAX_EFFECTIVE_BATCH", "allocator_options",
-    "CARDS", "Card", "card_named", "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "USE_LIGER",
+    "CARDS", "Card", "card_named", "card_of_device", "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "USE_LIGER",
     "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "Launch", "LaunchEngine", "TrlFile",
     "KNOBS", "FileRun", "Knob", "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob",
@@ -132,7 +133,8 @@ __all__ = [
     "PluginStepError", "ProbeResult", "QuantSettings", "runnable_attention",
     "ProbeSettings", "SearchOptions", "SearchSpec", "UnknownModelError", "atomic_write_text", "cache_dir", "clip",
     "checkpointing_field", "classify_exception", "classify_exit", "disturbed", "error_origin", "exclusive",
-    "exempt_phases", "vllm_reserved", "first_gpu", "format_size", "free_bytes", "installed", "installed_versions",
+    "exempt_phases", "vllm_reserved", "first_gpu", "priced_card", "format_size", "free_bytes", "installed",
+    "installed_versions",
     "needs_own_code",
     "one_line", "driver_version", "read_own_file", "RATE_NAMES",
     "other_processes", "others_bytes", "parse_size", "ppo_available", "record_probe_process", "resolve_device",

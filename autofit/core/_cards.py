@@ -2,16 +2,22 @@
 bf16/fp16 tensor FLOP rate, its memory bandwidth, its host link and its GPU-to-GPU link. ``parse_size`` takes a card's
 name for its memory (``autofit.core._sizes``); the throughput model prices a step on it (``autofit.memory_model``).
 
-Each figure is the vendor's published peak (datasheets and architecture whitepapers) [M: as NVIDIA publishes them;
-dense, without sparsity; the SXM part where a card has two]. The host link is the PCIe generation's x16 rate in one
-direction; the GPU link is NVLink's total per GPU, or the PCIe rate where the card has none. What a training step
-achieves of each is ``autofit.memory_model._throughput``'s coefficients, never folded in here.
+Each figure is the vendor's published peak (datasheets and architecture whitepapers) [M: as NVIDIA and AMD publish
+them; dense, without sparsity; bf16 with fp32 accumulate, which GeForce cards run at half their fp16-accumulate rate;
+the SXM part where a name covers two]. The host link is the PCIe generation's x16 rate in one direction; the GPU link
+is NVLink's (or Infinity Fabric's) total per GPU, or the PCIe rate where the card has none. The memory is the total
+the driver reports (nvidia-smi's MiB, NVML's total). What a training step achieves of each is
+``autofit.memory_model._throughput``'s coefficients, never folded in here.
+
+On a GPU the card is the one whose ``device_names`` holds the name NVML reports (``card_of_device``), and where one
+name covers parts of different memory (the H100's 80 and 94 GB) the one nearest the reported total.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 PCIE3 = 16e9
 PCIE4 = 32e9
@@ -38,35 +44,114 @@ class Card:
     # Seconds per element of a whole-tensor fp32 pass (the CPU meter, measured), which TRL's fused head's torch
     # fallback is made of; 0: its Triton kernel's fused passes at the card's bandwidth
     elementwise_seconds: float = 0.0
-    # What torch reports of the card's memory, which --gpu-memory CARD plans for (0: not a card one names: this
-    # machine's measured rates)
+    # The memory the driver reports (nvidia-smi's MiB), which --gpu-memory CARD plans for (0: not a card one names:
+    # this machine's measured rates)
     memory_mib: int = 0
+    # The names NVML (nvidia-smi, torch.cuda.get_device_name) reports for the card, and other names a user types
+    device_names: Tuple[str, ...] = ()
+    aliases: Tuple[str, ...] = ()
 
+
+_AMPERE = "NVIDIA Ampere GA102 whitepaper (bf16 tensor, fp32 accumulate)"
+_ADA = "NVIDIA Ada Lovelace whitepaper (bf16 tensor, fp32 accumulate)"
+_BLACKWELL_RTX = "NVIDIA RTX Blackwell whitepaper (bf16 tensor, fp32 accumulate)"
+_GEFORCE = "NVIDIA GeForce "
 
 CARDS = {card.name: card for card in (
-    Card("H100", 989e12, 3.35e12, PCIE5, 900e9, "NVIDIA H100 SXM5 datasheet", memory_mib=81559),
+    # Data center and workstation
+    Card("H100", 989e12, 3.35e12, PCIE5, 900e9, "NVIDIA H100 SXM5 datasheet", memory_mib=81559,
+         device_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100"), aliases=("H100-SXM",)),
     Card("H100-80GB", 989e12, 3.35e12, PCIE5, 900e9, "NVIDIA H100 SXM5 datasheet", memory_mib=81559),
-    Card("H200", 989e12, 4.8e12, PCIE5, 900e9, "NVIDIA H200 SXM datasheet", memory_mib=143771),
-    Card("A100-80GB", 312e12, 2.039e12, PCIE4, 600e9, "NVIDIA A100 SXM4 80GB datasheet", memory_mib=81920),
-    Card("A100-40GB", 312e12, 1.555e12, PCIE4, 600e9, "NVIDIA A100 SXM4 40GB datasheet", memory_mib=40960),
-    Card("L40S", 362e12, 864e9, PCIE4, PCIE4, "NVIDIA L40S datasheet", memory_mib=46068),
-    Card("L4", 121e12, 300e9, PCIE4, PCIE4, "NVIDIA L4 datasheet", memory_mib=23034),
-    Card("A10G", 125e12, 600e9, PCIE4, PCIE4, "NVIDIA A10 datasheet (the A10G is AWS's A10)", memory_mib=23028),
-    Card("T4", 65e12, 320e9, PCIE3, PCIE3, "NVIDIA T4 datasheet (fp16: no bf16)", memory_mib=15360),
-    Card("V100-32GB", 125e12, 900e9, PCIE3, 300e9, "NVIDIA V100 SXM2 datasheet (fp16: no bf16)", memory_mib=32768),
-    Card("RTX4090", 165e12, 1.008e12, PCIE4, PCIE4, "NVIDIA Ada whitepaper (fp16 tensor, fp32 accumulate)",
-         memory_mib=24564),
-    Card("RTX3090", 71e12, 936e9, PCIE4, PCIE4, "NVIDIA Ampere GA102 whitepaper (fp16 tensor, fp32 accumulate)",
-         memory_mib=24576),
+    Card("H100-PCIe", 756e12, 2.0e12, PCIE5, PCIE5, "NVIDIA H100 PCIe datasheet", memory_mib=81559,
+         device_names=("NVIDIA H100 PCIe",)),
+    Card("H100-NVL", 835e12, 3.9e12, PCIE5, 600e9, "NVIDIA H100 NVL datasheet (its NVLink bridge)",
+         memory_mib=95830, device_names=("NVIDIA H100 NVL",)),
+    Card("H100-94GB", 989e12, 3.9e12, PCIE5, 900e9, "NVIDIA H100 SXM5 94GB (H100 datasheet)", memory_mib=95830,
+         device_names=("NVIDIA H100",)),
+    Card("H200", 989e12, 4.8e12, PCIE5, 900e9, "NVIDIA H200 SXM datasheet", memory_mib=143771,
+         device_names=("NVIDIA H200", "NVIDIA H200 NVL")),
+    Card("B200", 2250e12, 8.0e12, PCIE5, 1800e9, "NVIDIA HGX B200 datasheet (1000 W)", memory_mib=183359,
+         device_names=("NVIDIA B200",)),
+    Card("MI300X", 1307e12, 5.3e12, PCIE5, 896e9, "AMD Instinct MI300X datasheet (Infinity Fabric: 7 x 128 GB/s)",
+         memory_mib=196592, device_names=("AMD Instinct MI300X",)),
+    Card("A100-80GB", 312e12, 2.039e12, PCIE4, 600e9, "NVIDIA A100 SXM4 80GB datasheet", memory_mib=81920,
+         device_names=("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB")),
+    Card("A100-80GB-PCIe", 312e12, 1.935e12, PCIE4, PCIE4, "NVIDIA A100 80GB PCIe datasheet", memory_mib=81920,
+         device_names=("NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-80GB")),
+    Card("A100-40GB", 312e12, 1.555e12, PCIE4, 600e9, "NVIDIA A100 SXM4 40GB datasheet", memory_mib=40960,
+         device_names=("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB")),
+    Card("A100-40GB-PCIe", 312e12, 1.555e12, PCIE4, PCIE4, "NVIDIA A100 40GB PCIe datasheet", memory_mib=40960,
+         device_names=("NVIDIA A100-PCIE-40GB", "A100-PCIE-40GB")),
+    Card("L40S", 362e12, 864e9, PCIE4, PCIE4, "NVIDIA L40S datasheet", memory_mib=46068, device_names=("NVIDIA L40S",)),
+    Card("L4", 121e12, 300e9, PCIE4, PCIE4, "NVIDIA L4 datasheet", memory_mib=23034, device_names=("NVIDIA L4",)),
+    # AWS's A10G: no peak is published; its 80 SMs at a GeForce-like half-rate accumulate (and a measured bf16 matmul
+    # of 69.5 TFLOP/s) make about 70, not the A10's 125
+    Card("A10G", 70e12, 600e9, PCIE4, PCIE4, "80 SMs of GA102 at 1.71 GHz (AWS publishes no peak; the A10's is 125)",
+         memory_mib=23028, device_names=("NVIDIA A10G",)),
+    Card("A10", 125e12, 600e9, PCIE4, PCIE4, "NVIDIA A10 datasheet", memory_mib=23028, device_names=("NVIDIA A10",)),
+    Card("RTX6000-Ada", 364e12, 960e9, PCIE4, PCIE4, "NVIDIA RTX 6000 Ada datasheet", memory_mib=49140,
+         device_names=("NVIDIA RTX 6000 Ada Generation",), aliases=("RTX6000Ada",)),
+    Card("A6000", 154.8e12, 768e9, PCIE4, PCIE4, "NVIDIA RTX A6000 datasheet", memory_mib=49140,
+         device_names=("NVIDIA RTX A6000",), aliases=("RTX-A6000",)),
+    Card("T4", 65e12, 320e9, PCIE3, PCIE3, "NVIDIA T4 datasheet (fp16: no bf16)", memory_mib=15360,
+         device_names=("Tesla T4",)),
+    Card("V100-32GB", 125e12, 900e9, PCIE3, 300e9, "NVIDIA V100 SXM2 datasheet (fp16: no bf16)", memory_mib=32768,
+         device_names=("Tesla V100-SXM2-32GB", "Tesla V100-SXM3-32GB", "Tesla V100-PCIE-32GB",
+                       "Tesla V100S-PCIE-32GB")),
+    # GeForce
+    Card("RTX5090", 209.5e12, 1.792e12, PCIE5, PCIE5, _BLACKWELL_RTX, memory_mib=32607,
+         device_names=(_GEFORCE + "RTX 5090", _GEFORCE + "RTX 5090 D")),
+    Card("RTX5080", 112.6e12, 960e9, PCIE5, PCIE5, _BLACKWELL_RTX, memory_mib=16303,
+         device_names=(_GEFORCE + "RTX 5080",)),
+    Card("RTX5070Ti", 87.9e12, 896e9, PCIE5, PCIE5, _BLACKWELL_RTX, memory_mib=16303,
+         device_names=(_GEFORCE + "RTX 5070 Ti",)),
+    Card("RTX4090", 165e12, 1.008e12, PCIE4, PCIE4, _ADA, memory_mib=24564,
+         device_names=(_GEFORCE + "RTX 4090", _GEFORCE + "RTX 4090 D")),
+    Card("RTX4080", 97.5e12, 716.8e9, PCIE4, PCIE4, _ADA, memory_mib=16376, device_names=(_GEFORCE + "RTX 4080",)),
+    Card("RTX4070TiSuper", 88.2e12, 672e9, PCIE4, PCIE4, _ADA + " (264 tensor cores at 2.61 GHz)", memory_mib=16376,
+         device_names=(_GEFORCE + "RTX 4070 Ti SUPER",)),
+    Card("RTX4060Ti-16GB", 44.1e12, 288e9, PCIE4 / 2, PCIE4 / 2, _ADA + " (136 tensor cores at 2.535 GHz; PCIe x8)",
+         memory_mib=16380, device_names=(_GEFORCE + "RTX 4060 Ti",), aliases=("RTX4060Ti",)),
+    Card("RTX3090Ti", 80e12, 1.008e12, PCIE4, PCIE4, _AMPERE, memory_mib=24564,
+         device_names=(_GEFORCE + "RTX 3090 Ti",)),
+    Card("RTX3090", 71e12, 936e9, PCIE4, PCIE4, _AMPERE, memory_mib=24576, device_names=(_GEFORCE + "RTX 3090",)),
+    Card("RTX3080", 59.5e12, 760e9, PCIE4, PCIE4, _AMPERE, memory_mib=10240, device_names=(_GEFORCE + "RTX 3080",)),
+    Card("RTX3070", 40.6e12, 448e9, PCIE4, PCIE4, _AMPERE, memory_mib=8192, device_names=(_GEFORCE + "RTX 3070",)),
+    Card("RTX3060", 25.5e12, 360e9, PCIE4, PCIE4, _AMPERE + " (112 tensor cores at 1.78 GHz)", memory_mib=12288,
+         device_names=(_GEFORCE + "RTX 3060",)),
 )}
+# A name NVML reports for parts of different memory is told apart by the total: the nearest, within this share of it
+NAME_MEMORY_TOLERANCE = 0.10  # [M: ECC on takes 6% of an RTX 6000 Ada's]
+
+
+def card_key(text: str) -> str:
+    """A card's name as compared: any case, spaces, dashes and underscores ignored."""
+    return re.sub(r"[\s_-]", "", text).upper()
 
 
 def card_named(name: Optional[str]) -> Optional[Card]:
-    """The card of a ``--gpu-memory`` name (any case, dashes and spaces ignored); None for a size or another name."""
+    """The card of a ``--gpu-memory`` name or alias (any case, dashes and spaces ignored); None for a size or
+    another name."""
     if not name:
         return None
-    key = name.replace(" ", "").replace("_", "").replace("-", "").upper()
-    for card_name, card in CARDS.items():
-        if card_name.replace("-", "").upper() == key:
+    key = card_key(name)
+    for card in CARDS.values():
+        if key in (card_key(n) for n in (card.name, *card.aliases)):
             return card
     return None
+
+
+def card_of_device(device_name: Optional[str], total_bytes: Optional[int] = None) -> Optional[Card]:
+    """The card of the name NVML reports for a GPU (``NVIDIA H100 80GB HBM3``, ``NVIDIA GeForce RTX 4090``); where
+    the name covers parts of different memory, the one nearest ``total_bytes``. None for a card autofit does not
+    know, or a total more than ``NAME_MEMORY_TOLERANCE`` from every part of that name."""
+    if not device_name:
+        return None
+    wanted = " ".join(device_name.split()).lower()
+    named = [card for card in CARDS.values() if wanted in (n.lower() for n in card.device_names)]
+    if not named or not total_bytes:
+        return named[0] if named else None
+    nearest = min(named, key=lambda card: abs(card.memory_mib * 2**20 - total_bytes))
+    if abs(nearest.memory_mib * 2**20 - total_bytes) > NAME_MEMORY_TOLERANCE * nearest.memory_mib * 2**20:
+        return None
+    return nearest

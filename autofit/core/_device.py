@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from autofit.core._cards import Card, card_named, card_of_device
+
 log = logging.getLogger(__name__)
 
 # The CPU meter's rates, as ``autofit.probe._rates`` measures them and ``memory_model.measured_rates_card`` takes them
@@ -48,6 +50,18 @@ def first_gpu() -> Optional[GpuInfo]:
     except Exception as exc:  # noqa: BLE001 - NVML raises its own types: no driver, no library, no device
         log.debug("no GPU through NVML: %s", exc)
         return None
+
+
+def priced_card(given: object, device: str) -> Optional[Card]:
+    """The card a step is priced on: the one ``--gpu-memory`` names, else on a GPU the one NVML reports (a size
+    names none); None on the CPU, or for a GPU autofit does not know."""
+    if device != "cuda":
+        return None
+    named = card_named(given) if isinstance(given, str) else None
+    if named is not None:
+        return named
+    gpu = first_gpu()
+    return card_of_device(gpu.name, gpu.total_bytes) if gpu is not None else None
 
 
 def driver_version() -> Optional[str]:

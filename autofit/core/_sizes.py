@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from autofit.core._cards import CARDS
+from autofit.core._cards import CARDS, card_key, card_named
 from autofit.core._errors import InputError
 
 _UNITS = {
@@ -23,24 +23,18 @@ _UNITS = {
 AMBIGUOUS = {"A100": ("A100-40GB", "A100-80GB"), "V100": ("V100-32GB",)}
 
 
-def _card_key(text: str) -> str:
-    return re.sub(r"[\s_-]", "", text).upper()
-
-
-_CARDS = {_card_key(name): card.memory_mib * 2**20 for name, card in CARDS.items()}
-
-
 def card_names() -> str:
     return ", ".join(CARDS)
 
 
 def parse_size(text: str) -> int:
     """'24GiB', '80GB', '512MiB', '1.5g', or a GPU's name ('H100', 'A100-80GB') -> bytes."""
-    key = _card_key(str(text))
-    if key in _CARDS:
-        return _CARDS[key]
+    card = card_named(str(text))
+    if card is not None:
+        return card.memory_mib * 2**20
+    key = card_key(str(text))
     for name, choices in AMBIGUOUS.items():
-        if key == _card_key(name):
+        if key == card_key(name):
             raise InputError(f"memory size '{text}' names cards of different sizes: accepted are {', '.join(choices)}")
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None

@@ -17,12 +17,11 @@ import subprocess
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from autofit.core import RATE_NAMES, ProbeResult, SearchSpec
+from autofit.core import RATE_NAMES, ProbeResult, SearchSpec, priced_card
 from autofit.memory_model import (
     Card,
     SpeedCalibration,
     calibrate_speed,
-    card_named,
     measured_rates_card,
 )
 from autofit.rungs import QUALITY, RUNGS
@@ -93,7 +92,7 @@ class SpeedJudge:
             self._card_known = True
             given = self.spec.options.gpu_memory
             if self.spec.device == "cuda":
-                self._card = card_named(given) if isinstance(given, str) else None
+                self._card = priced_card(given, self.spec.device)
             else:
                 rates = machine_rates()
                 self._card = measured_rates_card(*rates) if rates else None
