@@ -110,7 +110,7 @@ def _speed_of(speed: Optional[SpeedEstimate]) -> Optional[Dict[str, Any]]:
         return None
     return {"tokens_per_second": speed.tokens_per_second, "tokens_per_second_per_gpu": speed.tokens_per_second_per_gpu,
             "seconds_per_step": speed.seconds_per_step, "uncertainty": speed.uncertainty,
-            "seconds_by_part": dict(speed.terms)}
+            "seconds_by_part": dict(speed.terms), "notes": list(speed.notes)}
 
 
 def _your_run(facts: CardEstimate) -> Optional[Dict[str, Any]]:

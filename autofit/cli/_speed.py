@@ -126,7 +126,7 @@ def speed_lines(spec: SearchSpec, levels: Sequence[Any], speeds: Optional[List[S
     fitting = fastest_first(speeds, levels, budget)
     lines = [f"speed on one {card.name} ({_rates(card)}): tok/s predicted ± {speeds[0].uncertainty:.0%}, "
              + ("calibrated" if calibration is not None else "uncalibrated")]
-    lines += [f"note: {note}" for note in notes]
+    lines += [f"note: {note}" for note in (*notes, *speeds[0].notes)]
     if not fitting:
         return lines
     best, level = fitting[0]

@@ -94,9 +94,9 @@ from autofit.memory_model._parameters import (
 from autofit.memory_model._rungs import Facts as ModelFactsOf
 from autofit.memory_model._rungs import custom_rungs, rung_band, rung_notes
 from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
+from autofit.memory_model._speed_band import PRIOR_SPEED_UNCERTAINTY
 from autofit.memory_model._speed_calibration import SpeedCalibration, calibrate_speed
 from autofit.memory_model._throughput import (
-    PRIOR_SPEED_UNCERTAINTY,
     SpeedEstimate,
     measured_rates_card,
     predict_speed,

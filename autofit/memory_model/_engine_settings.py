@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 from autofit.core import Candidate
 from autofit.memory_model._shape import ModelShape
@@ -161,6 +161,31 @@ def user_offload_engine(config: Optional[Dict[str, Any]]) -> Optional[str]:
     if zero.get("stage") == 3 and optimizer == "cpu" and param == "cpu":
         return "zero3-offload"
     return None
+
+
+class HostOffload(NamedTuple):
+    """What a candidate's engine keeps in host memory: where its optimizer steps ("deepspeed": DeepSpeed's CPU Adam;
+    "torch": the Trainer's optimizer on the CPU; None: on the device) and whether its weights live there too."""
+
+    optimizer: Optional[str]
+    parameters: bool
+
+
+def host_offload(candidate: Candidate) -> HostOffload:
+    """The offload of autofit's rungs (optimizer offload, ZeRO-3 and FSDP2 offload) or of the user's own DeepSpeed
+    configuration (``offload_optimizer``, ZeRO-3's ``offload_param``): one reading for every door."""
+    if candidate.offload:
+        return HostOffload("deepspeed", False)
+    if candidate.sharding == "zero3-offload":
+        return HostOffload("deepspeed", True)
+    if candidate.sharding == "fsdp2-offload":
+        return HostOffload("torch", True)
+    if candidate.sharding is not None:
+        return HostOffload(None, False)
+    config = user_deepspeed(candidate)
+    zero = _zero_section(config) if config else {}
+    optimizer = "deepspeed" if _offload_device(zero, "offload_optimizer") else None
+    return HostOffload(optimizer, zero.get("stage") == 3 and _offload_device(zero, "offload_param") is not None)
 
 
 def as_launched(candidate: Candidate) -> Candidate:

@@ -14,10 +14,12 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from autofit.core import Candidate, Card
 from autofit.memory_model._calibration import _solve
 from autofit.memory_model._shape import ModelShape
+from autofit.memory_model._speed_band import PRIOR_SPEED_UNCERTAINTY
 from autofit.memory_model._stored_checks import SCALE_LIMIT, check_figures
-from autofit.memory_model._throughput import PRIOR_SPEED_UNCERTAINTY, SpeedEstimate, predict_speed
+from autofit.memory_model._throughput import SpeedEstimate, predict_speed
 
 # paid once per micro-batch (or decode step), whatever its size
+CARD_NAMES = ("device_names", "aliases")  # a card's other names: never stored, never read back
 FIXED_TERMS = ("launch", "generation launches", "vLLM steps")
 # One scale (a single timing, or timings at one micro-batch size) fits the step's absolute speed but leaves its
 # ratios between configurations the prior's [A: make bench-speed measured checkpointing's ratio within 4% on the
@@ -52,7 +54,7 @@ class SpeedCalibration:
         return max(SPEED_CALIBRATED_FLOOR, self.max_residual)
 
     def card_of(self) -> Optional[Card]:
-        return Card(**self.card) if self.card else None
+        return Card(**{k: v for k, v in self.card.items() if k not in CARD_NAMES}) if self.card else None
 
     def mismatch(self, candidate: Candidate, card: Optional[Card] = None) -> Optional[str]:
         """What this calibration was made for that ``candidate`` (on ``card``) is not, or None when it applies."""
@@ -70,7 +72,8 @@ class SpeedCalibration:
             return prior
         terms = {name: seconds * (self.fixed_scale if name in FIXED_TERMS else self.compute_scale)
                  for name, seconds in prior.terms.items()}
-        return SpeedEstimate(sum(terms.values()), prior.tokens_per_step, self.uncertainty, terms, prior.ranks)
+        return SpeedEstimate(sum(terms.values()), prior.tokens_per_step, self.uncertainty, terms, prior.ranks,
+                             prior.notes)
 
     def to_dict(self) -> Dict[str, Any]:
         data = asdict(self)
@@ -92,6 +95,11 @@ class SpeedCalibration:
         return calibration
 
 
+def _card_rates(card: Card) -> Dict[str, Any]:
+    """The card as best.json keeps it: its name, rates and memory; the names NVML gives it are the table's."""
+    return {k: v for k, v in asdict(card).items() if k not in CARD_NAMES}
+
+
 def _parts(estimate: SpeedEstimate) -> Tuple[float, float]:
     fixed = sum(seconds for name, seconds in estimate.terms.items() if name in FIXED_TERMS)
     return estimate.seconds_per_step - fixed, fixed
@@ -103,7 +111,7 @@ def calibrate_speed(points: Sequence[Tuple[Candidate, float]], shape: ModelShape
     them better with both scales positive, weighted least squares on the compute and fixed parts."""
     timed = [(c, float(tps)) for c, tps in points if tps and tps > 0]
     if not timed:
-        return SpeedCalibration(card=asdict(card))
+        return SpeedCalibration(card=_card_rates(card))
     estimates = [predict_speed(c, shape, card) for c, _ in timed]
     measured = [e.tokens_per_step / tps for e, (_, tps) in zip(estimates, timed, strict=True)]  # seconds per step
     parts = [_parts(e) for e in estimates]
@@ -118,7 +126,7 @@ def calibrate_speed(points: Sequence[Tuple[Candidate, float]], shape: ModelShape
     devices = {c.device for c, _ in timed}
     return SpeedCalibration(compute_scale=scales[0], fixed_scale=scales[1], method=method, points=len(timed),
                             max_residual=_residual(parts, measured, *scales), model=first.model, algo=first.algo,
-                            device=devices.pop() if len(devices) == 1 else None, card=asdict(card))
+                            device=devices.pop() if len(devices) == 1 else None, card=_card_rates(card))
 
 
 def _residual(parts: Sequence[Tuple[float, float]], measured: Sequence[float], a: float, b: float) -> float:

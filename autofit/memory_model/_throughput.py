@@ -20,6 +20,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from autofit.core import Candidate, Card
 from autofit.memory_model._activations import sequence_length, sequences_per_micro_batch
+from autofit.memory_model._engine_settings import zero_engine
+from autofit.memory_model._host_time import activation_offload_seconds, host_terms
 from autofit.memory_model._logits import logit_tokens
 from autofit.memory_model._parameters import (
     Tensors,
@@ -32,6 +34,7 @@ from autofit.memory_model._parameters import (
     weight_bytes,
 )
 from autofit.memory_model._shape import ModelShape
+from autofit.memory_model._speed_band import PRIOR_SPEED_UNCERTAINTY, speed_band
 from autofit.memory_model._traffic import elementwise_bytes
 
 # What a large matmul achieves of the card's peak tensor FLOP rate [M: Dao 2023, FlashAttention-2 (arXiv 2307.08691),
@@ -45,7 +48,6 @@ GEMM_EFFICIENCY = 0.80
 # fine-tune's shorter sequences]. On the CPU meter attention runs at the measured matmul rate.
 ATTENTION_EFFICIENCY = 0.50
 BANDWIDTH_EFFICIENCY = 0.80  # [M: STREAM-like copies reach 80-90% of HBM's peak]
-HOST_LINK_EFFICIENCY = 0.80  # [M: pinned host copies reach about 25 of PCIe 4's 32 GB/s]
 GPU_LINK_EFFICIENCY = 0.70  # [M: nccl-tests' bus bandwidth, 70-80% of NVLink's peak]
 # Operators eager PyTorch dispatches, each costing the card's ``op_seconds`` of host time [M: counted with a
 # TorchDispatchMode by ``python -m benchmarks.operator_counts`` on tiny-qwen2 with transformers 5.17, TRL 1.16's fused
@@ -74,10 +76,6 @@ OPS_OPTIMIZER_FOREACH = 30  # [A: a few foreach kernels per state and group]
 # the card's measured ``elementwise_seconds`` per element.
 HEAD_TILE_PASSES_TRITON = 3
 HEAD_TILE_PASSES_TORCH = 24
-# DeepSpeed's CPU Adam updates about 1e9 parameters a second on a server's cores [A: ZeRO-Offload (Ren et al. 2021)
-# reports its CPU Adam 5-7x faster than PyTorch's on the host; no single rate is published for every machine].
-HOST_ADAM_PARAMS_PER_SECOND = 1e9
-PRIOR_SPEED_UNCERTAINTY = 0.40  # the band before the search has timed a step [A]
 # The CPU meter's rates where a caller measured only the matmul and the copy [M: ``autofit.probe._rates`` on a
 # 2-core x86 runner]: an operator of a model under the simulated meter, a CPU matmul's half-rate rows, and an
 # element of a whole-tensor fp32 pass
@@ -93,6 +91,7 @@ class SpeedEstimate:
     uncertainty: float = PRIOR_SPEED_UNCERTAINTY
     terms: Dict[str, float] = field(default_factory=dict)  # seconds per optimizer step, by what takes them
     ranks: int = 1  # the GPUs whose tokens ``tokens_per_step`` counts
+    notes: Tuple[str, ...] = ()  # what the prediction does not price, and the band it widens
 
     @property
     def tokens_per_second(self) -> float:
@@ -107,7 +106,7 @@ class SpeedEstimate:
     def scaled(self, scale: float) -> SpeedEstimate:
         """The estimate with every term's time multiplied by ``scale`` (a calibration on timed steps)."""
         return SpeedEstimate(self.seconds_per_step * scale, self.tokens_per_step, self.uncertainty,
-                             {k: v * scale for k, v in self.terms.items()}, self.ranks)
+                             {k: v * scale for k, v in self.terms.items()}, self.ranks, self.notes)
 
 
 def _matmul_efficiency(rows: float, card: Card) -> float:
@@ -209,23 +208,23 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     terms["launch"] = micro * _pass_operators(candidate, shape, trained) * card.op_seconds
     trainable = sum(t.numel * t.count for t in trained)
     param_bytes = weight_bytes(candidate, shape)
-    host = card.host_link * HOST_LINK_EFFICIENCY
-    if candidate.offload:
-        terms["optimizer (host)"] = trainable / HOST_ADAM_PARAMS_PER_SECOND + trainable * (2 + 2) / host
-    else:
+    offloaded = host_terms(candidate, card, trainable, counts.total, passes)
+    if not any(name.startswith("optimizer") for name in offloaded):
         terms["optimizer"] = trainable * _optimizer_bytes_per_param(candidate, param_bytes) / (
             card.bandwidth * BANDWIDTH_EFFICIENCY)
+    terms.update(offloaded)
     tensors = sum(t.count for t in trained)
     terms["optimizer launch"] = (OPS_OPTIMIZER_PER_TENSOR * tensors if card.cpu else OPS_OPTIMIZER_FOREACH
                                  ) * card.op_seconds
     if candidate.activation_offload:
-        saved = rows * shape.layers * shape.hidden * 2 * 4  # about four hidden-size tensors a layer, bf16 [A]
-        terms["activation offload"] = micro * 2 * saved / host
+        terms["activation offload"] = activation_offload_seconds(
+            candidate, card, rows, shape.layers, shape.hidden, terms["forward"] / micro,
+            (terms["backward"] + terms.get("recompute", 0.0)) / micro)
     if candidate.ranks > 1:
         link = card.gpu_link * GPU_LINK_EFFICIENCY
         share = (candidate.ranks - 1) / candidate.ranks
         terms["gradient reduction"] = 2 * share * trainable * 2 / link
-        if candidate.sharding in ("zero3", "fsdp2", "zero3-offload", "fsdp2-offload"):
+        if (candidate.sharding or zero_engine(candidate)) in ("zero3", "fsdp2", "zero3-offload", "fsdp2-offload"):
             # every parameter is gathered for its module's pass, every expert's too
             stored_bytes = (counts.linear * stored + (counts.total - counts.linear) * bytes_per_weight if stored
                             else counts.total * bytes_per_weight)
@@ -237,7 +236,8 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     elif candidate.precompute_ref:  # the same forward, once per row before training: its share of one step
         terms["reference precompute"] = micro * _pass_seconds(layers_forward + 2 * head * rows, weights, rows, card)
     tokens = sequences_per_micro_batch(candidate) * seq * micro * candidate.ranks
-    return SpeedEstimate(sum(terms.values()), tokens, PRIOR_SPEED_UNCERTAINTY, terms, candidate.ranks)
+    band, notes = speed_band(candidate)
+    return SpeedEstimate(sum(terms.values()), tokens, band, terms, candidate.ranks, notes)
 
 
 def _pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensors]) -> float:

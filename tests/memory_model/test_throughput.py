@@ -1,6 +1,8 @@
 """The throughput model (autofit.memory_model._throughput): the orderings and ratios every configuration must show,
 from first principles, on named cards. Its figures against measurements are benchmarks, not tests."""
 
+import dataclasses
+
 import pytest
 
 from autofit.core import CARDS, Candidate, LoraSettings, card_named, resolve_model
@@ -198,3 +200,59 @@ def test_levels_predicted_within_two_percent_of_the_fastest_go_in_ladder_order()
     assert [lvl.level for _, lvl in fastest_first(speeds, levels, 1)] == [5, 6, 7]
     speeds[2] = tps(400)  # 9% ahead: the faster first
     assert [lvl.level for _, lvl in fastest_first(speeds, levels, 1)] == [6, 5, 7]
+
+
+def _offloading(stage, param=False):
+    zero = {"stage": stage, "offload_optimizer": {"device": "cpu"}}
+    if param:
+        zero["offload_param"] = {"device": "cpu"}
+    return (("deepspeed", {"zero_optimization": zero}),)
+
+
+def test_every_offload_costs_host_time_the_same_through_every_door():
+    """Issue 48: the user's own offload cost no time, and the same run through autofit's rung cost 9 s."""
+    eight = BASE.replace(ranks=8)
+    rung = speed(BASE.replace(offload="zero2-offload"), "A100-80GB")
+    users = speed(BASE.replace(user_args=_offloading(2)), "A100-80GB")
+    assert users.terms == rung.terms and users.seconds_per_step == rung.seconds_per_step
+    assert rung.terms["optimizer (host)"] > 0 and "optimizer" not in rung.terms
+    sharded = speed(eight.replace(sharding="zero3-offload"), "A100-80GB")
+    users3 = speed(eight.replace(user_args=_offloading(3, param=True)), "A100-80GB")
+    plain3 = speed(eight.replace(user_args=(("deepspeed", {"zero_optimization": {"stage": 3}}),)), "A100-80GB")
+    assert users3.terms == sharded.terms
+    assert users3.seconds_per_step > plain3.seconds_per_step
+    assert {"optimizer (host)", "optimizer (host link)", "parameter fetches (host link)"} <= set(sharded.terms)
+    assert "parameter gathers" in plain3.terms  # the user's ZeRO-3 gathers its weights over the GPU link too
+    # FSDP2's offload steps with torch's AdamW on the host: slower than DeepSpeed's CPU Adam over the same parameters
+    fsdp = speed(eight.replace(sharding="fsdp2-offload"), "A100-80GB")
+    assert fsdp.terms["optimizer (host)"] > sharded.terms["optimizer (host)"]
+
+
+def test_activation_offload_overlaps_the_compute_it_copies_beside():
+    """TRL copies on a second stream: where the compute outlasts the copies, the step waits for none of them."""
+    long_rows = BASE.replace(checkpointing=True, activation_offload=True)
+    assert speed(long_rows).terms["activation offload"] == 0.0
+    # a card whose host link is slow next to its compute: only the excess waits
+    slow_link = dataclasses.replace(CARDS["H100"], host_link=CARDS["H100"].host_link / 200)
+    slow = predict_speed(long_rows, SHAPE, slow_link)
+    copies = 8 * 2048 * SHAPE.layers * SHAPE.hidden * 2 * 4 / (slow_link.host_link * 0.8)
+    assert 0 < slow.terms["activation offload"] < 2 * copies
+
+
+def test_compile_and_unpacked_rows_widen_the_band_and_say_so():
+    packed = BASE.replace(user_args=(("packing", True),))
+    assert speed(packed).uncertainty == 0.40 and speed(packed).notes == ()
+    unpacked = speed(BASE)  # TRL's default: packing off
+    assert unpacked.uncertainty == 0.50 and "packing is off" in unpacked.notes[0] and "2048 tokens" in unpacked.notes[0]
+    compiled = speed(packed.replace(user_args=(("packing", True), ("torch_compile", True))))
+    assert compiled.uncertainty == pytest.approx(0.65) and compiled.notes[0].startswith("torch_compile")
+    grpo = speed(BASE.replace(algo="grpo", max_length=256, prompt_length=128, micro_batch=8))
+    assert not any("packing" in note for note in grpo.notes)  # generation's rows are what the probe runs
+
+
+def test_the_estimate_prints_the_speeds_notes(capsys):
+    from autofit.cli import main
+
+    assert main(["estimate", "--model", "Qwen/Qwen2.5-0.5B", "--algo", "sft", "--gpu-memory", "L4"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s predicted ± 50%" in out and "note: packing is off: every row is priced at its full" in out
