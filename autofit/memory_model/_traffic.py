@@ -57,6 +57,13 @@ TRAFFIC: Dict[str, ModeTraffic] = {
                             AdapterTraffic(43.4, 4.8), AdapterTraffic(30.0, 0.0),
                             AdapterTraffic(15.4, 4.8), AdapterTraffic(18.0, 0.0)),
 }
+# LoRA's dropout on a GPU: torch runs it as one fused kernel (``native_dropout``: the input read, the output written
+# and a one-byte mask) where the CPU composes it of a float noise tensor, its scaling and a product, which the counts
+# above measured [V code: torch aten/src/ATen/native/Dropout.cpp, ``is_fused_kernel_acceptable`` (CUDA, XPU) against
+# ``_dropout_impl``]; its backward reads the gradient and the mask and writes one. peft drops out the input cast to
+# the adapters' float32: bytes per input feature and token, added to the no-dropout counts.
+FUSED_DROPOUT_FORWARD_BYTES = 4 + 4 + 1
+FUSED_DROPOUT_BACKWARD_BYTES = 4 + 1 + 4
 # A mixture-of-experts layer's routing beyond its experts' MLPs (each token gathered to its experts, weighted and
 # added back; transformers' expert loop), per token per hidden unit per expert the token runs, forward and backward
 # (the recompute as the forward), counted in bf16 on a Mixtral of tiny-qwen2's sizes.
@@ -102,7 +109,11 @@ def elementwise_bytes(candidate: Candidate, shape: ModelShape, tokens: float, cp
 
         dropout = candidate.lora.dropout > 0
         adapters_forward = adapters(mode.lora_forward if dropout else mode.lora_forward_no_dropout)
+        adapters_backward = adapters(mode.lora_backward if dropout else mode.lora_backward_no_dropout)
+        if dropout and not cpu:
+            adapters_forward = adapters(mode.lora_forward_no_dropout) + tokens * inputs * FUSED_DROPOUT_FORWARD_BYTES
+            adapters_backward = adapters(mode.lora_backward_no_dropout) + tokens * inputs * FUSED_DROPOUT_BACKWARD_BYTES
         forward += adapters_forward
         recompute += adapters_forward
-        backward += adapters(mode.lora_backward if dropout else mode.lora_backward_no_dropout)
+        backward += adapters_backward
     return PassBytes(forward, backward, recompute if candidate.checkpointing else 0.0)

@@ -146,6 +146,16 @@ def test_elementwise_traffic_is_counted_by_how_the_step_holds_its_weights():
     dropped = elementwise_bytes(BASE.replace(lora=LoraSettings(dropout=0.1)), SHAPE, tokens, False)
     plain = elementwise_bytes(BASE.replace(lora=LoraSettings(dropout=0.0)), SHAPE, tokens, False)
     assert sum(dropped) > sum(plain) > sum(bf16)
+    # on a GPU torch fuses the dropout into one kernel (input, output, a one-byte mask): 9 bytes an input feature each
+    # way, where the CPU's noise tensor, scaling and product moved 28 forward and 12 backward
+    lora = BASE.replace(lora=LoraSettings(dropout=0.1, target_modules=("q_proj",)))
+    kept = lora.replace(lora=LoraSettings(dropout=0.0, target_modules=("q_proj",)))
+    fused, no_dropout = elementwise_bytes(lora, SHAPE, tokens, False), elementwise_bytes(kept, SHAPE, tokens, False)
+    composed, cpu_kept = elementwise_bytes(lora, SHAPE, tokens, True), elementwise_bytes(kept, SHAPE, tokens, True)
+    inputs = tokens * SHAPE.layers * SHAPE.hidden
+    assert fused.forward - no_dropout.forward == pytest.approx(9 * inputs)
+    assert fused.backward - no_dropout.backward == pytest.approx(9 * inputs)
+    assert composed.forward - cpu_kept.forward == pytest.approx(28 * inputs)
 
 
 def test_a_mixture_of_experts_runs_its_active_experts_and_gathers_all_of_them():
