@@ -118,8 +118,8 @@ def speed_lines(spec: SearchSpec, levels: Sequence[Any], speeds: Optional[List[S
     if speeds is None:
         lines = [f"note: {note}" for note in notes]
         if spec.device == "cuda":
-            return lines + ["speed: name a card (--gpu-memory H100, L4, A100-80GB, ...) for tokens/s from its "
-                            "published peaks"]
+            return lines + ["speed: priced on no card (a size names none, and no GPU autofit knows is here): name "
+                            "one (--gpu-memory H100, L4, A6000, RTX4090, ...) for tokens/s from its published peaks"]
         return lines
     card = estimate_card(spec) or (calibration.card_of() if calibration is not None else None)
     assert card is not None and budget is not None  # speeds come with a card; an estimate has a budget

@@ -68,4 +68,4 @@ def test_the_estimate_prices_a_named_card_and_the_gpu_present_for_a_size(monkeyp
     monkeypatch.setattr(_device, "first_gpu", lambda: GpuInfo("NVIDIA GeForce RTX 4090", 24564 * MIB))
     assert cli.main([*args, "--gpu-memory", "20GiB", "--device", "cuda"]) == 0
     out = capsys.readouterr().out
-    assert "speed on one RTX4090 (" in out and "speed: name a card" not in out
+    assert "speed on one RTX4090 (" in out and "speed: priced on no card" not in out

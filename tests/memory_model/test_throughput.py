@@ -86,7 +86,7 @@ def test_estimate_prints_each_levels_speed_on_a_named_card(capsys):
     assert main(["estimate", "--model", "Qwen/Qwen2.5-7B", "--algo", "sft", "--gpu-memory", "80GiB"]) == 0
     out = capsys.readouterr().out
     assert "tok/s" not in next(line for line in out.splitlines() if line.startswith("lvl"))
-    assert "speed: name a card" in out
+    assert "speed: priced on no card" in out
 
 
 def test_a_tie_of_timings_goes_to_the_named_cards_prediction_and_a_clear_gap_to_the_timing(tmp_path):
