@@ -80,9 +80,10 @@ class CardEstimate:
         return [*unchecked, *self.spec.notes, *self.notes]
 
     def all_notes(self) -> List[str]:
-        """Every note the text prints as ``note: ...``, in its order: the question's, then the ladder's (the rungs
-        left out, what the rungs say)."""
-        return [*self.question_notes(), *self.left_out, *self.ladder_notes]
+        """Every note the text prints as ``note: ...``: the question's, the ladder's (the rungs left out, what the
+        rungs say), then the speed's (what its prediction does not price)."""
+        speed_notes = self.speeds[0].notes if self.speeds else ()
+        return [*self.question_notes(), *self.left_out, *self.ladder_notes, *speed_notes]
 
     def fastest_fits(self) -> List[Tuple[SpeedEstimate, Any]]:
         """(speed, level) of the levels predicted to fit, fastest first (``_speed.fastest_first``); empty without a

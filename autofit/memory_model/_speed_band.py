@@ -1,5 +1,6 @@
 """How wide the speed prediction's band is before the search has timed a step, and what it does not price (issue
-48): a compiled step, priced as eager PyTorch runs it, and an unpacked SFT batch, priced as full-length rows."""
+48): a compiled step, priced as eager PyTorch runs it, an unpacked SFT batch, priced as full-length rows, and
+activation offloading's copies, priced where they outrun the compute they overlap."""
 
 from __future__ import annotations
 
@@ -35,4 +36,7 @@ def speed_band(candidate: Candidate) -> Tuple[float, Tuple[str, ...]]:
         band = max(band, UNPACKED_BAND)
         notes.append(f"packing is off: every row is priced at its full {candidate.max_length} tokens, a bound (your "
                      f"rows are shorter, and each batch pads to its longest; the band is ±{band:.0%})")
+    if candidate.activation_offload:
+        notes.append("activation offloading: its copies run beside the compute on a second stream (TRL's); only what "
+                     "outruns the compute is priced")
     return band, tuple(notes)

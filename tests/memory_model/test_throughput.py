@@ -242,6 +242,7 @@ def test_activation_offload_overlaps_the_compute_it_copies_beside():
     """TRL copies on a second stream: where the compute outlasts the copies, the step waits for none of them."""
     long_rows = BASE.replace(checkpointing=True, activation_offload=True)
     assert speed(long_rows).terms["activation offload"] == 0.0
+    assert any(note.startswith("activation offloading: its copies run beside") for note in speed(long_rows).notes)
     # a card whose host link is slow next to its compute: only the excess waits
     slow_link = dataclasses.replace(CARDS["H100"], host_link=CARDS["H100"].host_link / 200)
     slow = predict_speed(long_rows, SHAPE, slow_link)
