@@ -60,8 +60,7 @@ _GEFORCE = "NVIDIA GeForce "
 CARDS = {card.name: card for card in (
     # Data center and workstation
     Card("H100", 989e12, 3.35e12, PCIE5, 900e9, "NVIDIA H100 SXM5 datasheet", memory_mib=81559,
-         device_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100"), aliases=("H100-SXM",)),
-    Card("H100-80GB", 989e12, 3.35e12, PCIE5, 900e9, "NVIDIA H100 SXM5 datasheet", memory_mib=81559),
+         device_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100"), aliases=("H100-SXM", "H100-80GB")),
     Card("H100-PCIe", 756e12, 2.0e12, PCIE5, PCIE5, "NVIDIA H100 PCIe datasheet", memory_mib=81559,
          device_names=("NVIDIA H100 PCIe",)),
     Card("H100-NVL", 835e12, 3.9e12, PCIE5, 600e9, "NVIDIA H100 NVL datasheet (its NVLink bridge)",

@@ -108,11 +108,12 @@ def elementwise_bytes(candidate: Candidate, shape: ModelShape, tokens: float, cp
             return tokens * (inputs * traffic.per_input + outputs * traffic.per_output)
 
         dropout = candidate.lora.dropout > 0
-        adapters_forward = adapters(mode.lora_forward if dropout else mode.lora_forward_no_dropout)
-        adapters_backward = adapters(mode.lora_backward if dropout else mode.lora_backward_no_dropout)
-        if dropout and not cpu:
+        if dropout and not cpu:  # the fused kernel on the no-dropout counts
             adapters_forward = adapters(mode.lora_forward_no_dropout) + tokens * inputs * FUSED_DROPOUT_FORWARD_BYTES
             adapters_backward = adapters(mode.lora_backward_no_dropout) + tokens * inputs * FUSED_DROPOUT_BACKWARD_BYTES
+        else:
+            adapters_forward = adapters(mode.lora_forward if dropout else mode.lora_forward_no_dropout)
+            adapters_backward = adapters(mode.lora_backward if dropout else mode.lora_backward_no_dropout)
         forward += adapters_forward
         recompute += adapters_forward
         backward += adapters_backward

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from autofit.core import CARDS, Candidate, LoraSettings, card_named, resolve_model
+from autofit.memory_model._host_time import ACTIVATION_OFFLOAD_TENSORS, HOST_LINK_EFFICIENCY
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._throughput import calibrated_scale, predict_speed
 
@@ -246,7 +247,8 @@ def test_activation_offload_overlaps_the_compute_it_copies_beside():
     # a card whose host link is slow next to its compute: only the excess waits
     slow_link = dataclasses.replace(CARDS["H100"], host_link=CARDS["H100"].host_link / 200)
     slow = predict_speed(long_rows, SHAPE, slow_link)
-    copies = 8 * 2048 * SHAPE.layers * SHAPE.hidden * 2 * 4 / (slow_link.host_link * 0.8)
+    saved = 8 * 2048 * SHAPE.layers * SHAPE.hidden * 2 * ACTIVATION_OFFLOAD_TENSORS
+    copies = saved / (slow_link.host_link * HOST_LINK_EFFICIENCY)
     assert 0 < slow.terms["activation offload"] < 2 * copies
 
 
