@@ -9,7 +9,8 @@ its workload's baseline; the absolute speed is what the search calibrates on its
 
     .venv/bin/python -m benchmarks.speed [--write docs/benchmarks.md]      (make bench-speed; --quick: one ratio)
 
-After the ratios, the throughput model against published GPU throughput (``benchmarks.speed_public``).
+After the ratios, the throughput model against published GPU throughput (``benchmarks.speed_public``), then each
+term of a step against a published pair of runs that differ by it alone (``benchmarks.speed_terms``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from autofit.probe import ProcessRunner
 from autofit.probe._rates import measure_rates
 from benchmarks.page import quick, table_main
 from benchmarks.speed_public import table as published_table
+from benchmarks.speed_terms import table as terms_table
 
 GOAL = 0.10  # issue 37: ratios within ±10% on the CPU meter
 STEPS = 8  # optimizer steps per measurement; the first (warm-up) is not timed
@@ -107,7 +109,8 @@ def table(root: Path) -> str:
                       f"runs of {STEPS} optimizer steps (the first untimed); the spread is the slowest run's distance "
                       "from it."]
     lines += ["", "Published GPU rows (`python -m benchmarks.speed_public`, through the estimate's door):", "",
-              published_table()]
+              published_table(), "", "Each term against a published pair of runs that differ by it alone "
+              "(`python -m benchmarks.speed_terms`, through the estimate's door):", "", terms_table()]
     return "\n".join(lines)
 
 

@@ -1,0 +1,116 @@
+"""Each term of a step's time against a published pair of runs that differ by that term alone (issue 48, item 4):
+packing, ``torch_compile``, checkpointing, activation offloading and LoRA, each pair predicted by nothing but
+``autofit estimate ... --json -- trl sft --config FILE`` (``benchmarks/public/terms/``), the user's door.
+
+The source: torchtune's README, "Optimization flags" (pytorch/torchtune @ 1814feb, 2024-11-18), Llama 3.2 3B on one
+A100, batch 2, max_seq_len 4096, pure bf16, each flag added on top of the one before: the one published table found
+where every such term is a row of the same run (the sources searched, and those left out with why, are in
+docs/benchmarks.md, under the table). Its loop is torchtune's, not the Trainer's: the files carry the same model,
+batch, length, precision and optimizer. Its tokens/s counts label tokens that are not padding.
+
+What a pair checks depends on how the estimate prices its term: a term priced from its mechanism (checkpointing,
+activation offloading, LoRA) by the ratio of the two predictions against the measured ratio; ``torch_compile``, which
+only widens the band, by whether the compiled run's measurement falls inside it; ``packing: false``, priced as full
+rows and called a bound, by whether the measurement stays under it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+from benchmarks.page import chosen
+from benchmarks.speed_public import Row, command, predicted
+
+FOLDER = "benchmarks/public/terms"
+MODEL = "benchmarks/models/Llama-3.2-3B"
+GOAL = 0.20  # a priced term's predicted ratio within ±20% of the measured one, as the published rows' goal
+SOURCE = ("[torchtune README @ 1814feb](https://github.com/pytorch/torchtune/blob/"
+          "1814feb17a9038e1a8053ce93111bd26774a8db6/README.md), \"Optimization flags\"")
+OPTIMIZER_IN_BACKWARD = "the optimizer step fused into the backward (+1.38% in the source)"
+
+
+def _row(key: str, what: str, config: str, tokens: float, not_expressed: str = "") -> Row:
+    return Row(key, what, config, MODEL, 1, None, tokens, not_expressed, FOLDER)
+
+
+PACKED = _row("packed", "packed rows", "llama32-3b-packed.yaml", 7075.0)
+UNPACKED = _row("baseline", "unpacked rows, padded in each batch", "llama32-3b-unpacked.yaml", 2091.0)
+COMPILED = _row("+ compile", "packed, compiled", "llama32-3b-packed-compile.yaml", 8998.0)
+CHUNKED = _row("+ chunked cross-entropy", "packed, compiled, chunked loss", "llama32-3b-packed-compile.yaml", 9174.0)
+CHECKPOINTED = _row("+ activation checkpointing", "packed, compiled, checkpointing", "llama32-3b-compile-ac.yaml",
+                    7210.0)
+FUSED_STEP = _row("+ optimizer in the backward", "packed, compiled, checkpointing, step in the backward",
+                  "llama32-3b-compile-ac.yaml", 7309.0, OPTIMIZER_IN_BACKWARD)
+OFFLOADED = _row("+ activation offloading", "packed, compiled, checkpointing, activations offloaded",
+                 "llama32-3b-full-ac.yaml", 7301.0, OPTIMIZER_IN_BACKWARD)
+LORA = _row("LoRA", "the same with LoRA r64 (all linear layers but k_proj, no dropout), AdamW unfused",
+            "llama32-3b-lora-ac.yaml", 8210.0)
+
+
+@dataclass(frozen=True)
+class Pair:
+    term: str
+    before: Row
+    after: Row
+    check: str  # "ratio": the term is priced; "band": it widens the band; "bound": the prediction is a bound
+    not_expressed: str = ""
+
+
+PAIRS = (
+    Pair("packing", UNPACKED, PACKED, "bound", "the dataset's row lengths (Alpaca's, padded to each batch's longest)"),
+    Pair("torch_compile", PACKED, COMPILED, "band", "compiled kernels (priced as eager, with a wider band)"),
+    Pair("checkpointing", CHUNKED, CHECKPOINTED, "ratio"),
+    Pair("activation offloading", FUSED_STEP, OFFLOADED, "ratio"),
+    Pair("LoRA", OFFLOADED, LORA, "ratio",
+         "torchtune's adapters stay bf16, where peft (TRL's) upcasts them to fp32 and scales, adds and casts their "
+         "output as separate kernels, which the estimate prices (the fms rows above are peft's LoRA: there LoRA is "
+         "the faster, as published); compile fuses them (priced as eager)"),
+)
+
+
+def _predict(row: Row, cache: Dict[str, Tuple[float, float]]) -> Tuple[float, float]:
+    """The user's run's tokens/s per GPU and its speed band, once per file."""
+    if row.config not in cache:
+        run = predicted(row)[3]
+        cache[row.config] = (run["speed"]["tokens_per_second_per_gpu"], run["speed"]["uncertainty"])
+    return cache[row.config]
+
+
+def _verdict(pair: Pair, before: Tuple[float, float], after: Tuple[float, float]) -> str:
+    if pair.check == "bound":
+        return "holds: measured under it" if pair.before.published <= before[0] else "✗ measured over the bound"
+    if pair.check == "band":
+        tokens, band = after
+        inside = tokens * (1 - band) <= pair.after.published <= tokens * (1 + band)
+        return f"{'inside' if inside else '✗ outside'} the ±{band:.0%} band"
+    error = (after[0] / before[0]) / (pair.after.published / pair.before.published) - 1
+    return f"ratio {error:+.0%}{'' if abs(error) <= GOAL else ' ✗'}"
+
+
+def table() -> str:
+    cache: Dict[str, Tuple[float, float]] = {}
+    lines = ["| term | before → after (the source's rows) | measured tok/s | measured ratio | predicted tok/s | "
+             "predicted ratio | check | not expressed |", "|---|---|---:|---:|---:|---:|---|---|"]
+    for pair in chosen(PAIRS):
+        before, after = _predict(pair.before, cache), _predict(pair.after, cache)
+        measured_ratio = pair.after.published / pair.before.published
+        predicted_ratio = after[0] / before[0]
+        named = "; ".join(dict.fromkeys(filter(None, (pair.not_expressed, pair.before.not_expressed,
+                                                       pair.after.not_expressed))))
+        lines.append(
+            f"| {pair.term} | {pair.before.key} → {pair.after.key} (`{pair.before.config}` → `{pair.after.config}`) | "
+            f"{pair.before.published:,.0f} → {pair.after.published:,.0f} | {measured_ratio:.2f} | "
+            f"{before[0]:,.0f} → {after[0]:,.0f} | {predicted_ratio:.2f} | "
+            f"{_verdict(pair, before, after)} | {named or '-'} |")
+    lines += ["", f"Source: {SOURCE}: Llama 3.2 3B, one A100, batch 2, 4,096 tokens, pure bf16, AdamW; measured: "
+                  "label tokens that are not padding, per second per GPU. Predicted: the uncalibrated throughput model "
+                  "on the A100 80GB's published peaks, `your_run.speed` of what the command prints, e.g. "
+                  f"`{' '.join(command(LORA))}`. Not expressed, every row: torchtune's own loop and loss (TRL 1.16's "
+                  "chunked head is modelled). Offload: no published pair of one LLM run with and without it, its "
+                  "batch and precision stated, was found (the sources searched are named below the table)."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())
