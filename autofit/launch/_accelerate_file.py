@@ -117,3 +117,13 @@ def zero_settings(values: Dict[str, Any]) -> Tuple[Optional[int], str, str]:
         return str(block.get("device", "none")).lower() if isinstance(block, dict) else "none"
 
     return (stage if isinstance(stage, int) else None), device("offload_optimizer"), device("offload_param")
+
+
+def check_deepspeed_argument(given: Any, path: str) -> None:
+    """The file's ``deepspeed`` training argument: its mapping, or the JSON file it names where that can be read
+    (one that cannot is left to the memory model's note, as TRL would read it on the training machine)."""
+    where = f"--config {path}: deepspeed"
+    if isinstance(given, dict):
+        check_deepspeed_config(given, where)
+    elif isinstance(given, str) and given and Path(given).is_file():
+        read_deepspeed_json(given, where)

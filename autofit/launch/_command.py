@@ -87,7 +87,8 @@ def _trl(words: List[str], launcher: str) -> Dict[str, Any]:
                          "options there; give the flags without it")
     accelerate, rest = _take(rest, ("--accelerate_config",))
     values: Dict[str, Any] = {"config": config, "algo": COMMANDS[command]}
-    if accelerate is not None:
+    if accelerate is not None:  # named as the user typed it, not as the door's --accelerate-config
+        resolve(accelerate, f"trl {command} --accelerate_config")
         values["accelerate_config"] = accelerate
     if rest:
         values["launch_args"] = tuple(rest)

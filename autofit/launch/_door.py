@@ -5,7 +5,6 @@ as TRL's command line puts its flags over the file (training arguments key by ke
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Dict, Mapping, Tuple
 
 from autofit.core import (
@@ -17,9 +16,8 @@ from autofit.core import (
     option_file_keys,
     visible_gpu_count,
 )
-from autofit.launch._accelerate_file import read_accelerate_config, read_deepspeed_json
+from autofit.launch._accelerate_file import check_deepspeed_argument, read_accelerate_config
 from autofit.launch._engine import launch_engine
-from autofit.launch._engine_values import check_deepspeed_config
 from autofit.launch._run import option_values, passed_through
 from autofit.launch._trl_file import read_trl_file
 
@@ -39,19 +37,9 @@ def read_launch(values: Mapping[str, Any]) -> Launch:
         given = read_accelerate_config(str(accelerate))
         return Launch(accelerate=given, engine=launch_engine({}, {}, {}, given))
     file = read_trl_file(str(config), str(values.get("algo") or DEFAULT_ALGO), values.get("launch_args") or ())
-    _check_deepspeed_argument(file.training.get("deepspeed"), file.path)
+    check_deepspeed_argument(file.training.get("deepspeed"), file.path)
     door = read_accelerate_config(str(accelerate)) if accelerate else None
     return Launch(file=file, accelerate=door, engine=launch_engine(file.training, file.written, file.launch, door))
-
-
-def _check_deepspeed_argument(given: Any, path: str) -> None:
-    """The file's ``deepspeed`` training argument: its mapping, or the JSON file it names where that can be read
-    (one that cannot is left to the memory model's note, as TRL would read it on the training machine)."""
-    where = f"--config {path}: deepspeed"
-    if isinstance(given, dict):
-        check_deepspeed_config(given, where)
-    elif isinstance(given, str) and given and Path(given).is_file():
-        read_deepspeed_json(given, where)
 
 
 def with_launch(values: Mapping[str, Any], launch: Launch) -> Dict[str, Any]:

@@ -114,5 +114,8 @@ def check_deepspeed_config(values: Dict[str, Any], where: str) -> None:
         check_zero_stage(zero["stage"], "zero_optimization.stage", where)
     for block in JSON_OFFLOADS:
         settings = zero.get(block)
+        if settings is not None and not isinstance(settings, dict):
+            raise _refuse(where, f"zero_optimization.{block}", settings,
+                          "a mapping such as {device: cpu} (DeepSpeed's offload settings)")
         if isinstance(settings, dict) and settings.get("device") is not None:
             check_offload_device(settings["device"], f"zero_optimization.{block}.device", where)

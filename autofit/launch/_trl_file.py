@@ -16,7 +16,10 @@ import re
 import subprocess
 from typing import Any, Dict, Sequence, Tuple
 
+import yaml
+
 from autofit.core import ALGORITHMS, InputError, TrlFile, one_line
+from autofit.launch._accelerate_file import check_deepspeed_argument
 from autofit.launch._config_file import read_config_text
 from autofit.launch._flags import fold_flags
 from autofit.probe import read_trl_config
@@ -50,6 +53,7 @@ def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlF
         except ValueError:
             data = {}
     if done.returncode != 0 or "error" in data or "fields" not in data:
+        _check_written_deepspeed(path, text)  # TRL's own failure there is an AttributeError deep in transformers
         raise InputError(_flags_refused(data, algo, flags, done.stderr) or f"--config {path}: "
                          + _refusal(done, data, algo))
     fields = data["fields"]
@@ -63,6 +67,17 @@ def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlF
                    model=fields.get("model", {}), script=fields.get("script", {}),
                    written=written, defaults=data.get("defaults", {}),
                    launch=data.get("launch") or {}, flagged=flagged)
+
+
+def _check_written_deepspeed(path: str, text: str) -> None:
+    """The file's ``deepspeed`` (its mapping or JSON file) checked as the door checks it, naming the key TRL's parser
+    failed on."""
+    try:
+        written = yaml.safe_load(text)
+    except yaml.YAMLError:  # TRL's parser says where
+        return
+    if isinstance(written, dict):
+        check_deepspeed_argument(written.get("deepspeed"), path)
 
 
 def _flags_refused(data: Dict[str, Any], algo: str, flags: Tuple[str, ...], stderr: str = "") -> str:

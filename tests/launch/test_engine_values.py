@@ -65,6 +65,20 @@ def test_a_trl_files_deepspeed_block_with_a_stage_deepspeed_has_not_is_named(tmp
     assert f"--config {config}: deepspeed: zero_optimization.stage = 4 is not accepted" in err
 
 
+@pytest.mark.parametrize("block", ["offload_optimizer", "offload_param"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_an_offload_written_as_a_device_not_a_mapping_is_named_not_trls_attribute_error(tmp_path, capsys, block,
+                                                                                        as_json):
+    zero = {"zero_optimization": {"stage": 3, block: "cpu"}}
+    ds_json = tmp_path / "ds.json"
+    ds_json.write_text(json.dumps(zero))
+    config = _write(tmp_path, "sft.yaml", TRL_FILE + f"deepspeed: {ds_json if as_json else json.dumps(zero)}\n")
+    err = _refused(capsys, [*ESTIMATE, "--config", config])
+    where = f"{ds_json}" if as_json else f"--config {config}: deepspeed"
+    assert f"{where}: zero_optimization.{block} = 'cpu' is not accepted: a mapping such as {{device: cpu}}" in err
+    assert "AttributeError" not in err
+
+
 def test_a_deepspeed_json_the_launch_names_is_checked_too(tmp_path, capsys):
     ds_json = tmp_path / "ds.json"
     ds_json.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}))

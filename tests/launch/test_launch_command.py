@@ -318,3 +318,12 @@ def test_the_files_own_accelerate_config_is_read_with_the_same_limits(tmp_path, 
     assert cli.main(["estimate", "--config", path, "--gpu-memory", "80GiB"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"accelerate_config {bad}: distributed_type 'FSDP2' is not one accelerate" in err
+
+
+@pytest.mark.parametrize("flag", [["--accelerate_config=zero9"], ["--accelerate_config", "zero9"]])
+def test_a_bad_accelerate_config_in_the_launch_is_named_as_the_user_typed_it(tmp_path, capsys, flag):
+    path = _write(tmp_path, "sft.yaml", BIG)
+    assert cli.main(["estimate", "--gpu-memory", "80GiB", "--", "trl", "sft", "--config", path, *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trl sft --accelerate_config zero9: no such file" in err
+    assert "--accelerate-config" not in err
