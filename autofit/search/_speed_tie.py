@@ -6,18 +6,15 @@ than its band, the model decides. Where it cannot split them (inside its band, o
 rates), the search measures longer instead of guessing: both are verified (the run the chosen fit gets anyway, up to
 10 steps / 60 s) and the faster verified one is chosen (``SpeedJudge.settle``); where the verified timings tie too
 and one turns the other's rungs but for a quality rung (the drop pass's fit), the one that trades less. The
-prediction runs on a named card's published rates on CUDA, and on the CPU meter on this machine's own, measured once
-in a child process (the search never imports torch)."""
+prediction runs on a named card's published rates on CUDA, and on the CPU meter on this machine's own
+(``_machine_rates``: measured in a child process, the search never imports torch)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
-import sys
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
-from autofit.core import RATE_NAMES, ProbeResult, SearchSpec, priced_card
+from autofit.core import ProbeResult, SearchSpec, priced_card
 from autofit.memory_model import (
     Card,
     SpeedCalibration,
@@ -26,6 +23,7 @@ from autofit.memory_model import (
 )
 from autofit.rungs import QUALITY, RUNGS
 from autofit.search._guide import MemoryGuide
+from autofit.search._machine_rates import machine_rates
 from autofit.search._result import Fit, Record
 
 log = logging.getLogger(__name__)
@@ -33,24 +31,6 @@ log = logging.getLogger(__name__)
 # Two timings of one or two steps closer than this are a tie [M: the 3% of the issue's example ranked two fits the
 # wrong way round; one-step timings of the same candidate on a shared CPU spread by 5-10%, 10 assumed].
 SPEED_NOISE = 0.10
-_RATES: Dict[str, Optional[Tuple[float, ...]]] = {}
-
-
-def machine_rates() -> Optional[Tuple[float, ...]]:
-    """This machine's rates (``RATE_NAMES``: ``measured_rates_card``'s arguments), measured once per search process by
-    ``autofit.probe._rates``; None where it cannot run (the tie then stays with the measurement)."""
-    if "cpu" not in _RATES:
-        try:
-            done = subprocess.run([sys.executable, "-m", "autofit.probe._rates"], capture_output=True, text=True,
-                                  timeout=120, check=True)
-            rates = json.loads(done.stdout.strip().splitlines()[-1])
-            _RATES["cpu"] = tuple(float(rates[key]) for key in RATE_NAMES)
-        except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError) as exc:
-            log.info("this machine's rates could not be measured (%s): ties of speed stay with the timing", exc)
-            _RATES["cpu"] = None
-    return _RATES["cpu"]
-
-
 # The noise a search measures (a fit's probe against its own verification) counts up to this: beyond it the two
 # timings disagree by more than any tie, and the machine's load changed under the search [A]
 MAX_MEASURED_NOISE = 0.30

@@ -11,15 +11,16 @@ from autofit.core import RATE_NAMES, Candidate, LoraSettings
 from autofit.memory_model import ModelShape, measured_rates_card, predict_speed
 from autofit.memory_model import _throughput as model
 from autofit.probe._rates import SMALL_ROWS, half_rate_rows
-from autofit.search import _speed_tie
+from autofit.search import _machine_rates, _speed_tie
 
 SHAPE = ModelShape.from_model("tiny-qwen2")
 CARD = measured_rates_card(190e9, 50e9, 18e-6, 16.0, 0.35e-9)  # as make bench-speed measured this runner
 BASE = Candidate(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=4, grad_accum=1, max_length=128)
 
 
-def test_this_machines_rates_are_measured_in_a_child_and_read_by_name(monkeypatch):
-    monkeypatch.setattr(_speed_tie, "_RATES", {})  # measured afresh, as a search's first tie would
+def test_this_machines_rates_are_measured_in_a_child_and_read_by_name(monkeypatch, tmp_path):
+    monkeypatch.setattr(_machine_rates, "_RATES", {})  # measured afresh, as a search's first tie would
+    monkeypatch.setenv("AUTOFIT_CACHE", str(tmp_path))  # none kept from an earlier search
     rates = _speed_tie.machine_rates()
     assert rates is not None and len(rates) == len(RATE_NAMES)
     measured = dict(zip(RATE_NAMES, rates, strict=True))
