@@ -131,7 +131,20 @@ def _launch(args: argparse.Namespace, launch: Optional[List[str]]) -> Optional[s
         args.launch = read_command(launch)
     except InputError as exc:
         return one_line(exc)
+    for key, flag, theirs_named in (("config", "--config", "--config"),
+                                    ("accelerate_config", "--accelerate-config", "accelerate config")):
+        door, theirs = getattr(args, key, None), args.launch.get(key)
+        if door and theirs and not _same_file(str(door), str(theirs)):
+            return (f"{flag} {one_line(door)} and the launch's {theirs_named} {one_line(theirs)} differ: give one, in "
+                    f"the launch after -- or as {flag} before it")
     return None
+
+
+def _same_file(one: str, other: str) -> bool:
+    try:
+        return os.path.samefile(one, other)
+    except OSError:  # one is not there (a name of TRL's, or a file the reading will refuse): as written
+        return os.path.normpath(one) == os.path.normpath(other)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

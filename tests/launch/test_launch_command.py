@@ -327,3 +327,17 @@ def test_a_bad_accelerate_config_in_the_launch_is_named_as_the_user_typed_it(tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "trl sft --accelerate_config zero9: no such file" in err
     assert "--accelerate-config" not in err
+
+
+def test_two_different_files_at_the_door_and_in_the_launch_are_one_line(tmp_path, capsys):
+    one, other = _write(tmp_path, "one.yaml", BIG), _write(tmp_path, "other.yaml", BIG)
+    for command in ("estimate", "search"):
+        assert cli.main([command, "--gpu-memory", "80GiB", "--config", one, "--", "trl", "sft", "--config",
+                         other]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--config {one} and the launch's --config {other} differ: give one" in err
+    assert cli.main(["estimate", "--gpu-memory", "80GiB", "--accelerate-config", "zero2", "--", "trl", "sft",
+                     "--config", one, "--accelerate_config", "zero3"]) == 2
+    assert "--accelerate-config zero2 and the launch's accelerate config zero3 differ" in capsys.readouterr().err
+    same = str(tmp_path / "." / "one.yaml")  # the same file, written another way: one question
+    assert cli.main(["estimate", "--gpu-memory", "80GiB", "--config", same, "--", "trl", "sft", "--config", one]) == 0
