@@ -24,6 +24,12 @@ def searched(tmp_path_factory):
     return out, json.loads((out / "best.json").read_text())
 
 
+def chosen_verification(best):
+    """The verification of the answer: a tie of measured speed verifies two fits, and either may be chosen."""
+    return next(record for record in reversed(best["candidates"])
+                if record["kind"] == "verify" and record["candidate"] == best["verified"]["candidate"])
+
+
 def study_trials(out):
     import optuna
     from optuna.storages import JournalStorage
@@ -38,7 +44,7 @@ def study_trials(out):
 def test_the_report_shows_the_answer_and_the_studys_numbers(searched):
     out, best = searched
     page = (out / "report.html").read_text()
-    verify = [record for record in best["candidates"] if record["kind"] == "verify"][-1]
+    verify = chosen_verification(best)
     assert best["rungs"] == verify["rungs"] and best["rungs"] in (["micro-batch"], ["micro-batch", "checkpointing"])
     assert f"Best: <b>{verify['candidate']}</b> [{', '.join(best['rungs'])}]" in page
     assert f"verified peak <b>{format_size(best['verified']['peak_bytes'])}</b> of 143.00 MiB" in page
@@ -97,8 +103,8 @@ def test_the_model_curve_passes_through_what_it_was_calibrated_on(searched):
 
     out, best = searched
     data = gather(out)
-    verify = [r for r in best["candidates"] if r["kind"] == "verify"][-1]
-    chosen = next(p for p in data.probes if p.kind == "verify")
+    verify = chosen_verification(best)
+    chosen = [p for p in data.probes if p.kind == "verify" and p.candidate.describe() == verify["candidate"]][-1]
     curve = dict(data.curves[chosen.level])
     assert sorted(curve) == [1, 2, 4, 8]  # every micro-batch that divides the effective batch
     for probe in data.probes:  # each level's curve is calibrated on its own probes, and passes through them
