@@ -28,7 +28,15 @@ from autofit.core import (
 from autofit.launch import at_door
 from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
 from autofit.rungs import Rung, package_of, probe_steps, register, resolve_ladder
-from autofit.search import InfrastructureError, Record, Search, SearchReport, question, quiet_optuna
+from autofit.search import (
+    InfrastructureError,
+    Record,
+    Search,
+    SearchReport,
+    question,
+    quiet_optuna,
+    slot_runner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +97,7 @@ def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callba
     runner = ProcessRunner(payload, spec.budget_bytes, spec.options.out_dir, timeout_s=spec.options.probe_timeout_s,
                            build_timeout_s=spec.options.build_timeout_s, progress=progress,
                            rung_steps=probe_steps(rungs))
+    slots = slot_runner(spec, runner)
     options = spec.options
     log.info(
         "autofit: %s %s on %s, budget %s, effective batch %d, max_length %d, maximize %s%s",
@@ -98,7 +107,7 @@ def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callba
     )
     try:
         with quiet_optuna():
-            search = Search(spec, runner, rungs, on_record=callback, progress=progress)
+            search = Search(spec, slots or runner, rungs, on_record=callback, progress=progress)
             search.report.notes[:0] = notes
             try:
                 search.run()
@@ -106,6 +115,8 @@ def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callba
                 export.write(search.report, spec.options.out_dir)  # best.json says what was measured and why it stopped
                 raise
     finally:
+        if slots is not None:
+            slots.close()
         progress.close()
     export.write(search.report, spec.options.out_dir)
     write_report(spec.options.out_dir)

@@ -170,3 +170,11 @@ def stops_itself(candidate):
     """Freezes its own probe (SIGSTOP), as a user's Ctrl-Z on the wrong process or a debugger would."""
     os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(600)
+
+
+def names_its_devices(candidate):
+    """Fails at once, naming torch's threads and the devices the probe was given (``CUDA_VISIBLE_DEVICES``), both set
+    by probes side by side."""
+    import torch
+
+    raise RuntimeError(f"threads {torch.get_num_threads()} devices {os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}")

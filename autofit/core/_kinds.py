@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 from autofit.core._errors import InputError
 from autofit.core._sizes import parse_size
@@ -53,6 +53,15 @@ def _not_utf8(value: Any) -> Optional[str]:
 
 def _gpu_count(text: str) -> Union[int, str]:
     return "all" if text.strip().lower() == "all" else int(text)
+
+
+def _device_ids(text: str) -> Tuple[int, ...]:
+    return tuple(int(word) for word in text.split(","))
+
+
+def _distinct_indices(value: Any) -> bool:
+    return (isinstance(value, (list, tuple)) and bool(value) and all(_is_int(v) and v >= 0 for v in value)
+            and len(set(value)) == len(value))
 
 
 def _verify_steps(text: str) -> Union[int, str]:
@@ -102,6 +111,8 @@ SIZE = Kind("give a size with a unit, e.g. '24GiB' or '1.5GiB', a GPU's name (H1
             "an integer number of bytes, not below 1 MiB", _size, explain=_which_card)
 GPUS = Kind("a positive number of GPUs or 'all' is accepted", lambda v: v == "all" or (_is_int(v) and v >= 1),
             _gpu_count)
+DEVICE_IDS = Kind("distinct device indices are accepted, comma-separated, e.g. 0,1,2,3 (or a list in fit())",
+                  _distinct_indices, _device_ids)
 VERIFY_STEPS = Kind(f"use a whole number from 1 to {MAX_STEPS}, or 'auto'",
                     lambda v: v == AUTO_VERIFY or (_is_int(v) and 1 <= v <= MAX_STEPS), _verify_steps)
 LADDER = Kind("rung names are accepted, comma-separated (or a list in fit())",

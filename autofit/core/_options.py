@@ -22,6 +22,7 @@ from autofit.core._errors import InputError
 from autofit.core._kinds import (
     ARGS,
     BETA,
+    DEVICE_IDS,
     FLAG,
     FOLDER,
     FRACTION,
@@ -124,6 +125,11 @@ class SearchOptions:
                                 "accelerate config is written for all of them, with the ledger's per-GPU figure",
                         kind=POSITIVE_INT, doors=DOORS,
                         estimate_help="machines, each with --gpus GPUs: the ledger at world size GPUs x nodes")
+    gpus_for_probes: Optional[Sequence[int]] = option(
+        help="run probes side by side, one per GPU of these (e.g. 0,1,2,3; a candidate of --gpus k takes k of them): "
+             "the probes the walk may ask for next start on free GPUs, the answer is the one-at-a-time search's, "
+             "verifications run alone (default: one probe at a time; on --device cpu the indices name simulated "
+             "devices, each probe with its own meter and budget)", kind=DEVICE_IDS, metavar="IDS")
     maximize: str = option("batch", help="batch (default) or length (longest that fits)", kind=one_of(MAXIMIZE),
                            doors=DOORS)
     ladder: Union[None, str, Sequence[str]] = option(

@@ -28,6 +28,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None, answer: Opti
         "budget_bytes": spec.budget_bytes,
         "probes": report.probes_total,
         "probes_this_run": report.probes_run,
+        "side_by_side": report.side_by_side,
         "search": {
             "maximize": spec.options.maximize,
             "effective_batch": spec.options.effective_batch,

@@ -55,13 +55,16 @@ def summary_lines(report: SearchReport, answer: Any = None) -> List[str]:
     assert answer is not None and verified is not None  # rendered for a written fit
     chosen = answer.candidate
     out = spec.options.out_dir
+    side = report.side_by_side
     lines = [
         f"best: {chosen.describe()} [{', '.join(chosen.rungs) or 'no rung needed'}], "
         f"verified peak {format_size(verified.peak_bytes)} of {format_size(spec.budget_bytes)} over "
         f"{verified.steps} steps, {verified.tokens_per_second:,.0f} tok/s"
         + (f" ({verified.generation_tokens_per_second:,.0f} tok/s generating)"
            if verified.generation_tokens_per_second else "") + "; "
-        f"{report.probes_run} new probes, {sum(r.cached for r in report.records)} reused from {out}",
+        f"{report.probes_run} new probes, {sum(r.cached for r in report.records)} reused from {out}"
+        + (f"; side by side on {len(side['devices'])} devices, {side['rounds']} rounds of probes"
+           if side else ""),
         f"wrote {out / 'best.yaml'} and {out / 'best.json'}",
     ]
     if (out / "report.html").exists():

@@ -12,6 +12,8 @@ from typing import Optional
 
 from autofit.core import BuildTimeout
 
+THREADS_ENV = "AUTOFIT_PROBE_THREADS"  # the CPU threads of a probe that shares the host with others
+
 
 def inherited_cuda() -> Optional[str]:
     """Why this probe cannot use CUDA because of the process it was forked from; None when it can.

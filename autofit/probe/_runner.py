@@ -11,14 +11,16 @@ A probe that hangs is killed at its timeout; one that dies is reported as a cras
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import multiprocessing
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Protocol, Sequence, Tuple, Union
+from typing import Dict, Optional, Protocol, Sequence, Tuple, Union
 
 from autofit.core import (
     BAD_FORK,
@@ -36,12 +38,14 @@ from autofit.core import (
     format_size,
 )
 from autofit.probe import _ranks as ranks
+from autofit.probe._child import THREADS_ENV
 from autofit.probe._factory import FactoryPayload, prepare_factory
 from autofit.probe._progress import PlainProgress, ProbeProgress
 
 log = logging.getLogger(__name__)
 
 PRELOAD = ("autofit.probe._preload",)
+_STARTING = threading.Lock()
 POLL_S = 0.5  # how often a running probe's phase is read for the progress display
 
 
@@ -54,6 +58,11 @@ class Runner(Protocol):
 
     def run(self, candidate: Candidate, steps: int, *, min_steps: int = 0, time_cap_s: Optional[float] = None,
             full_accumulation: bool = False) -> ProbeResult: ...
+
+
+class ProbeCancelled(Exception):
+    """A probe stopped, and its process killed, because its runner's ``stop`` was set: a probe started ahead of
+    the walk that the walk no longer needs (``autofit.search._slots``)."""
 
 
 class ProcessRunner:
@@ -74,6 +83,17 @@ class ProcessRunner:
             self._context.set_forkserver_preload(list(preload))
         self._count = 0
         self.progress = progress or PlainProgress()
+        self.device_env: Dict[str, str] = {}  # the devices a probe may see, where probes run side by side
+        self.stop = threading.Event()  # set: running probes are killed (ProbeCancelled); shared by on_devices' copies
+
+    def on_devices(self, devices: Sequence[str], threads: Optional[int] = None) -> ProcessRunner:
+        """This runner, its probes seeing only ``devices`` (their CUDA indices; on the CPU meter a name only) and,
+        where given, using ``threads`` of the host's cores (torch's and OpenMP's)."""
+        runner = copy.copy(self)
+        runner.device_env = {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
+        if threads:
+            runner.device_env.update({THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads)})
+        return runner
 
     @property
     def start_method(self) -> str:
@@ -127,7 +147,7 @@ class ProcessRunner:
         process = self._context.Process(  # type: ignore[attr-defined]
             target=child_main,
             args=(self.factory, candidate, self.budget_bytes, str(result_path), str(probe_dir / "probe.log")),
-            name=f"autofit-probe-{self._count}",
+            kwargs={"env": dict(self.device_env)}, name=f"autofit-probe-{self._count}",
         )
         with _main_module_left_alone():
             process.start()
@@ -168,7 +188,8 @@ class ProcessRunner:
             processes.append(self._context.Process(  # type: ignore[attr-defined]  # as in _run_once
                 target=child_main, args=(self.factory, candidate, self.budget_bytes, str(folder / "result.json"),
                                          str(folder / "probe.log")),
-                kwargs={"env": rank_env(rank, candidate.ranks, port)}, name=f"autofit-probe-{self._count}-rank{rank}"))
+                kwargs={"env": {**rank_env(rank, candidate.ranks, port), **self.device_env}},
+                name=f"autofit-probe-{self._count}-rank{rank}"))
         try:
             with _main_module_left_alone():
                 for process in processes:
@@ -195,6 +216,7 @@ class ProcessRunner:
         """Wait for every rank; returns (the time limit was reached, which ranks were killed)."""
         deadline, grace_end = time.monotonic() + self.timeout_s, None
         while any(p.is_alive() for p in processes):
+            self._check_stop()
             now = time.monotonic()
             if now >= deadline or (grace_end is not None and now >= grace_end):
                 break
@@ -212,10 +234,15 @@ class ProcessRunner:
             process.join()
         return time.monotonic() >= deadline and any(killed), killed
 
+    def _check_stop(self) -> None:
+        if self.stop.is_set():
+            raise ProbeCancelled("stopped: the search no longer needs this probe")
+
     def _wait(self, process, probe_dir: Path) -> None:
         """``process.join(self.timeout_s)``, in slices, showing the probe's progress between them."""
         deadline = time.monotonic() + self.timeout_s
         while True:
+            self._check_stop()
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -233,15 +260,16 @@ def _main_module_left_alone():
     ``__mp_main__``, so that functions defined there can be unpickled by name. Probes do not need it (factories
     cross by value) and it does harm: a script fed on stdin has no file to run ("<stdin>"), and a script's top-level
     code (a dataset loaded, a tensor put on the GPU) would run again in every probe. Hidden while the child starts."""
-    main = sys.modules["__main__"]
-    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    if "__spec__" in saved:
-        main.__spec__ = None
-    try:
-        yield
-    finally:
-        main.__dict__.update(saved)
+    with _STARTING:  # probes side by side start from threads: one hides and restores at a time
+        main = sys.modules["__main__"]
+        saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        if "__spec__" in saved:
+            main.__spec__ = None
+        try:
+            yield
+        finally:
+            main.__dict__.update(saved)
 
 
 def _last_phase(folder: Path) -> str:

@@ -40,7 +40,7 @@ from autofit.core import (
 from autofit.probe import _steps as steps
 from autofit.probe import _virtual_checkpoint as virtual_checkpoint
 from autofit.probe import kit as probe_kit
-from autofit.probe._child import build_deadline, detach_into_log, inherited_cuda
+from autofit.probe._child import THREADS_ENV, build_deadline, detach_into_log, inherited_cuda
 from autofit.probe._factory import FactoryPayload
 from autofit.probe._failures import one_line, user_frames
 from autofit.probe._instrument import (
@@ -153,6 +153,10 @@ def child_main(factory: FactoryPayload, candidate: Candidate, budget_bytes: Opti
     """Entry point of the probe process: redirect output to the probe's log, run, write the result atomically.
     ``env``: this rank's launch variables, when the probe runs several."""
     os.environ.update(env or {})
+    if THREADS_ENV in os.environ:  # probes side by side share the host's cores (the forkserver's torch read its own)
+        import torch
+
+        torch.set_num_threads(int(os.environ[THREADS_ENV]))
     try:
         detach_into_log(log_path)
     except OSError:  # no room for the log: the runner names the cause (``classify_exit``)

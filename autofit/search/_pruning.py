@@ -24,6 +24,7 @@ from autofit.search._result import Fit
 log = logging.getLogger(__name__)
 
 SearchLevel = Callable[[int, LadderState], List[Fit]]
+Lookahead = Callable[[List[LadderState]], None]  # the levels the pass may search next, for probes side by side
 Faster = Callable[[Fit, Fit], bool]  # whether the first fit is faster than the second
 
 
@@ -44,8 +45,19 @@ def droppable(state: LadderState, rungs: Sequence[Rung]) -> List[Rung]:
     return list(reversed(earlier))
 
 
+def pruned_levels(state: LadderState, rungs: Sequence[Rung], start: LadderState) -> List[LadderState]:
+    """The levels the pass searches after a fit at ``state`` where each rung it tries to drop is not needed: what
+    probes side by side start while ``state`` is searched."""
+    kept = [r for r in rungs if r.name in state.rungs]
+    found = []
+    for rung in droppable(state, rungs):
+        kept = [r for r in kept if r is not rung]
+        found.append(climb(start, kept)[-1])
+    return found
+
+
 def drop_unneeded(fit: Fit, levels: List[LadderState], rungs: Sequence[Rung], start: LadderState,
-                  search_level: SearchLevel, faster: Optional[Faster] = None
+                  search_level: SearchLevel, faster: Optional[Faster] = None, lookahead: Optional[Lookahead] = None
                   ) -> Tuple[Fit, List[str], List[Fit], List[str]]:
     """The cheapest fit without rungs ``fit`` does not need, the names dropped, every other fit found on the way
     (fallbacks, should the best fail its verification), and why each speed rung was dropped or kept.
@@ -54,7 +66,8 @@ def drop_unneeded(fit: Fit, levels: List[LadderState], rungs: Sequence[Rung], st
     kept = [r for r in rungs if r.name in state.rungs]
     best, dropped, others = fit, [], []
     reasons: List[str] = []
-    for rung in droppable(state, rungs):
+    drops = droppable(state, rungs)
+    for position, rung in enumerate(drops):
         trial = [r for r in kept if r is not rung]
         rebuilt = climb(start, trial)[-1]
         if rung.name in rebuilt.rungs or rebuilt.candidate.replace(rungs=()) == levels[best.level].candidate.replace(
@@ -64,6 +77,11 @@ def drop_unneeded(fit: Fit, levels: List[LadderState], rungs: Sequence[Rung], st
         if index is None:
             levels.append(rebuilt)
             index = len(levels) - 1
+        if lookahead is not None:  # the next rungs' levels, each dropped as this one may be (or this one kept)
+            later = drops[position + 1:]
+            chain = [climb(start, [r for r in trial if r not in later[:depth + 1]])[-1] for depth in range(len(later))]
+            lookahead(chain[:1] + [climb(start, [r for r in kept if r is not after])[-1] for after in later[:1]]
+                      + chain[1:])
         fits = search_level(index, rebuilt)
         if not fits:
             continue
@@ -102,8 +120,8 @@ def as_large(fit: Fit, than: Fit) -> bool:
 
 
 def prune(primary: List[Fit], fallback: List[Fit], cost: str, levels: List[LadderState], rungs: Sequence[Rung],
-          start: LadderState, search_level: SearchLevel, faster: Optional[Faster] = None
-          ) -> Tuple[List[Fit], List[Fit], List[str]]:
+          start: LadderState, search_level: SearchLevel, faster: Optional[Faster] = None,
+          lookahead: Optional[Lookahead] = None) -> Tuple[List[Fit], List[Fit], List[str]]:
     """The walk's fits of one cost class after pruning, the fallbacks, and a note per rung dropped. A quality class
     prunes its first fit; a speed class each fit whose level's last rung has an alternative."""
     if cost == FREE:
@@ -114,7 +132,7 @@ def prune(primary: List[Fit], fallback: List[Fit], cost: str, levels: List[Ladde
     pruned, extra = list(primary), []
     for index in targets:
         fit = primary[index]
-        best, dropped, others, reasons = drop_unneeded(fit, levels, rungs, start, search_level, faster)
+        best, dropped, others, reasons = drop_unneeded(fit, levels, rungs, start, search_level, faster, lookahead)
         extra.extend(others)
         notes.extend(reasons)
         if dropped:

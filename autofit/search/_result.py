@@ -4,7 +4,7 @@ and the choice (``SearchReport``). Plain data; the export and the CLI read it.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from autofit import memory_model
 from autofit.core import LENGTH_FIELD, Candidate, Outcome, ProbeResult, SearchSpec, clip, format_size
@@ -93,6 +93,7 @@ class SearchReport:
     margin: float = 0.0  # the fraction of the budget kept free when the choice was made
     stopped: Optional[str] = None  # why the search stopped without an answer about memory (autofit.search._faults)
     ladder_len: Optional[int] = None  # levels of the ladder itself; those after are rebuilt without a rung
+    side_by_side: Optional[Dict[str, Any]] = None  # probes on several devices: devices, rounds, started, unused
     speed_skipped: List[SpeedSkip] = field(default_factory=list)  # not timed (autofit.search._speed_skip)
     speed_model: Optional[memory_model.SpeedCalibration] = None  # the throughput model calibrated on the timings
     answer: Any = None  # the answer as the export derived it once (``autofit.export.Answer``), set when written

@@ -30,6 +30,7 @@ from autofit.core import INFRASTRUCTURE, Candidate, InputError, Outcome, ProbeRe
 from autofit.memory_model import divisors, length_grid
 from autofit.probe import PlainProgress, ProbeProgress, Runner
 from autofit.rungs import FREE, QUALITY, SPEED, FailedRungs, LadderState, Rung, climb
+from autofit.search._ahead import bisection, branches, next_levels, start_ahead
 from autofit.search._choice import choose
 from autofit.search._faults import FaultWatch, check_no_fit_is_an_answer, retry_note
 from autofit.search._guide import MemoryGuide, model_shape
@@ -37,6 +38,7 @@ from autofit.search._host_memory import probeable_rungs
 from autofit.search._pruning import prune
 from autofit.search._refine import refine_fits
 from autofit.search._result import Fit, ProbeLimitReached, Record, SearchReport, Skip, undominated
+from autofit.search._slots import SlotRunner
 from autofit.search._speed_skip import SpeedGate
 from autofit.search._speed_tie import SpeedJudge
 from autofit.search._store import ProbeStore, measured_on
@@ -68,6 +70,7 @@ class Search:
         self.speed = SpeedGate(spec, self.judge, self.report, self.store)  # what is predicted slower is not timed
         self.faults = FaultWatch(user_factory=spec.factory is not None)
         self.failed_rungs = FailedRungs()  # rungs whose machinery could not run here (``autofit.rungs._failures``)
+        self.ahead_levels: List[LadderState] = []  # levels outside the ladder a pass may search next (``_ahead``)
 
     @property
     def shape(self) -> Optional[memory_model.ModelShape]:
@@ -83,10 +86,8 @@ class Search:
         candidate is not probed. None when it may fit, or when the model is not to be trusted with it."""
         if self.store.lookup(candidate, "probe", self.spec.options.probe_steps) is not None:
             return None  # measured already (in this run or a stored one): its answer costs nothing
-        if self.spec.factory is not None and self.guide.calibration is None:
-            return None  # the ledger describes the built-in trainers; a custom one is trusted once measured
-        ledger = self.guide.ledger(candidate)
-        if ledger is None or ledger.low <= self.guide.limit():
+        ledger = self._over_at_low_end(candidate)
+        if ledger is None:
             return None
         if not any(s.candidate.key() == candidate.key() for s in self.report.skipped):
             self.report.skipped.append(Skip(level, candidate, ledger.total, ledger.uncertainty))
@@ -95,10 +96,19 @@ class Search:
                      100 * ledger.uncertainty, format_size(self.guide.limit()))
         return ledger
 
+    def _over_at_low_end(self, candidate: Candidate) -> Optional[memory_model.Ledger]:
+        """The prediction, where even the low end of its error band is over the budget's limit."""
+        if self.spec.factory is not None and self.guide.calibration is None:
+            return None  # the ledger describes the built-in trainers; a custom one is trusted once measured
+        ledger = self.guide.ledger(candidate)
+        return ledger if ledger is not None and ledger.low > self.guide.limit() else None
+
     # -- measuring --------------------------------------------------------------------------------------------
     def _measure(self, level: int, candidate: Candidate, kind: str = "probe", stage: str = "walk") -> ProbeResult:
         if kind == "verify":
             key, (steps, min_steps, cap) = self.spec.options.verify_steps, self.spec.verify_plan()
+            if isinstance(self.runner, SlotRunner):
+                self.runner.drain()  # a verification's timing is the one measured alone
         else:
             key, steps, min_steps, cap = self.spec.options.probe_steps, self.spec.options.probe_steps, 0, None
         limit = self.spec.options.max_probes
@@ -152,6 +162,9 @@ class Search:
         search did not reach it, unless the model rules it out."""
         fits: List[Fit] = []
         tried = set()
+        history: List[Tuple[int, bool]] = []
+        top = len(values) - 1
+        start = self.guide.predicted_start(values, make)
 
         def fits_at(index: int) -> bool:
             tried.add(index)
@@ -160,34 +173,38 @@ class Search:
                 return False
             if self.speed.skips(level, candidate):  # not timed, predicted slower: a larger value may be faster
                 return True
+            if isinstance(self.runner, SlotRunner):
+                width = len(self.runner.slots.devices)
+                inner = branches(start, top, history, index, width)
+                if top_apart and self.guide.shape is not None and top not in tried | set(inner):
+                    inner.append(top)
+                nearest, later = [make(values[i]) for i in inner[:2]], [make(values[i]) for i in inner[2:]]
+                outer = next_levels(self, level, width)
+                start_ahead(self, candidate, nearest + outer[:1] + later + outer[1:])
             result = self._measure(level, candidate)
             if self.guide.fits(result):
                 fits.append(Fit(level, candidate, result))
                 return True
             return False
 
-        top = len(values) - 1
-        start = self.guide.predicted_start(values, make)
-        if fits_at(start):
-            low, high = start, None
-            if start < top:
-                high = start + 1 if not fits_at(start + 1) else None
-                low = start if high is not None else start + 1
-            if high is None and low < top:  # it fitted above the prediction: ordinary bisection upwards
-                if fits_at(top):
-                    low = top
-                else:
-                    high = top
-        else:
-            low, high = 0, start
-            if start == 0 or not fits_at(0):
-                high = None
-        while high is not None and high - low > 1:
-            mid = (low + high) // 2
-            low, high = (mid, high) if fits_at(mid) else (low, mid)
+        walk = bisection(start, top)
+        try:
+            index = next(walk)
+            while True:
+                fitted = fits_at(index)
+                history.append((index, fitted))
+                index = walk.send(fitted)
+        except StopIteration:
+            pass
         if top_apart and self.guide.shape is not None and top not in tried:
             fits_at(top)
         return sorted(fits, key=lambda f: self._size(f.candidate), reverse=True)
+
+    def _at(self, state: LadderState, batch: int, length: int) -> Candidate:
+        """The level's candidate at micro-batch ``batch`` and ``length``."""
+        per_rank = self.spec.rank_batch
+        candidate = state.candidate.replace(micro_batch=batch, grad_accum=per_rank // batch, max_length=length)
+        return self.failed_rungs.runnable(candidate)
 
     def _size(self, candidate: Candidate) -> Tuple[int, int]:
         size = candidate.micro_batch, candidate.max_length
@@ -200,8 +217,7 @@ class Search:
         batches = divisors(per_rank) if state.vary_batch else [state.candidate.micro_batch]  # the level's own
 
         def at(batch: int, length: int) -> Candidate:
-            candidate = state.candidate.replace(micro_batch=batch, grad_accum=per_rank // batch, max_length=length)
-            return self.failed_rungs.runnable(candidate)
+            return self._at(state, batch, length)
 
         if spec.options.maximize == "length":
             grid = length_grid(spec.min_length, spec.max_length)
@@ -246,6 +262,8 @@ class Search:
             self.report.margin = self.guide.margin()
             self.report.probes_run = self.store.probes_run
             self.report.probes_total = self.store.probes_total
+            if isinstance(self.runner, SlotRunner):
+                self.report.side_by_side = self.runner.use()
             self.speed.finish()
         return self.report
 
@@ -277,6 +295,9 @@ class Search:
                 self.speed.compare(primary + fallback, cost)
         return primary, fallback, self.ladder_len
 
+    def _look_ahead_at(self, states: List[LadderState]) -> None:
+        self.ahead_levels = states
+
     def _prune(self, primary: List[Fit], fallback: List[Fit]) -> Tuple[List[Fit], List[Fit]]:
         """Fits without the rungs they do not need (``_pruning``); the fits with them stay as fallbacks."""
         if not primary or self.report.probe_limit_reached:
@@ -284,10 +305,12 @@ class Search:
         try:
             primary, fallback, notes = prune(primary, fallback, self._class(self.levels[primary[0].level]),
                                              self.levels, self.rungs, self.start, self._search_level,
-                                             self.judge.faster)
+                                             self.judge.faster, self._look_ahead_at)
         except ProbeLimitReached:
             self.report.probe_limit_reached = True
             return primary, fallback
+        finally:
+            self.ahead_levels = []
         self.report.notes.extend(notes)
         return primary, fallback
 

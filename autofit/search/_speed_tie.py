@@ -25,6 +25,7 @@ from autofit.rungs import QUALITY, RUNGS
 from autofit.search._guide import MemoryGuide
 from autofit.search._machine_rates import machine_rates
 from autofit.search._result import Fit, Record
+from autofit.search._slots import beside
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,18 @@ class SpeedJudge:
                 self._card = measured_rates_card(*rates) if rates else None
         return self._card
 
+    def comparable(self, fit: Fit, other: Fit) -> bool:
+        """Whether the two timings were measured alike (``_slots``): both alone, or both beside other probes on
+        GPUs of their own. Simulated devices on the CPU share its cores, so a timing beside others there compares
+        with none."""
+        crowded = beside(fit.result) > 0, beside(other.result) > 0
+        return crowded == (False, False) or (crowded == (True, True) and self.spec.device == "cuda")
+
     def tied(self, fit: Fit, other: Fit, band: float = SPEED_NOISE) -> bool:
+        """Within ``band`` of each other; or not timed alike (``comparable``), which are never ranked by their
+        timings: the model splits them, or both are verified alone."""
         a, b = fit.result.tokens_per_second, other.result.tokens_per_second
-        return a > 0 and b > 0 and abs(a - b) < band * max(a, b)
+        return a > 0 and b > 0 and (not self.comparable(fit, other) or abs(a - b) < band * max(a, b))
 
     def _calibration(self, fits: Sequence[Fit]) -> Optional[SpeedCalibration]:
         """The throughput model calibrated on the search's timed probes (``fits`` where there are none); None
@@ -89,7 +99,8 @@ class SpeedJudge:
         if shape is None or card is None:
             return None
         points = [(r.candidate, r.result.tokens_per_second) for r in self.records
-                  if r.kind == "probe" and r.result.fits and r.result.tokens_per_second > 0]
+                  if r.kind == "probe" and r.result.fits and r.result.tokens_per_second > 0
+                  and (self.spec.device == "cuda" or not beside(r.result))]  # the CPU's cores were shared
         try:
             return calibrate_speed(points or [(f.candidate, f.result.tokens_per_second) for f in fits], shape, card)
         except (KeyError, ValueError, ZeroDivisionError) as exc:  # a configuration the model cannot describe
