@@ -37,7 +37,7 @@ TRAIN_FROM = $(if $(filter file,$(origin OUT)),$(if $(wildcard $(OUT)/best.yaml)
 TRAIN_OUT ?= $(TRAIN_FROM)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-vllm test-fast gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed browser report-shot
+.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-vllm test-fast gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed bench-parallel browser report-shot
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -200,7 +200,7 @@ bench: venv
 
 # Every benchmark target the README and docs name, in its quick mode (make gpu-check needs CUDA: not here).
 bench-quick: QUICK = 1
-bench-quick: bench bench-families bench-speed
+bench-quick: bench bench-families bench-speed bench-parallel
 
 clean:
 	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY) $(FLOOR_VENV) $(VLLM_VENV)
@@ -230,6 +230,12 @@ bench-liger: venv
 # between the "speed" markers of docs/benchmarks.md (about a minute idle, 8 on a busy 2-core machine; not part of bench).
 bench-speed: venv
 	$(BIN)/python -m benchmarks.speed $(BENCH_WRITE)
+
+# Probes side by side (issue 49): rounds on the critical path and wall time of the same search with 1, 2 and 4 slots
+# (simulated devices on the CPU, real probes), and 1 to 8 GPUs simulated from recorded probe times; the table between
+# the "parallel" markers of docs/benchmarks.md (about 5 minutes; not part of bench).
+bench-parallel: venv
+	$(BIN)/python -m benchmarks.parallel $(BENCH_WRITE)
 
 # The memory model against peaks published for the Hugging Face stack (shared/notes/public-measurements.md), each run
 # as its source states it (benchmarks/public/*.yaml, read with --config): the table between the "public" markers of
