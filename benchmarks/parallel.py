@@ -30,9 +30,10 @@ CPU_SEARCH = ["--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "100Mi
               "--verify-steps", "3", "-q"]
 PROBE_S, VERIFY_S = 74.0, 255.0  # recorded on the H100 for Qwen2.5-7B GRPO (shared/notes/gpu-2026-11-22.md, part 3)
 SPEEDUP = 200.0  # simulated time runs this much faster than recorded
-SIMULATED = [  # (what, model, algo, card, card bytes as torch reports them)
-    ("Qwen2.5-7B GRPO, H100 80GB", "Qwen/Qwen2.5-7B", "grpo", "H100", 85_017_493_504),
-    ("Llama-3.1-8B SFT, 24 GB card", "meta-llama/Llama-3.1-8B", "sft", "RTX4090", 24 * 2**30),
+SIMULATED = [  # (what, model, algo, card, card bytes as torch reports them, the memory model guides the walk)
+    ("Qwen2.5-7B GRPO, H100 80GB", "Qwen/Qwen2.5-7B", "grpo", "H100", 85_017_493_504, True),
+    ("Llama-3.1-8B SFT, 24 GB card", "meta-llama/Llama-3.1-8B", "sft", "RTX4090", 24 * 2**30, True),
+    ("Qwen2.5-7B GRPO, H100 80GB, --no-predict", "Qwen/Qwen2.5-7B", "grpo", "H100", 85_017_493_504, False),
 ]
 
 
@@ -69,14 +70,15 @@ class LedgerRunner:
         return ProbeResult(Outcome.OK, peak_bytes=peak, steps=steps, seconds=seconds, tokens_per_second=speed)
 
 
-def simulated_search(folder: Path, model: str, algo: str, card_name: str, card_bytes: int, slots: int) -> Dict:
+def simulated_search(folder: Path, model: str, algo: str, card_name: str, card_bytes: int, predict: bool,
+                     slots: int) -> Dict:
     from autofit import memory_model
     from autofit.core import SearchOptions, SearchSpec, card_named
     from autofit.rungs import resolve_ladder
     from autofit.search import Search, SlotRunner, quiet_optuna
 
-    out = folder / f"{algo}-{card_name}-{slots}"
-    options = SearchOptions(model=model, algo=algo, device="cuda", out_dir=out)
+    out = folder / f"{algo}-{card_name}-{predict}-{slots}"
+    options = SearchOptions(model=model, algo=algo, device="cuda", out_dir=out, predict=predict)
     spec = SearchSpec.plan(options, device="cuda", gpu_bytes=card_bytes)
     assert spec.budget_bytes is not None
     runner = LedgerRunner(memory_model.shape_or_none(model), card_named(card_name), spec.budget_bytes,
@@ -108,13 +110,14 @@ def table(folder: Path) -> str:
     import logging
 
     logging.getLogger("autofit").setLevel(logging.WARNING)
-    rows = ["| search | slots | probes the walk took | probes started | rounds (of one slot's) | wall (of one "
-            "slot's) | answer |", "|---|---:|---:|---:|---:|---:|---|"]
+    rows = ["| search | slots | runs the search took (verifications included) | probes started | rounds (of one "
+            "slot's) | wall (of one slot's) | answer |", "|---|---:|---:|---:|---:|---:|---|"]
     if not quick():  # real probes take a minute a search; the quick run walks the simulated one
         rows += rows_for("tiny-qwen2 SFT, CPU, 100 MiB (real probes)",
                          [(n, cpu_search(folder, n)) for n in (1, 2, 4)], "s")
-    for name, model, algo, card, card_bytes in chosen(SIMULATED):
-        results = [(n, simulated_search(folder, model, algo, card, card_bytes, n)) for n in chosen([1, 2, 4, 8], 2)]
+    for name, model, algo, card, card_bytes, predict in chosen(SIMULATED):
+        results = [(n, simulated_search(folder, model, algo, card, card_bytes, predict, n))
+                   for n in chosen([1, 2, 4, 8], 2)]
         rows += rows_for(f"{name} (simulated)", results, "s recorded")
     command = "make bench-parallel" + (" QUICK=1" if quick() else "")
     return "\n".join(rows) + f"\n\nMeasured with `{command}` ({time.strftime('%Y-%m-%d')})."

@@ -115,6 +115,7 @@ class LiveProgress(ProbeProgress):
         self.kind = "probe"
         self.started: Optional[float] = None
         self.phase: Optional[str] = None
+        self.shown = ""  # the key of the candidate shown (``Candidate.key``): its probe's folder begins with it
         self._spinner = Spinner("dots")
         self._live: Optional[Live] = None
         self._rerouted: List = []
@@ -126,12 +127,15 @@ class LiveProgress(ProbeProgress):
         self.what = [part for part in (
             f"{kind} {index} [{'+'.join(candidate.rungs) or 'baseline'}] {candidate.describe()}", memory) if part]
         self.kind, self.phase, self.started = kind, None, self.clock()
+        self.shown = candidate.key()
         self._live = Live(console=self.console, get_renderable=self._render, refresh_per_second=2, transient=True,
                           redirect_stdout=False, redirect_stderr=True)
         self._live.start(refresh=True)
         self._reroute_logging(sys.stderr)
 
     def poll(self, probe_dir: Path) -> None:
+        if not Path(probe_dir).name.startswith(f"{self.shown}-"):  # a probe started ahead, beside the one shown
+            return
         try:
             phase = one_line((Path(probe_dir) / PHASE_FILE).read_text(errors="replace").strip())[:40]
         except OSError:  # not written yet (or not at all): the last phase read stays

@@ -67,6 +67,13 @@ def test_piped_a_probe_says_when_it_starts(caplog):
                     "300.00 MiB")
 
 
+def probe_folder(root, candidate):
+    """A probe's folder as the runner names it (``probes/<candidate key>-<steps>``)."""
+    folder = root / f"{candidate.key()}-2"
+    folder.mkdir()
+    return folder
+
+
 # -- what it shows ------------------------------------------------------------------------------------------------
 def test_live_line_shows_the_probe_its_memory_phase_and_time_left(tmp_path):
     out = io.StringIO()
@@ -74,8 +81,9 @@ def test_live_line_shows_the_probe_its_memory_phase_and_time_left(tmp_path):
     progress = LiveProgress(Console(file=out, force_terminal=True, width=200), clock=lambda: now[0])
 
     progress.start(3, 2, "probe", CANDIDATE, 276.2 * MiB, 300 * MiB)
-    (tmp_path / PHASE_FILE).write_text("forward_backward")
-    progress.poll(tmp_path)
+    folder = probe_folder(tmp_path, CANDIDATE)
+    (folder / PHASE_FILE).write_text("forward_backward")
+    progress.poll(folder)
     now[0] += 12
     first = progress.line()
     progress.finish()
@@ -85,10 +93,14 @@ def test_live_line_shows_the_probe_its_memory_phase_and_time_left(tmp_path):
     assert first.endswith("forward/backward · 0:12 · search 0:12") and "left" not in first  # no estimate yet
 
     now[0] += 1  # between probes: the search's log line, the memory model
-    progress.start(4, 2, "probe", CANDIDATE.replace(micro_batch=8, grad_accum=1), None, 300 * MiB)
+    larger = CANDIDATE.replace(micro_batch=8, grad_accum=1)
+    progress.start(4, 2, "probe", larger, None, 300 * MiB)
     now[0] += 5
-    (tmp_path / PHASE_FILE).write_text("optimizer_step")
-    progress.poll(tmp_path)  # a new phase is drawn at once
+    progress.poll(folder)  # the first probe's folder: not the one shown (probes side by side)
+    assert progress.phase is None
+    folder = probe_folder(tmp_path, larger)
+    (folder / PHASE_FILE).write_text("optimizer_step")
+    progress.poll(folder)  # a new phase is drawn at once
     assert "mb=8x1 len=128 ckpt · budget 300.00 MiB · optimizer step · 0:05 · ~0:07 left (mean of 1 probe) · " \
            "search 0:18" in out.getvalue()
     now[0] += 10
