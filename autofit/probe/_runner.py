@@ -85,6 +85,7 @@ class ProcessRunner:
         self.progress = progress or PlainProgress()
         self.device_env: Dict[str, str] = {}  # the devices a probe may see, where probes run side by side
         self.stop = threading.Event()  # set: running probes are killed (ProbeCancelled); shared by on_devices' copies
+        self._origin = self  # the runner on_devices copied from: what a copy learns about the machine, it keeps
 
     def on_devices(self, devices: Sequence[str], threads: Optional[int] = None) -> ProcessRunner:
         """This runner, its probes seeing only ``devices`` (their CUDA indices; on the CPU meter a name only) and,
@@ -106,7 +107,7 @@ class ProcessRunner:
         if result.cause == BAD_FORK and self.start_method != "spawn":
             log.warning("probe processes cannot be forked on this machine (%s): using the spawn start method for "
                         "the rest of the search (each probe imports torch and transformers again)", result.error)
-            self._context = multiprocessing.get_context("spawn")
+            self._context = self._origin._context = multiprocessing.get_context("spawn")  # and for later copies
             result = self._run_once(candidate, plan)
         for attempt in range(2):
             if result.outcome is not Outcome.OOM or not disturbed(result.stats, self.budget_bytes):

@@ -48,12 +48,12 @@ def droppable(state: LadderState, rungs: Sequence[Rung]) -> List[Rung]:
 def pruned_levels(state: LadderState, rungs: Sequence[Rung], start: LadderState) -> List[LadderState]:
     """The levels the pass searches after a fit at ``state`` where each rung it tries to drop is not needed: what
     probes side by side start while ``state`` is searched."""
-    kept = [r for r in rungs if r.name in state.rungs]
-    found = []
-    for rung in droppable(state, rungs):
-        kept = [r for r in kept if r is not rung]
-        found.append(climb(start, kept)[-1])
-    return found
+    return _each_dropped(start, [r for r in rungs if r.name in state.rungs], droppable(state, rungs))
+
+
+def _each_dropped(start: LadderState, kept: Sequence[Rung], drops: Sequence[Rung]) -> List[LadderState]:
+    """The levels of ``kept`` without the first of ``drops``, then without the first two, and so on."""
+    return [climb(start, [r for r in kept if r not in drops[:depth + 1]])[-1] for depth in range(len(drops))]
 
 
 def drop_unneeded(fit: Fit, levels: List[LadderState], rungs: Sequence[Rung], start: LadderState,
@@ -78,10 +78,8 @@ def drop_unneeded(fit: Fit, levels: List[LadderState], rungs: Sequence[Rung], st
             levels.append(rebuilt)
             index = len(levels) - 1
         if lookahead is not None:  # the next rungs' levels, each dropped as this one may be (or this one kept)
-            later = drops[position + 1:]
-            chain = [climb(start, [r for r in trial if r not in later[:depth + 1]])[-1] for depth in range(len(later))]
-            lookahead(chain[:1] + [climb(start, [r for r in kept if r is not after])[-1] for after in later[:1]]
-                      + chain[1:])
+            chain, later = _each_dropped(start, trial, drops[position + 1:]), drops[position + 1:position + 2]
+            lookahead(chain[:1] + _each_dropped(start, kept, later) + chain[1:])
         fits = search_level(index, rebuilt)
         if not fits:
             continue

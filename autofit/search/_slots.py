@@ -21,7 +21,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from autofit.core import Candidate, InputError, ProbeResult, SearchSpec
 from autofit.probe import Runner
@@ -31,10 +31,6 @@ log = logging.getLogger(__name__)
 BESIDE = "beside"  # ProbeResult.stats key: how many other probes ran for some of the time this one ran
 
 Plan = Tuple[str, int, int, Optional[float], bool]  # (candidate key, steps, min_steps, time cap, full accumulation)
-
-
-class DeviceRunner(Protocol):
-    def on_devices(self, devices: Sequence[str]) -> Runner: ...
 
 
 class SlotTable:
@@ -94,7 +90,7 @@ class SlotRunner:
                  host_bytes: Optional[float] = None, host_need: Optional[Callable[[Candidate], float]] = None):
         self.runner = runner
         self.slots = SlotTable([str(device) for device in devices], host_bytes)
-        self._host_need = host_need or (lambda _: 0.0)
+        self.host_need = host_need or (lambda _: 0.0)  # host bytes a candidate's offloading takes
         self.threads = max(1, (os.cpu_count() or 1) // len(self.slots.devices))  # the host's cores, shared
         if on_devices is None and hasattr(runner, "on_devices"):
             on_devices = partial(runner.on_devices, threads=self.threads)
@@ -179,7 +175,7 @@ class SlotRunner:
 
     # -- the slots' side ----------------------------------------------------------------------------------------
     def _start(self, candidate: Candidate, plan: Plan, wait: bool) -> Optional[Future[ProbeResult]]:
-        host = self._host_need(candidate)
+        host = self.host_need(candidate)
         devices = self.slots.take(candidate.ranks, wait=wait, host=host)
         if devices is None:
             return None
@@ -239,14 +235,23 @@ def slot_runner(spec: SearchSpec, runner: Runner) -> Optional[SlotRunner]:
 
 def probe_slots(spec: SearchSpec) -> Optional[List[str]]:
     """The devices given to probes (``--gpus-for-probes``), checked against the processes a candidate runs; None
-    where probes run one at a time."""
+    where probes run one at a time. Under a ``CUDA_VISIBLE_DEVICES`` (a Slurm allocation sets one) the indices are
+    CUDA's in this process, 0 the first visible GPU, and each probe is given the entries they name."""
     devices = spec.options.gpus_for_probes
     if not devices:
         return None
+    given = ",".join(map(str, devices))
     if spec.ranks > len(devices):
-        raise InputError(f"--gpus-for-probes {','.join(map(str, devices))} gives {len(devices)} device(s), and a "
+        raise InputError(f"--gpus-for-probes {given} gives {len(devices)} device(s), and a "
                          f"candidate of --gpus {spec.ranks} runs {spec.ranks} processes, one per device: give at least "
                          f"{spec.ranks}")
+    visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    if visible and spec.device == "cuda":  # indices as CUDA numbers them here: within this process's visible GPUs
+        if max(devices) >= len(visible):
+            raise InputError(f"--gpus-for-probes {given} names GPU {max(devices)}, and CUDA_VISIBLE_DEVICES="
+                             f"{','.join(visible)} leaves this process {len(visible)}: give indices from 0 to "
+                             f"{len(visible) - 1}")
+        return [visible[index] for index in devices]
     return [str(device) for device in devices]
 
 

@@ -216,3 +216,106 @@ def test_a_candidate_of_two_processes_takes_two_devices(tmp_path):
     finally:
         slots.close()
     assert list(given) == [("0", "1"), ("2",), ("0",)]
+
+
+def test_the_pruning_passs_levels_are_read_ahead_each_rung_dropped_in_turn(tmp_path):
+    from autofit.search._pruning import pruned_levels
+
+    search = Search(formula_spec(tmp_path, 620 * MiB), FormulaRunner(620 * MiB), resolve_ladder(None))
+    lora = next(state for state in search.levels if "lora" in state.rungs)
+    assert [state.rungs for state in pruned_levels(lora, search.rungs, search.start)] == [
+        ("expandable-segments", "micro-batch", "checkpointing", "activation-offload", "bf16-weights", "lora"),
+        ("expandable-segments", "micro-batch", "checkpointing", "bf16-weights", "lora"),
+        ("expandable-segments", "micro-batch", "bf16-weights", "lora"),  # bf16 weights stay: free under adapters
+    ]
+
+
+def test_indices_are_cudas_under_cuda_visible_devices(tmp_path, monkeypatch):
+    """A Slurm allocation sets CUDA_VISIBLE_DEVICES: 0 is its first GPU, and a probe is given the entry, never a GPU
+    outside it."""
+    def spec(devices):
+        return spec_of(out_dir=Path(tmp_path), model="tiny-qwen2", budget_bytes=100 * MiB, device="cuda",
+                       gpus_for_probes=devices)
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert probe_slots(spec((0, 3))) == ["4", "7"]
+    with pytest.raises(InputError, match=r"names GPU 4, and CUDA_VISIBLE_DEVICES=4,5,6,7 leaves this process 4: "
+                                         r"give indices from 0 to 3"):
+        probe_slots(spec((1, 4)))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert probe_slots(spec((1, 4))) == ["1", "4"]
+
+
+def test_a_copy_that_learns_forking_fails_tells_the_runner_it_came_from(tmp_path, monkeypatch):
+    from autofit.core import BAD_FORK, Candidate, ProbeResult
+
+    runner = ProcessRunner("sft", None, tmp_path, start_method="forkserver")
+    copy = runner.on_devices(["1"])
+    answers = iter([ProbeResult(Outcome.CRASH, cause=BAD_FORK, error="forked after CUDA"), ProbeResult(Outcome.OK)])
+    monkeypatch.setattr(ProcessRunner, "_run_once", lambda self, candidate, plan: next(answers))
+    candidate = Candidate(algo="sft", model="tiny-qwen2", device="cuda", micro_batch=1, grad_accum=8, max_length=64)
+    assert copy.run(candidate, 2).outcome is Outcome.OK
+    assert copy.start_method == runner.start_method == "spawn"  # the next copies start with spawn, not a bad fork
+    assert runner.on_devices(["2"]).start_method == "spawn"
+
+
+def test_closing_stops_the_walks_own_probe_too(tmp_path):
+    """Ctrl-C while the walk waits: the search's end stops its probe instead of waiting for it."""
+    from autofit.core import Candidate
+    from autofit.probe._runner import ProbeCancelled
+
+    slots = SlotRunner(ProcessRunner("probe_factories:hangs", 2**30, tmp_path, timeout_s=300), ["0"])
+    candidate = Candidate(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=1, grad_accum=8, max_length=64)
+    raised = []
+
+    def walk():
+        try:
+            slots.run(candidate, 2)
+        except ProbeCancelled as exc:
+            raised.append(exc)
+
+    waiting = threading.Thread(target=walk)
+    waiting.start()
+    time.sleep(1.5)
+    begun = time.monotonic()
+    slots.close()
+    waiting.join(30)
+    assert not waiting.is_alive() and raised and time.monotonic() - begun < 30 and slots.slots.free == 1
+
+
+def test_the_host_share_of_a_candidate_is_the_memory_models_offloaded_bytes(tmp_path):
+    from autofit.core import Candidate
+    from autofit.search import available_host_bytes, slot_runner
+
+    spec = spec_of(out_dir=Path(tmp_path), model="Qwen/Qwen2.5-0.5B", budget_bytes=8 * 2**30, device="cuda",
+                   gpus_for_probes=(0, 1))
+    slots = slot_runner(spec, FormulaRunner(8 * 2**30))
+    try:
+        plain = Candidate(algo="sft", model="Qwen/Qwen2.5-0.5B", device="cuda", micro_batch=1, grad_accum=8,
+                          max_length=512)
+        assert slots.host_need(plain) == 0
+        assert slots.host_need(plain.replace(offload=True)) > 2**30  # fp32 Adam states of 0.5B, off the GPU
+        assert slots.slots.host_bytes == pytest.approx(available_host_bytes(), rel=0.2)
+    finally:
+        slots.close()
+
+
+def test_on_the_cpu_a_timing_beside_others_does_not_calibrate_the_speed_model(tmp_path, monkeypatch):
+    from autofit.core import Candidate, ProbeResult
+    from autofit.search import _speed_tie
+    from autofit.search._result import Record
+    from autofit.search._speed_tie import SpeedJudge
+
+    calibrated_on = []
+    monkeypatch.setattr(_speed_tie, "calibrate_speed", lambda points, shape, card: calibrated_on.append(points))
+    spec = spec_of(out_dir=Path(tmp_path), model="tiny-qwen2", budget_bytes=100 * MiB)
+    search = Search(spec, FormulaRunner(100 * MiB), resolve_ladder(None))
+    judge = SpeedJudge(spec, search.guide, [], [])
+    monkeypatch.setattr(judge, "card", lambda: object())
+    alone = Candidate(algo="sft", model="tiny-qwen2", device="cpu", micro_batch=1, grad_accum=8, max_length=64)
+    crowded = alone.replace(micro_batch=2, grad_accum=4)
+    for candidate, stats in ((alone, {}), (crowded, {"beside": 1})):
+        judge.records.append(Record(0, candidate, "probe", ProbeResult(Outcome.OK, peak_bytes=1, tokens_per_second=99.0,
+                                                                       stats=stats), False, None, None))
+    judge._calibration([])
+    assert [c for c, _ in calibrated_on[0]] == [alone]
