@@ -97,7 +97,8 @@ def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callba
     runner = ProcessRunner(payload, spec.budget_bytes, spec.options.out_dir, timeout_s=spec.options.probe_timeout_s,
                            build_timeout_s=spec.options.build_timeout_s, progress=progress,
                            rung_steps=probe_steps(rungs))
-    slots = slot_runner(spec, runner)
+    hand_out = _hand_out(spec, payload, rungs)
+    slots = slot_runner(spec, hand_out or runner)
     options = spec.options
     log.info(
         "autofit: %s %s on %s, budget %s, effective batch %d, max_length %d, maximize %s%s",
@@ -111,16 +112,37 @@ def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callba
             search.report.notes[:0] = notes
             try:
                 search.run()
+                if hand_out is not None and hand_out.lost:
+                    search.report.notes.append(f"{hand_out.lost} probe(s) handed out again: their worker gave no "
+                                               f"heartbeat for {spec.options.worker_silence_s:g} s")
             except (FactoryError, InfrastructureError):
                 export.write(search.report, spec.options.out_dir)  # best.json says what was measured and why it stopped
                 raise
     finally:
         if slots is not None:
             slots.close()
+        if hand_out is not None:
+            hand_out.close()
         progress.close()
     export.write(search.report, spec.options.out_dir)
     write_report(spec.options.out_dir)
     return search.report
+
+
+def _hand_out(spec: SearchSpec, payload: FactoryPayload, rungs: List[Rung]):
+    """The runner that hands probes out to ``autofit worker`` processes (``--workers``); None where probes run here."""
+    options = spec.options
+    if options.workers is None:
+        return None
+    from autofit.workers import HandOutRunner
+
+    location = options.worker_queue or str(options.out_dir)
+    runner = HandOutRunner(location, options.out_dir, payload, spec.budget_bytes, timeout_s=options.probe_timeout_s,
+                           lost_after_s=options.worker_silence_s, build_timeout_s=options.build_timeout_s,
+                           rung_steps=probe_steps(rungs))
+    log.info("autofit: probes are handed out to %d worker(s): start `autofit worker --study %s` where they run",
+             options.workers, location)
+    return runner
 
 
 def write_report(out_dir: Path) -> Optional[Path]:

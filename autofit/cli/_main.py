@@ -54,8 +54,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``autofit search``, ``estimate`` and ``report``; the first two take their options from ``SearchOptions``."""
+    """``autofit search``, ``estimate``, ``report`` and ``worker``; the first two take their options from
+    ``SearchOptions``."""
     from autofit.cli import _estimate as estimate
+    from autofit.cli import _worker as worker
 
     parser = _Parser(prog="autofit", description="Find the best TRL training configuration that fits your GPU.",
                      epilog="autofit search|estimate [options] -- <your launch>: the command you run (trl sft --config "
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Render report.html from the best.json and the Optuna study that "
                                              "`autofit search --out DIR` left in DIR.")
     report.add_argument("out_dir", metavar="DIR", help="the --out folder of a search")
+    worker.add_parser(commands)
     return parser
 
 
@@ -162,6 +165,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return estimate.run(args)
     if args.command == "report":
         return report_command(args)
+    if args.command == "worker":
+        from autofit.cli import _worker as worker
+
+        return worker.run(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     from autofit._api import no_fit_message, run_search
     from autofit.core import InputError, UnknownModelError, one_line

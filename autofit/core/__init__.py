@@ -50,6 +50,7 @@ from autofit.core._files import (
     read_own_file,
 )
 from autofit.core._key_table import KEY_KINDS, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
+from autofit.core._kinds import DEVICE_IDS, SECONDS, Kind
 from autofit.core._knob import FileRun, Knob
 from autofit.core._knob_peft import targets
 from autofit.core._knob_table import (
@@ -136,7 +137,7 @@ __all__ = [
     "exempt_phases", "vllm_reserved", "first_gpu", "priced_card", "format_size", "free_bytes", "installed",
     "installed_versions",
     "needs_own_code",
-    "one_line", "driver_version", "read_own_file", "RATE_NAMES",
+    "one_line", "driver_version", "read_own_file", "RATE_NAMES", "DEVICE_IDS", "SECONDS", "Kind",
     "other_processes", "others_bytes", "parse_size", "ppo_available", "record_probe_process", "resolve_device",
     "resolve_gpus", "resolve_model", "user_file", "visible_gpu_count", "vllm_installed",
 ]

@@ -130,6 +130,17 @@ class SearchOptions:
              "the probes the walk may ask for next start on free GPUs, the answer is the one-at-a-time search's, "
              "verifications run alone (default: one probe at a time; on --device cpu the indices name simulated "
              "devices, each probe with its own meter and budget)", kind=DEVICE_IDS, metavar="IDS")
+    workers: Optional[int] = option(
+        help="hand probes out to N `autofit worker` processes (on this machine or others) instead of running them "
+             "here: up to N probes at once, as --gpus-for-probes, through the queue in --worker-queue",
+        kind=POSITIVE_INT, metavar="N")
+    worker_queue: Optional[str] = option(
+        help="where the workers take probes from (their --study): a folder on a filesystem they share, "
+             "redis://HOST:PORT or postgresql://USER:PASSWORD@HOST/DB (default: the --out folder)", kind=TEXT,
+        metavar="DIR_OR_URL")
+    worker_silence_s: float = option(
+        60.0, help="seconds without a worker's heartbeat after which its probe is handed out again (default 60)",
+        kind=SECONDS, flags=("--worker-silence",))
     maximize: str = option("batch", help="batch (default) or length (longest that fits)", kind=one_of(MAXIMIZE),
                            doors=DOORS)
     ladder: Union[None, str, Sequence[str]] = option(
@@ -206,6 +217,12 @@ class SearchOptions:
         if self.num_generations is not None and self.effective_batch % self.num_generations:
             raise InputError(f"--effective-batch {self.effective_batch} cannot be divided into groups of "
                              f"--num-generations {self.num_generations}: use a multiple of {self.num_generations}")
+        if self.workers is not None and self.gpus_for_probes:
+            raise InputError("--workers and --gpus-for-probes both say where probes run: give one (a worker has "
+                             "--gpus-for-probes of its own)")
+        if self.worker_queue is not None and self.workers is None:
+            raise InputError(f"--worker-queue {self.worker_queue} applies with --workers N: give the number of "
+                             "workers")
         if self.dtype is not None and unit.config_class and not unit.model_init_kwargs:
             raise InputError(f"--dtype does not apply to {self.algo}: {unit.config_class.rsplit(':', 1)[-1]} has no "
                              f"model_init_kwargs; load the models in the dtype you want in your {self.algo.upper()} "

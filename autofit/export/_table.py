@@ -63,8 +63,8 @@ def summary_lines(report: SearchReport, answer: Any = None) -> List[str]:
         + (f" ({verified.generation_tokens_per_second:,.0f} tok/s generating)"
            if verified.generation_tokens_per_second else "") + "; "
         f"{report.probes_run} new probes, {sum(r.cached for r in report.records)} reused from {out}"
-        + (f"; side by side on {len(side['devices'])} devices, {side['rounds']} rounds of probes"
-           if side else ""),
+        + (f"; {'handed out to' if side.get('workers') else 'side by side on'} {len(side['devices'])} "
+           f"{'workers' if side.get('workers') else 'devices'}, {side['rounds']} rounds of probes" if side else ""),
         f"wrote {out / 'best.yaml'} and {out / 'best.json'}",
     ]
     if (out / "report.html").exists():

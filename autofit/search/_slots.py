@@ -87,8 +87,10 @@ class SlotRunner:
 
     def __init__(self, runner: Runner, devices: Sequence[str],
                  on_devices: Optional[Callable[[Sequence[str]], Runner]] = None, *,
-                 host_bytes: Optional[float] = None, host_need: Optional[Callable[[Candidate], float]] = None):
+                 host_bytes: Optional[float] = None, host_need: Optional[Callable[[Candidate], float]] = None,
+                 per_rank: bool = True):
         self.runner = runner
+        self.per_rank = per_rank  # a candidate takes a slot per process; False: one slot (a worker) runs them all
         self.slots = SlotTable([str(device) for device in devices], host_bytes)
         self.host_need = host_need or (lambda _: 0.0)  # host bytes a candidate's offloading takes
         self.threads = max(1, (os.cpu_count() or 1) // len(self.slots.devices))  # the host's cores, shared
@@ -176,7 +178,7 @@ class SlotRunner:
     # -- the slots' side ----------------------------------------------------------------------------------------
     def _start(self, candidate: Candidate, plan: Plan, wait: bool) -> Optional[Future[ProbeResult]]:
         host = self.host_need(candidate)
-        devices = self.slots.take(candidate.ranks, wait=wait, host=host)
+        devices = self.slots.take(candidate.ranks if self.per_rank else 1, wait=wait, host=host)
         if devices is None:
             return None
         with self._lock:
@@ -209,7 +211,7 @@ class SlotRunner:
     def use(self) -> Dict[str, Any]:
         """What best.json says of the probes side by side."""
         return {"devices": list(self.slots.devices), "rounds": self.rounds, "started": self.started,
-                "unused": self.unused + len(self.pending())}
+                "unused": self.unused + len(self.pending()), "workers": not self.per_rank}
 
     def pending(self) -> List[Plan]:
         with self._lock:
@@ -222,6 +224,8 @@ def slot_runner(spec: SearchSpec, runner: Runner) -> Optional[SlotRunner]:
     from autofit import memory_model
     from autofit.search._host_memory import available_host_bytes
 
+    if spec.options.workers is not None:  # each worker gives its probe its own devices and host
+        return SlotRunner(runner, [f"worker-{index}" for index in range(spec.options.workers)], per_rank=False)
     devices = probe_slots(spec)
     if devices is None:
         return None
