@@ -37,7 +37,7 @@ TRAIN_FROM = $(if $(filter file,$(origin OUT)),$(if $(wildcard $(OUT)/best.yaml)
 TRAIN_OUT ?= $(TRAIN_FROM)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-vllm test-fast gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed bench-parallel browser report-shot
+.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-vllm test-fast test-services services gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed bench-parallel browser report-shot
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -103,6 +103,7 @@ test: venv lint browser
 	$(MAKE) -j2 test-main $(FLOOR_VENV)/.installed $(PPO_OVERLAY)/.installed $(VLLM_VENV)/.installed
 	$(MAKE) -j2 --output-sync=target test-ppo test-floor
 	$(MAKE) test-vllm
+	$(MAKE) test-services
 	$(MAKE) bench-quick
 
 # Chromium, for tests/report/test_report_browser.py (report.html laid out at 1280 px): installed with apt-get where it is
@@ -166,6 +167,22 @@ $(FLOOR_VENV)/.installed: pyproject.toml
 test-floor: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/python -c "import importlib.metadata as m; print('floor:', *(p + ' ' + m.version(p) for p in ('transformers', 'trl', 'optuna')))"
 	$(FLOOR_VENV)/bin/python -m pytest -q $(PYTEST_WORKERS) -m "not slow or floor" $(FLOOR_DESELECT)
+
+# The workers' lane (issue 49): `autofit search --workers 2` and two `autofit worker` processes, one killed mid-probe,
+# with the queue in a folder, a real Redis server and a real PostgreSQL server, each started by the tests on loopback
+# (tests/services_lane/conftest.py). `make services` installs the servers with apt-get where they are missing.
+SERVICES = redis-server postgresql
+services:
+	@if command -v redis-server >/dev/null 2>&1 && { command -v initdb >/dev/null 2>&1 \
+		|| ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& { apt-get install -y -q $(SERVICES) >/dev/null 2>&1 \
+		     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(SERVICES) >/dev/null 2>&1; }; }; then \
+		echo "make services: installed $(SERVICES) with apt-get (the workers' lane starts its own servers)"; \
+	else echo "make services: no Redis or PostgreSQL server, and apt-get cannot install them here"; fi
+
+test-services: venv services
+	AUTOFIT_SERVICES_LANE=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/services_lane
 
 # The linter and the type checker (configured in pyproject.toml; mypy is strict on core, search and memory_model).
 lint: venv
