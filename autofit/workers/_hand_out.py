@@ -110,8 +110,8 @@ class HandOutRunner:
                                    error=f"the worker could not run the probe: {reason}"), ""
             if trial.state == TrialState.WAITING:
                 if not said_waiting and now - put_at > WAITING_NOTE_S:
-                    log.info("probe %s waits for a worker: start `autofit worker --study %s` on a machine with GPUs",
-                             candidate.describe(), self.location)
+                    log.info("probe %s waits for a worker: start `autofit worker --study %s` where %d GPU(s) are "
+                             "free for it", candidate.describe(), self.location, candidate.ranks)
                     said_waiting = True
             elif trial.state == TrialState.RUNNING:
                 beat = trial.user_attrs.get(BEAT)

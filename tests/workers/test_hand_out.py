@@ -226,6 +226,8 @@ def test_an_interrupted_worker_gives_its_probe_back_at_once(tmp_path):
       "--gpus-for-probes", "0,1", "--out", "OUT"], "--workers and --gpus-for-probes both say where probes run"),
     (["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "300MiB", "--worker-queue", "QUEUE",
       "--out", "OUT"], "applies with --workers N"),
+    (["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "300MiB", "--workers", "2",
+      "--worker-queue", "ftp://host/q", "--out", "OUT"], "the queue ftp://host/q has a scheme autofit does not read"),
     (["search", "--model", "tiny-qwen2", "--device", "cpu", "--gpu-memory", "300MiB", "--workers", "0",
       "--out", "OUT"], "--workers"),
 ])
