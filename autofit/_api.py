@@ -94,11 +94,12 @@ def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callba
     notes = notes + list(spec.notes)
     # The live line goes with the probes' log lines: not under -q (quiet=True), nor when stderr is not a terminal.
     progress = make_progress(quiet=not logging.getLogger("autofit.search._search").isEnabledFor(logging.INFO))
-    runner = ProcessRunner(payload, spec.budget_bytes, spec.options.out_dir, timeout_s=spec.options.probe_timeout_s,
-                           build_timeout_s=spec.options.build_timeout_s, progress=progress,
-                           rung_steps=probe_steps(rungs))
     hand_out = _hand_out(spec, payload, rungs)
-    slots = slot_runner(spec, hand_out or runner)
+    runner = hand_out or ProcessRunner(payload, spec.budget_bytes, spec.options.out_dir,
+                                       timeout_s=spec.options.probe_timeout_s,
+                                       build_timeout_s=spec.options.build_timeout_s, progress=progress,
+                                       rung_steps=probe_steps(rungs))
+    slots = slot_runner(spec, runner)
     options = spec.options
     log.info(
         "autofit: %s %s on %s, budget %s, effective batch %d, max_length %d, maximize %s%s",

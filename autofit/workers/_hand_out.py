@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -43,7 +43,6 @@ class ProbeJob:
     build_timeout_s: Optional[float] = None
     rung_steps: Tuple[Tuple[str, str], ...] = ()
     search: str = ""  # the search's queue study, for the worker's log
-    env: Dict[str, str] = field(default_factory=dict)
 
 
 class HandOutRunner:

@@ -88,4 +88,8 @@ def test_two_workers_finish_a_search_one_killed_mid_probe(storage, serial, tmp_p
     again = [t for t in trials if t.number > lost[0].number and t.user_attrs["job"] == lost[0].user_attrs["job"]]
     assert again and again[0].state.name == "COMPLETE"
     assert str(again[0].user_attrs[WORKER]).endswith(f":{second.pid}")
-    assert "handing it out again" in (tmp_path / "search.log").read_text()
+    said = (tmp_path / "search.log").read_text()
+    assert "handing it out again" in said and "handed out to 2 workers" in said
+    best = json.loads((out / "best.json").read_text())
+    assert best["side_by_side"]["workers"] is True and len(best["side_by_side"]["devices"]) == 2
+    assert any("1 probe(s) handed out again: their worker gave no heartbeat for 5 s" in note for note in best["notes"])
