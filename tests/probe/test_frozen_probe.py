@@ -65,6 +65,8 @@ def test_a_frozen_probe_runs_once_more_with_a_note_and_the_answer_stays(tmp_path
 
 @pytest.mark.slow
 def test_a_real_probe_that_freezes_itself_is_reported_frozen(tmp_path):
-    runner = ProcessRunner("probe_factories:stops_itself", 2**30, tmp_path, timeout_s=60)
+    # The time limit counts from the fork (the probe server's preload is over by then) and the factory stops itself
+    # first thing: 20 s is several times what reaching it takes under load, and the test waits all of it.
+    runner = ProcessRunner("probe_factories:stops_itself", 2**30, tmp_path, timeout_s=20)
     result = runner.run(Candidate("sft", "tiny-qwen2", "cpu", micro_batch=1, grad_accum=1, max_length=16), 2)
     assert result.outcome is Outcome.CRASH and result.cause == "stopped", result
