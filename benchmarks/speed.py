@@ -1,8 +1,8 @@
 """The throughput model against measured speed on the CPU meter: ratios between configurations.
 
 Each configuration of a workload (checkpointing or not, micro-batch 1 against 4 at the same effective batch, LoRA
-against a full fine-tune) is trained for a few optimizer steps in a fresh probe process, as a search's verification
-does, and its measured tokens/s is set against the throughput model's prediction
+against a full fine-tune, the optimizer offloaded to the host) is trained for a few optimizer steps in a fresh probe
+process, as a search's verification does, and its measured tokens/s is set against the throughput model's prediction
 (``autofit.memory_model.predict_speed``) on this machine's own rates: the matmul FLOP rate and the memory bandwidth
 measured here with torch (``measured_rates_card``). What must hold is the ratio of each configuration's speed to
 its workload's baseline; the absolute speed is what the search calibrates on its own timed steps.
@@ -23,6 +23,7 @@ from autofit.core import FACTORIES, Candidate, LoraSettings, resolve_model
 from autofit.memory_model import ModelShape, measured_rates_card, predict_speed
 from autofit.probe import ProcessRunner
 from autofit.probe._rates import measure_rates
+from autofit.rungs.engines import ZERO2_OFFLOAD
 from benchmarks.page import quick, table_main
 from benchmarks.speed_public import table as published_table
 from benchmarks.speed_terms import table as terms_table
@@ -44,6 +45,9 @@ CONFIGS: List[Tuple[str, Dict]] = [
     ("mb 1 x 4 + checkpointing", {"micro_batch": 1, "grad_accum": 4, "checkpointing": True}),
     ("LoRA r16", {"lora": LoraSettings()}),
     ("LoRA r16 + checkpointing", {"lora": LoraSettings(), "checkpointing": True}),
+    # autofit's optimizer-offload rung (DeepSpeed ZeRO-2, states and the AdamW step on the host): on the CPU meter
+    # host and device are one memory, so this holds the host step and the copies at this machine's rates, no PCIe
+    ("optimizer offload (ZeRO-2)", {"offload": ZERO2_OFFLOAD}),
 ]
 QUICK_CONFIGS = CONFIGS[:2]
 
