@@ -2,10 +2,11 @@
 
 Each configuration of a workload (checkpointing or not, micro-batch 1 against 4 at the same effective batch, LoRA
 against a full fine-tune, the optimizer offloaded to the host) is trained for a few optimizer steps in a fresh probe
-process, as a search's verification does, and its measured tokens/s is set against the throughput model's prediction
-(``autofit.memory_model.predict_speed``) on this machine's own rates: the matmul FLOP rate and the memory bandwidth
-measured here with torch (``measured_rates_card``). What must hold is the ratio of each configuration's speed to
-its workload's baseline; the absolute speed is what the search calibrates on its own timed steps.
+process, as a search's verification does, and its measured tokens/s is set against what the user's door predicts
+for the same run: the configuration written as a TRL file and read by ``autofit estimate --device cpu --from DIR
+--json -- trl sft --config FILE``, where DIR is a search run here first (its best.json brings this machine's
+measured rates and the speed's calibration on its own timed probes). What must hold is the ratio of each
+configuration's speed to its workload's baseline; the absolute speed is what the calibration scales.
 
     .venv/bin/python -m benchmarks.speed [--write docs/benchmarks.md]      (make bench-speed; --quick: one ratio)
 
@@ -15,12 +16,16 @@ term of a step against a published pair of runs that differ by it alone (``bench
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from autofit.core import FACTORIES, Candidate, LoraSettings, resolve_model
-from autofit.memory_model import ModelShape, measured_rates_card, predict_speed
+import yaml
+
+from autofit.core import FACTORIES, Candidate, LoraSettings
 from autofit.probe import ProcessRunner
 from autofit.probe._rates import measure_rates
 from autofit.rungs.engines import ZERO2_OFFLOAD
@@ -37,17 +42,24 @@ PROBE_TIMEOUT_S = 600.0
 # (workload, model, algo, sequence length, effective batch); each workload's configurations are measured against
 # its first ("baseline": micro-batch 4, no checkpointing, full fine-tune)
 WORKLOADS = [("qwen2 sft", "tiny-qwen2", "sft", 128, 4)]
-# (label, changes to the baseline candidate)
-CONFIGS: List[Tuple[str, Dict]] = [
-    ("baseline: mb 4 x 1, full", {}),
-    ("+ checkpointing", {"checkpointing": True}),
-    ("mb 1 x 4", {"micro_batch": 1, "grad_accum": 4}),
-    ("mb 1 x 4 + checkpointing", {"micro_batch": 1, "grad_accum": 4, "checkpointing": True}),
-    ("LoRA r16", {"lora": LoraSettings()}),
-    ("LoRA r16 + checkpointing", {"lora": LoraSettings(), "checkpointing": True}),
-    # autofit's optimizer-offload rung (DeepSpeed ZeRO-2, states and the AdamW step on the host): on the CPU meter
-    # host and device are one memory, so this holds the host step and the copies at this machine's rates, no PCIe
-    ("optimizer offload (ZeRO-2)", {"offload": ZERO2_OFFLOAD}),
+BUDGET = "2GiB"  # the door's and the calibrating search's: every configuration fits it
+LORA_KEYS = {"use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "lora_target_modules": "all-linear"}
+# (label, changes to the baseline candidate (measured), the same changes as TRL file keys (predicted))
+CONFIGS: List[Tuple[str, Dict, Dict[str, Any]]] = [
+    ("baseline: mb 4 x 1, full", {}, {}),
+    ("+ checkpointing", {"checkpointing": True}, {"gradient_checkpointing": True}),
+    ("mb 1 x 4", {"micro_batch": 1, "grad_accum": 4},
+     {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}),
+    ("mb 1 x 4 + checkpointing", {"micro_batch": 1, "grad_accum": 4, "checkpointing": True},
+     {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "gradient_checkpointing": True}),
+    ("LoRA r16", {"lora": LoraSettings()}, LORA_KEYS),
+    ("LoRA r16 + checkpointing", {"lora": LoraSettings(), "checkpointing": True},
+     {**LORA_KEYS, "gradient_checkpointing": True}),
+    # measured: autofit's optimizer-offload rung (DeepSpeed ZeRO-2, states and the AdamW step on the host); read from
+    # the user's own DeepSpeed block, which the estimate prices by the same term. On the CPU meter host and device
+    # are one memory: this holds the host step and the copies at this machine's rates, no PCIe link
+    ("optimizer offload (ZeRO-2)", {"offload": ZERO2_OFFLOAD},
+     {"deepspeed": {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}}),
 ]
 QUICK_CONFIGS = CONFIGS[:2]
 
@@ -56,30 +68,61 @@ def rows(root: Path) -> Tuple[List[Dict], Tuple[float, ...]]:
     """Every configuration measured ``REPEATS`` times, round-robin (a machine busy for a while slows every
     configuration a little rather than one a lot), the fastest run of each kept: a busy machine only slows a run."""
     rates = measure_rates()
-    card = measured_rates_card(*rates)
     steps, repeats = (QUICK_STEPS, QUICK_REPEATS) if quick() else (STEPS, REPEATS)
     out: List[Dict] = []
     for name, model, algo, length, batch in WORKLOADS:
-        shape = ModelShape.from_config(resolve_model(model).config)
-        runner = ProcessRunner(FACTORIES[algo], None, root / name.replace(" ", "-"), PROBE_TIMEOUT_S)
+        folder = root / name.replace(" ", "-")
+        calibration = _search(folder / "search", model, algo, length, batch)
+        runner = ProcessRunner(FACTORIES[algo], None, folder, PROBE_TIMEOUT_S)
         base = Candidate(algo=algo, model=model, device="cpu", micro_batch=batch, grad_accum=1, max_length=length)
-        configs = [(label, base.replace(**changes)) for label, changes in (QUICK_CONFIGS if quick() else CONFIGS)]
-        timings: Dict[str, Optional[List[float]]] = {label: [] for label, _ in configs}
+        file = {"model_name_or_path": model, "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1,
+                "max_length": length, "gradient_checkpointing": False}
+        configs = [(label, base.replace(**changes), {**file, **keys})
+                   for label, changes, keys in (QUICK_CONFIGS if quick() else CONFIGS)]
+        timings: Dict[str, Optional[List[float]]] = {label: [] for label, _, _ in configs}
         for _ in range(repeats):
-            for label, candidate in configs:
+            for label, candidate, _ in configs:
                 if timings[label] is None:
                     continue
                 result = runner.run(candidate, steps, full_accumulation=True)
                 timings[label] = (timings[label] or []) + [result.tokens_per_second] if result.fits else None
         first: Optional[Dict] = None
-        for label, candidate in configs:
+        for index, (label, candidate, keys) in enumerate(configs):
             runs = timings[label]
             row = {"workload": name, "config": label, "measured": max(runs) if runs else None,
                    "spread": 1 - min(runs) / max(runs) if runs else None,
-                   "predicted": predict_speed(candidate, shape, card).tokens_per_second}
+                   "predicted": _door(folder / f"config-{index}.yaml", keys, candidate, calibration)}
             first = first or row
             out.append(dict(row, base=first))
     return out, rates
+
+
+def _search(out: Path, model: str, algo: str, length: int, batch: int) -> Path:
+    """A search on this machine, whose best.json brings the estimate this machine's rates and the speed's
+    calibration (``--from``), as a user's own search does."""
+    _cli("search", "--model", model, "--algo", algo, "--device", "cpu", "--gpu-memory", BUDGET, "--max-length",
+         str(length), "--effective-batch", str(batch), "--out", str(out), "-q")
+    return out
+
+
+def _door(path: Path, keys: Dict[str, Any], candidate: Candidate, calibration: Path) -> float:
+    """The tokens/s ``autofit estimate`` predicts for the run the TRL file ``keys`` describes, checked to be the
+    candidate measured (offload aside: the file's own DeepSpeed block is the engine, not a rung's)."""
+    path.write_text(yaml.safe_dump(keys))
+    printed = _cli("estimate", "--device", "cpu", "--gpu-memory", BUDGET, "--from", str(calibration), "--json", "--",
+                   "trl", candidate.algo, "--config", str(path))
+    run = json.loads(printed)["estimates"][0]["your_run"]
+    described, measured = run["configuration"]["describe"], candidate.replace(offload=None).describe()
+    if described != measured:
+        raise SystemExit(f"{path}: the estimate read {described!r} where {measured!r} was measured")
+    return float(run["speed"]["tokens_per_second"])
+
+
+def _cli(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "autofit.cli", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"autofit {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
+    return done.stdout
 
 
 def table(root: Path) -> str:
@@ -111,7 +154,10 @@ def table(root: Path) -> str:
                       f"{max(errors):.0%}. Ratios are each configuration's tok/s over its workload's baseline; "
                       f"error = predicted ratio / measured ratio - 1. Each measurement is the fastest of {REPEATS} "
                       f"runs of {STEPS} optimizer steps (the first untimed); the spread is the slowest run's distance "
-                      "from it."]
+                      "from it. Predicted: `your_run.speed` of `autofit estimate --device cpu --gpu-memory "
+                      f"{BUDGET} --from DIR --json -- trl sft --config FILE`, each configuration a TRL file (its "
+                      "LoRA as ModelConfig's keys, its offload as a `deepspeed:` block), DIR a search run here "
+                      "first (its one timed probe calibrates one scale, every configuration alike)."]
     lines += ["", "Published GPU rows (`python -m benchmarks.speed_public`, through the estimate's door):", "",
               published_table(), "", "Each term against a published pair of runs that differ by it alone "
               "(`python -m benchmarks.speed_terms`, through the estimate's door):", "", terms_table()]
