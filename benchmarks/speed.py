@@ -107,14 +107,16 @@ def _search(out: Path, model: str, algo: str, length: int, batch: int) -> Path:
 
 def _door(path: Path, keys: Dict[str, Any], candidate: Candidate, calibration: Path) -> float:
     """The tokens/s ``autofit estimate`` predicts for the run the TRL file ``keys`` describes, checked to be the
-    candidate measured (offload aside: the file's own DeepSpeed block is the engine, not a rung's)."""
+    candidate measured (its offload is the file's own DeepSpeed block, not a rung: checked as the host's step)."""
     path.write_text(yaml.safe_dump(keys))
     printed = _cli("estimate", "--device", "cpu", "--gpu-memory", BUDGET, "--from", str(calibration), "--json", "--",
                    "trl", candidate.algo, "--config", str(path))
     run = json.loads(printed)["estimates"][0]["your_run"]
     described, measured = run["configuration"]["describe"], candidate.replace(offload=None).describe()
-    if described != measured:
-        raise SystemExit(f"{path}: the estimate read {described!r} where {measured!r} was measured")
+    on_host = "optimizer (host)" in run["speed"]["seconds_by_part"]
+    if described != measured or on_host != bool(candidate.offload):
+        raise SystemExit(f"{path}: the estimate read {described!r} (optimizer on the host: {on_host}) where "
+                         f"{candidate.describe()!r} was measured")
     return float(run["speed"]["tokens_per_second"])
 
 
