@@ -133,7 +133,7 @@ class ProbeQueue:
         tag = uuid.uuid4().hex
         study.enqueue_trial({}, user_attrs={JOB: base64.b64encode(pickle.dumps(job)).decode(), RANKS: ranks,
                                             "tag": tag}, skip_if_exists=False)
-        for trial in reversed(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
+        for trial in reversed(study.get_trials(deepcopy=False)):  # any state: a worker may have taken it already
             if trial.user_attrs.get("tag") == tag:
                 return trial._trial_id
         raise RuntimeError("a probe put in the queue is not there")  # the storage lost a write

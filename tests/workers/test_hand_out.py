@@ -150,6 +150,22 @@ def test_one_taker_only_and_only_a_worker_with_devices_enough(tmp_path):
     assert reopened.user_attrs[CLOSED] is False
 
 
+def test_a_probe_taken_before_the_search_reads_it_back_is_still_the_searchs(tmp_path, monkeypatch):
+    location = str(tmp_path / "queue")
+    queue = ProbeQueue(open_storage(location))
+    study = queue.open_study(ProbeQueue.study_name(tmp_path / "out"))
+    worker, enqueue, taken = ProbeQueue(open_storage(location)), study.enqueue_trial, []
+
+    def enqueue_then_taken(*args, **kwargs):  # a worker polling the storage wins the race with the read-back
+        enqueue(*args, **kwargs)
+        taken.append(worker.take(worker.open_studies()[0], 1, "quick"))
+
+    monkeypatch.setattr(study, "enqueue_trial", enqueue_then_taken)
+    trial_id = queue.put(study, "job", 1)
+    assert taken[0] is not None and taken[0].trial_id == trial_id
+    assert queue.trial(trial_id).state.name == "RUNNING"
+
+
 @pytest.mark.parametrize("location, words", [
     ("ftp://host/queue", "has a scheme autofit does not read"),
     ("redis://127.0.0.1:9", "cannot be reached"),
