@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -30,6 +28,7 @@ from autofit.probe import ProcessRunner
 from autofit.probe._rates import measure_rates
 from autofit.rungs.engines import ZERO2_OFFLOAD
 from benchmarks.page import quick, table_main
+from benchmarks.speed_public import autofit_cli
 from benchmarks.speed_public import table as published_table
 from benchmarks.speed_terms import table as terms_table
 
@@ -100,8 +99,8 @@ def rows(root: Path) -> Tuple[List[Dict], Tuple[float, ...]]:
 def _search(out: Path, model: str, algo: str, length: int, batch: int) -> Path:
     """A search on this machine, whose best.json brings the estimate this machine's rates and the speed's
     calibration (``--from``), as a user's own search does."""
-    _cli("search", "--model", model, "--algo", algo, "--device", "cpu", "--gpu-memory", BUDGET, "--max-length",
-         str(length), "--effective-batch", str(batch), "--out", str(out), "-q")
+    autofit_cli("search", "--model", model, "--algo", algo, "--device", "cpu", "--gpu-memory", BUDGET, "--max-length",
+                str(length), "--effective-batch", str(batch), "--out", str(out), "-q")
     return out
 
 
@@ -109,8 +108,8 @@ def _door(path: Path, keys: Dict[str, Any], candidate: Candidate, calibration: P
     """The tokens/s ``autofit estimate`` predicts for the run the TRL file ``keys`` describes, checked to be the
     candidate measured (its offload is the file's own DeepSpeed block, not a rung: checked as the host's step)."""
     path.write_text(yaml.safe_dump(keys))
-    printed = _cli("estimate", "--device", "cpu", "--gpu-memory", BUDGET, "--from", str(calibration), "--json", "--",
-                   "trl", candidate.algo, "--config", str(path))
+    printed = autofit_cli("estimate", "--device", "cpu", "--gpu-memory", BUDGET, "--from", str(calibration),
+                          "--json", "--", "trl", candidate.algo, "--config", str(path))
     run = json.loads(printed)["estimates"][0]["your_run"]
     described, measured = run["configuration"]["describe"], candidate.replace(offload=None).describe()
     on_host = "optimizer (host)" in run["speed"]["seconds_by_part"]
@@ -118,13 +117,6 @@ def _door(path: Path, keys: Dict[str, Any], candidate: Candidate, calibration: P
         raise SystemExit(f"{path}: the estimate read {described!r} (optimizer on the host: {on_host}) where "
                          f"{candidate.describe()!r} was measured")
     return float(run["speed"]["tokens_per_second"])
-
-
-def _cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "autofit.cli", *args], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"autofit {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
-    return done.stdout
 
 
 def table(root: Path) -> str:

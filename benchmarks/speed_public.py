@@ -116,14 +116,20 @@ def command(row: Row) -> Tuple[str, ...]:
     return ("autofit", "estimate", "--gpu-memory", row.card, *model, "--json", "--", *launch)
 
 
+def autofit_cli(*args: str) -> str:
+    """What ``autofit ARGS`` prints, run from the repository's root as a user would; the benchmark stops where it
+    fails."""
+    done = subprocess.run([sys.executable, "-m", "autofit.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"autofit {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
 def predicted(row: Row) -> Tuple[float, Dict[str, float], str, Dict[str, Any]]:
     """The user's run's predicted tokens/s per GPU, its seconds per step by part, its configuration, and the whole
     of ``your_run`` (its memory)."""
-    done = subprocess.run([sys.executable, "-m", "autofit.cli", *command(row)[1:]], cwd=REPO, capture_output=True,
-                          text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command(row))}: exit {done.returncode}: {done.stderr.strip()}")
-    run = json.loads(done.stdout)["estimates"][0]["your_run"]
+    run = json.loads(autofit_cli(*command(row)[1:]))["estimates"][0]["your_run"]
     speed = run["speed"]
     return speed["tokens_per_second_per_gpu"], speed["seconds_by_part"], run["configuration"]["describe"], run
 
