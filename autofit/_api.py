@@ -33,6 +33,7 @@ from autofit.search import (
     Record,
     Search,
     SearchReport,
+    no_fit_hints,
     question,
     quiet_optuna,
     slot_runner,
@@ -192,7 +193,7 @@ def no_fit_message(report: SearchReport) -> str:
     return (
         f"nothing fits in {format_size(spec.budget_bytes)} even with {', '.join(last.rungs) or 'no rung'}: {seen}"
         + (f"; not measured: {refused}" if refused else "")
-        + ". Try a larger --gpu-memory, a lower --min-length, a smaller --effective-batch, or more rungs in --ladder."
+        + ". " + no_fit_hints(report)
     )
 
 

@@ -51,6 +51,7 @@ MAXIMIZE = ("batch", "length")
 VLLM_MODES = ("colocate", "server")
 GROUP_ALGOS = algorithm_names(groups=True)  # algorithms that sample num_generations completions per prompt
 RL_GROUP = or_list(algorithm_names(rl=True), "and")
+SEQUENCE_ALGOS = or_list(algorithm_names(rl=False), "and")  # the algorithms whose searched length is --max-length
 
 
 def option(default: Any = MISSING, *, help: str, kind: Kind, doors: Iterable[str] = (SEARCH, FIT),
@@ -94,10 +95,10 @@ class SearchOptions:
     device: str = option("auto", help="auto, cuda or cpu (cpu: the simulated device meter)", kind=one_of(DEVICES),
                          doors=DOORS, estimate_help="cuda (a GPU with bf16 autocast and a CUDA context; auto is cuda "
                                                     "here) or cpu (the simulated meter)")
-    max_length: Optional[int] = option(help="sequence length, sft and reward (default 1024)", kind=POSITIVE_INT,
+    max_length: Optional[int] = option(help=f"sequence length: {SEQUENCE_ALGOS} (default 1024)", kind=POSITIVE_INT,
                                        doors=DOORS)
-    min_length: Optional[int] = option(help="floor for shorter sequences (default: never cut)", kind=POSITIVE_INT,
-                                       doors=DOORS)
+    min_length: Optional[int] = option(help=f"floor for shorter sequences, {SEQUENCE_ALGOS} (default: never cut)",
+                                       kind=POSITIVE_INT, doors=DOORS)
     max_completion_length: Optional[int] = option(help="completion (ppo: response) length (default 512)",
                                                   kind=POSITIVE_INT, doors=DOORS, group=RL_GROUP)
     min_completion_length: Optional[int] = option(help="floor for shorter completions", kind=POSITIVE_INT,

@@ -109,7 +109,8 @@ class SearchSpec:
              launch: Launch = Launch()) -> SearchSpec:
         """The question from checked options and what the door resolved: the device ("cuda" or "cpu"), each GPU's
         memory, the trainer's budget (``gpu_bytes`` unless given), the ranks on this machine. ``probed=False`` (the
-        estimate): nothing runs the trainer here, so the installed TRL need not have it."""
+        estimate): nothing runs the trainer here, so the installed TRL need not have it. A search on the CPU needs a
+        budget (the doors ask for it: ``autofit.search.question``, after weighing the host's memory)."""
         if device not in ("cuda", "cpu"):
             raise InputError(f"device '{device}' is not valid: accepted are {', '.join(DEVICES)}")
         missing = algorithm(options.algo).available() if factory is None and probed else None
@@ -122,8 +123,6 @@ class SearchSpec:
                 raise InputError(f"memory budget {given!r} is not valid: it must be a positive number of bytes")
         if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
             raise InputError(f"--gpus {ranks!r} is not valid: a positive number of GPUs or 'all' is accepted")
-        if device == "cpu" and gpu_bytes is None:
-            raise InputError("--gpu-memory is required on the CPU: it is the budget of the simulated device")
         length, floor = options.length, options.length_floor
         if options.effective_batch > MAX_EFFECTIVE_BATCH:
             raise InputError(f"--effective-batch {options.effective_batch} is not valid: at most "

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, TextIO, TypeVar, cast
+from typing import Callable, Dict, List, Optional, TextIO, Tuple, TypeVar, cast
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -67,12 +67,17 @@ class PlainProgress(ProbeProgress):
 
 class LineProgress(ProbeProgress):
     """Not a terminal (a pipe, a log file, CI): a line when each probe starts, so minutes between two probe lines
-    are not silence."""
+    are not silence. A probe the search runs once more (the machine failed it) starts "again", under its number."""
+
+    def __init__(self) -> None:
+        self.last: Optional[Tuple[int, str, str]] = None  # (index, kind, candidate's key) of the last one started
 
     def start(self, index: int, level: int, kind: str, candidate: Candidate, predicted_bytes: Optional[float],
               budget_bytes: Optional[int]) -> None:
-        log.info("%s %-5d [%s] %s: started%s", kind, index, "+".join(candidate.rungs) or "baseline",
-                 candidate.describe(), _memory(predicted_bytes, budget_bytes, prefix=", "))
+        again = self.last == (index, kind, candidate.key())
+        self.last = (index, kind, candidate.key())
+        log.info("%s %-5d [%s] %s: started%s%s", kind, index, "+".join(candidate.rungs) or "baseline",
+                 candidate.describe(), " again" if again else "", _memory(predicted_bytes, budget_bytes, prefix=", "))
 
 
 def _memory(predicted_bytes: Optional[float], budget_bytes: Optional[int], prefix: str = "") -> str:

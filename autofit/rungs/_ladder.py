@@ -152,11 +152,11 @@ def own_engine(candidate: Candidate) -> Optional[Tuple[str, str]]:
     return None
 
 
-def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState] = None
+def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState] = None, *, logged: bool = True
                  ) -> Tuple[List[Rung], List[str]]:
     """The rungs this machine can probe, and a note for each one left out (a rung may say why it cannot run), and one
-    for those that would replace the engine of the user's launch. With ``start``, a rung that applies to no level
-    climbed from it (sharding on one GPU) is not checked."""
+    for those that would replace the engine of the user's launch (logged unless ``logged=False``). With ``start``, a
+    rung that applies to no level climbed from it (sharding on one GPU) is not checked."""
     applied = None
     if start is not None:
         applied = {name for level in climb(start, rungs) for name in level.rungs}
@@ -185,6 +185,6 @@ def usable_rungs(rungs: Sequence[Rung], device: str, start: Optional[LadderState
                      f"{own[1]} with autofit's engine: quality levels, climbed after the rungs that keep your engine, "
                      "from the last level that changes no training; where one is chosen, best.yaml drops your "
                      "engine's keys and runs with the accelerate.yaml autofit writes")
-    for note in notes:
+    for note in notes if logged else ():
         log.info("%s", note)
     return usable, notes

@@ -1,6 +1,7 @@
 """This machine's rates for the throughput model on the CPU meter (``RATE_NAMES``: the matmul FLOP rate, the copy
 bandwidth, one operator's time, ...), measured by ``autofit.probe._rates`` in a process of its own (the search never
-imports torch): about 10 s of CPU on two cores, once per search process.
+imports torch): 4-6 s on two cores, at most ``MEASURE_TIMEOUT_S``, once per search process, and only where the
+throughput model has a timed probe to calibrate on (``autofit.search._speed_skip``).
 
 The measurement is kept in the cache folder for ``MAX_AGE_S``, for the same machine, Python and thread settings:
 searches started within that time (a user's next try, the command-line searches of a test suite) share it. What the
@@ -19,12 +20,14 @@ import sys
 import time
 from typing import Dict, Optional, Tuple
 
-from autofit.core import RATE_NAMES, InputError, atomic_write_text, cache_subfolder, read_own_file
+from autofit.core import RATE_NAMES, InputError, atomic_write_text, cache_subfolder, one_line, read_own_file
 
 log = logging.getLogger(__name__)
 
 MAX_AGE_S = 600.0
-MEASURE_TIMEOUT_S = 120
+# Bounded to seconds (4-6 s on an idle two-core machine, torch's import included): one that takes longer runs on a
+# machine too busy for its rates to mean much, and the ties of speed stay with the timing.
+MEASURE_TIMEOUT_S = 30
 _RATES: Dict[str, Optional[Tuple[float, ...]]] = {}  # this process's: measured or read once
 
 
@@ -61,8 +64,18 @@ def _measured() -> Optional[Tuple[float, ...]]:
                               timeout=MEASURE_TIMEOUT_S, check=True)
         measured = json.loads(done.stdout.strip().splitlines()[-1])
         rates = tuple(float(measured[name]) for name in RATE_NAMES)
+    except subprocess.TimeoutExpired:
+        log.info("this machine's rates were not measured within %d s: ties of speed stay with the timing",
+                 MEASURE_TIMEOUT_S)
+        return None
+    except subprocess.CalledProcessError as exc:  # its own command line is no business of the user's
+        last = exc.stderr.strip().splitlines()[-1:] if exc.stderr else []
+        log.info("this machine's rates could not be measured (exit %s%s): ties of speed stay with the timing",
+                 exc.returncode, f": {one_line(last[0])}" if last else "")
+        return None
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError) as exc:
-        log.info("this machine's rates could not be measured (%s): ties of speed stay with the timing", exc)
+        log.info("this machine's rates could not be measured (%s: %s): ties of speed stay with the timing",
+                 type(exc).__name__, one_line(exc))
         return None
     entry = {"measured_at": time.time(), "machine": _machine(), "rates": dict(zip(RATE_NAMES, rates, strict=True))}
     try:

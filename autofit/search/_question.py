@@ -40,6 +40,7 @@ from autofit.core import (
 )
 from autofit.rungs import ZERO_STAGES, resolve_ladder
 from autofit.search._faults import InfrastructureError
+from autofit.search._host_memory import check_host_memory
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ def question(options: SearchOptions, factory: Optional[str] = None, launch: Opti
                            baseline=launches.baseline(launch, options.effective_batch // (ranks * options.nodes)),
                            launch=launch)
     check_model_sizes(spec, config)
+    check_host_memory(spec)  # no GPU: the simulated device is the host's memory, and a probe beyond it is a trap
+    if spec.device == "cpu" and spec.gpu_bytes is None:
+        raise InputError("--gpu-memory is required on the CPU: it is the budget of the simulated device")
     check_engine_installed(launch)
     if options.use_vllm is not None and not vllm_installed():
         spec = dataclasses.replace(spec, notes=spec.notes + tuple(_vllm_notes(spec)))

@@ -124,6 +124,8 @@ class Search:
         if cached and self.guide.implausible(candidate, result):
             result, cached = self.store.measure(candidate, kind, key, level, run, fresh=True)
         if not cached and result.outcome is Outcome.CRASH and result.fault == INFRASTRUCTURE:  # the machine's: again
+            log.info("%s", Record(level, candidate, kind, result, cached, predicted, prior).log_line(
+                len(self.report.records) + 1) + "; not the candidate's failure: run once more")
             first, (result, _) = result, self.store.measure(candidate, kind, key, level, run, fresh=True)
             self.report.notes.append(retry_note(candidate, first, result))
         if not cached:

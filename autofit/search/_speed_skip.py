@@ -41,12 +41,14 @@ class SpeedGate:
         self.fits = list(fits) if compared and self.spec.options.maximize != "length" else []
 
     def calibration(self) -> Optional[memory_model.SpeedCalibration]:
-        """The throughput model calibrated on every timed probe so far; None without a model or rates."""
-        shape, card = self.judge.guide.shape, self.judge.card() if self.judge.guide.shape is not None else None
-        if shape is None or card is None:
-            return None
+        """The throughput model calibrated on every timed probe so far; None without a model, rates or a timed probe
+        (this machine's rates are measured only for one: ``autofit.search._machine_rates``)."""
         points = [(r.candidate, r.result.tokens_per_second) for r in self.report.records
                   if r.kind == "probe" and r.result.fits and r.result.tokens_per_second > 0]
+        shape = self.judge.guide.shape
+        card = self.judge.card() if shape is not None and points else None
+        if shape is None or card is None:
+            return None
         try:
             return memory_model.calibrate_speed(points, shape, card)
         except (KeyError, ValueError, ZeroDivisionError) as exc:  # a configuration the model cannot describe

@@ -96,7 +96,12 @@ def test_probes_without_vllm_generate_themselves_and_the_export_uses_vllm(tmp_pa
     assert colocated.key() != colocated.replace(vllm=None, vllm_utilization=None).key()
 
 
-def test_vllms_share_is_the_candidates_and_the_notes_say_it_was_estimated(tmp_path):
+def test_vllms_share_is_the_candidates_and_the_notes_say_it_was_estimated(tmp_path, monkeypatch):
+    from autofit.search import _host_memory
+
+    # a 24 GB budget on the CPU is refused on a host with less available (issue 61): not what this test asks
+    monkeypatch.setattr(_host_memory, "available_host_bytes", lambda: None)
+
     def searched(**changes) -> SearchSpec:
         fields = dict(model="Qwen/Qwen2.5-0.5B", algo="grpo", device="cpu", gpu_memory=24 * GB, out_dir=tmp_path)
         return question(SearchOptions(**{**fields, **changes}))

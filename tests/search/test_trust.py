@@ -101,3 +101,33 @@ def test_stored_probes_of_another_configuration_of_the_model_are_measured_again(
     assert edited.probes_run == first.probes_run and edited_runner.probes(steps=2)  # measured again, all of them
     assert any("measured on another configuration of the model" in note for note in edited.notes)
     shutil.rmtree(folder)
+
+
+def test_a_probe_run_once_more_says_so_in_its_start_line(tmp_path, caplog):
+    # issue 61: the issue's 7B probe killed by the host (SIGKILL) was run once more under the same number, and its
+    # "probe 1 ... started" line came twice, identical, with nothing in between to say why
+    import logging
+
+    from autofit.probe import LineProgress
+
+    spec = formula_spec(tmp_path / "out", 800 * MiB)
+    killed = ProbeResult(Outcome.CRASH, error="probe killed by signal SIGKILL (host memory exhausted?)",
+                         fault=INFRASTRUCTURE, cause="signal")
+    crashed = []
+
+    def once(candidate, steps):
+        if not crashed:
+            crashed.append(candidate.key())
+            return killed
+        return None
+
+    with caplog.at_level(logging.INFO, logger="autofit"):
+        Search(spec, FormulaRunner(spec.budget_bytes, fail_if=once), resolve_ladder(spec.ladder),
+               progress=LineProgress()).run()
+    lines = [r.getMessage() for r in caplog.records]
+    first = [line for line in lines if line.startswith("probe 1 ")]
+    started = [line for line in first if ": started" in line]
+    assert len(started) == 2 and len(set(started)) == 2, first  # not the same line twice
+    assert ": started again" in started[1]
+    between = first[first.index(started[0]) + 1:first.index(started[1])]
+    assert any("SIGKILL" in line and "once more" in line for line in between), first
