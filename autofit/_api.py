@@ -143,7 +143,7 @@ def _hand_out(spec: SearchSpec, payload: FactoryPayload, rungs: List[Rung]):
                            lost_after_s=options.worker_silence_s, build_timeout_s=options.build_timeout_s,
                            rung_steps=probe_steps(rungs))
     log.info("autofit: probes are handed out to %d worker(s): start `autofit worker --study %s` where they run",
-             options.workers, location)
+             options.workers, runner.location)
     return runner
 
 

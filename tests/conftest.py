@@ -21,6 +21,20 @@ def _autofit_cache(tmp_path_factory):
     shutil.rmtree(cache, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _queue_key(tmp_path_factory):
+    """The workers' queue key of the tests' own (never the user's ~/.config/autofit/queue.key): a search with
+    --workers creates it where missing, and every worker process the tests start reads the same one."""
+    key = tmp_path_factory.mktemp("autofit-config") / "queue.key"
+    previous = os.environ.get("AUTOFIT_QUEUE_KEY_FILE")
+    os.environ["AUTOFIT_QUEUE_KEY_FILE"] = str(key)
+    yield key
+    if previous is None:
+        os.environ.pop("AUTOFIT_QUEUE_KEY_FILE", None)
+    else:
+        os.environ["AUTOFIT_QUEUE_KEY_FILE"] = previous
+
+
 @pytest.fixture(autouse=True)
 def _environment_as_found():
     """Each test leaves the process environment as it found it. A probe run in the test's own process sets its

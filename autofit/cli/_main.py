@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from autofit import __version__
+from autofit.cli._signals import exit_code, terminate_as_interrupt
 from autofit.core import FIELDS, SEARCH, SearchOptions, add_options, given_values
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_PROBES_CANNOT_RUN = 0, 2, 3, 4
@@ -178,6 +179,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from autofit.search import InfrastructureError, question
 
     out_dir = args.out_dir or FIELDS["out_dir"].default
+    terminate_as_interrupt()
     try:
         values, read = at_door({**args.launch, **given_values(args, SEARCH)})
         options = SearchOptions(**values)
@@ -193,9 +195,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except InfrastructureError as exc:
         print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_PROBES_CANNOT_RUN
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(f"autofit: interrupted; run the same command again to resume from {out_dir}", file=sys.stderr)
-        return 130
+        return exit_code(exc)
     except OSError as exc:
         line = write_failure(exc, Path(str(out_dir)))
         if line is None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from autofit.cli._signals import exit_code, terminate_as_interrupt
 from autofit.core import DEVICE_IDS, SECONDS, InputError, Kind, one_line
 
 DEFAULT_WORKDIR = "autofit-worker"
@@ -23,7 +24,9 @@ def add_parser(commands: Any) -> None:
                     "Start one per GPU (or per --gpus of the search), e.g. under srun.")
     worker.add_argument("--study", required=True, metavar="DIR_OR_URL",
                         help="the searches' queue: the --out folder of a search (or its --worker-queue folder) on a "
-                             "shared filesystem, redis://HOST:PORT, or postgresql://USER:PASSWORD@HOST/DB")
+                             "shared filesystem, redis://HOST:PORT, or postgresql://USER@HOST/DB, the password in "
+                             "$AUTOFIT_QUEUE_PASSWORD or the file $AUTOFIT_QUEUE_PASSWORD_FILE; jobs must be signed "
+                             "with the searches' key ($AUTOFIT_QUEUE_KEY, else ~/.config/autofit/queue.key)")
     worker.add_argument("--gpus-for-probes", metavar="IDS",
                         help="the GPUs this worker's probes see, e.g. 0 or 0,1 (default: every GPU visible to it)")
     worker.add_argument("--workdir", default=DEFAULT_WORKDIR, metavar="DIR",
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from autofit.workers import serve
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    terminate_as_interrupt()
     try:
         devices = _read(DEVICE_IDS, "--gpus-for-probes", args.gpus_for_probes)
         idle_exit = _read(SECONDS, "--idle-exit", args.idle_exit)
@@ -57,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("autofit: worker interrupted; its probe is handed out again once its heartbeat stops", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print("autofit: worker interrupted; the probe it ran (if any) is handed back to its search", file=sys.stderr)
+        return exit_code(exc)
     print(f"autofit worker: {served} probe(s) run")
     return 0

@@ -109,8 +109,9 @@ from autofit.core._outcome import (
     error_origin,
     user_file,
 )
-from autofit.core._outdir import PHASE_FILE, PID_FILE, exclusive, record_probe_process
+from autofit.core._outdir import PHASE_FILE, PID_FILE, check_folder_private, exclusive, record_probe_process
 from autofit.core._registry import UnknownModelError, needs_own_code, resolve_model
+from autofit.core._secrets import masked, masked_argv, scrubbed, url_parts, url_secrets
 from autofit.core._settings import LoraSettings, QuantSettings, runnable_attention
 from autofit.core._sizes import format_size, parse_size
 from autofit.core._spec import FACTORIES, MAX_EFFECTIVE_BATCH, SEARCHED_ARGS, Baseline, SearchSpec
@@ -140,4 +141,5 @@ __all__ = [
     "one_line", "driver_version", "read_own_file", "RATE_NAMES", "DEVICE_IDS", "SECONDS", "Kind",
     "other_processes", "others_bytes", "parse_size", "ppo_available", "record_probe_process", "resolve_device",
     "resolve_gpus", "resolve_model", "user_file", "visible_gpu_count", "vllm_installed",
+    "check_folder_private", "masked", "masked_argv", "scrubbed", "url_parts", "url_secrets",
 ]

@@ -41,6 +41,7 @@ from autofit.core._kinds import (
     one_of,
 )
 from autofit.core._kinds import AUTO_VERIFY as AUTO_VERIFY  # re-exported: the spec's verification plan reads it
+from autofit.core._secrets import masked
 from autofit.core._sizes import card_names
 
 SEARCH, ESTIMATE, FIT = "search", "estimate", "fit"
@@ -136,8 +137,9 @@ class SearchOptions:
              "here: up to N probes at once, as --gpus-for-probes, through the queue in --worker-queue",
         kind=POSITIVE_INT, metavar="N")
     worker_queue: Optional[str] = option(
-        help="where the workers take probes from (their --study): a folder on a filesystem they share, "
-             "redis://HOST:PORT or postgresql://USER:PASSWORD@HOST/DB (default: the --out folder)", kind=TEXT,
+        help="where the workers take probes from (their --study): a folder on a filesystem they share that only you "
+             "can write to, redis://HOST:PORT or postgresql://USER@HOST/DB, the password in $AUTOFIT_QUEUE_PASSWORD or "
+             "the file $AUTOFIT_QUEUE_PASSWORD_FILE (default: the --out folder)", kind=TEXT,
         metavar="DIR_OR_URL")
     worker_silence_s: float = option(
         60.0, help="seconds without a worker's heartbeat after which its probe is handed out again (default 60)",
@@ -222,7 +224,7 @@ class SearchOptions:
             raise InputError("--workers and --gpus-for-probes both say where probes run: give one (a worker has "
                              "--gpus-for-probes of its own)")
         if self.worker_queue is not None and self.workers is None:
-            raise InputError(f"--worker-queue {self.worker_queue} applies with --workers N: give the number of "
+            raise InputError(f"--worker-queue {masked(self.worker_queue)} applies with --workers N: give the number of "
                              "workers")
         if self.dtype is not None and unit.config_class and not unit.model_init_kwargs:
             raise InputError(f"--dtype does not apply to {self.algo}: {unit.config_class.rsplit(':', 1)[-1]} has no "
@@ -253,6 +255,8 @@ class SearchOptions:
         """The request as best.json keeps it: every option the user's door takes, JSON-safe."""
         data = asdict(self)
         data["out_dir"] = str(self.out_dir)
+        if self.worker_queue is not None:
+            data["worker_queue"] = masked(self.worker_queue)  # best.json is 0644: never a password
         if isinstance(self.ladder, tuple):
             data["ladder"] = list(self.ladder)
         return data
@@ -261,7 +265,7 @@ class SearchOptions:
 def refused(name: str, value: Any) -> InputError:
     kind = FIELDS[name].metadata["kind"]
     words = (kind.explain(value) if kind.explain else None) or kind.phrase
-    return InputError(f"{flag(name)} {value!r} is not valid: {words}")
+    return InputError(f"{flag(name)} {masked(repr(value))} is not valid: {words}")
 
 
 def flag(name: str) -> str:

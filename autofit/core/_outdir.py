@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from autofit.core._errors import InputError
 from autofit.core._files import atomic_write_text, cache_dir
+from autofit.core._secrets import masked_argv
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def _describe(holder: Dict[str, Any]) -> str:
     started = holder.get("started")
     when = datetime.datetime.fromtimestamp(started).isoformat(timespec="seconds") if isinstance(started, (int, float)) \
         else "an unknown time"
-    command = " ".join(holder.get("argv") or [])[:200]
+    command = " ".join(masked_argv(holder.get("argv") or []))[:200]
     return f"pid {holder.get('pid')} on {holder.get('host')}, started {when}" + (f" ({command})" if command else "")
 
 
@@ -90,7 +91,8 @@ def exclusive(out_dir: Path) -> Iterator[List[str]]:
         notes.append(f"the search that held {out_dir} before ({_describe(previous)}) ended without releasing it "
                      "(killed?): taken over")
     notes += kill_orphan_probes(out_dir)
-    me = {"pid": os.getpid(), "started": time.time(), "host": socket.gethostname(), "argv": sys.argv, "released": False}
+    me = {"pid": os.getpid(), "started": time.time(), "host": socket.gethostname(), "argv": masked_argv(sys.argv),
+          "released": False}
     _rewrite(fd, me)
     for note in notes:
         log.warning("%s", note)
@@ -120,18 +122,24 @@ def check_owned(out_dir: Path) -> None:
     (a link put there for best.json, a study that poisons the answer): refused."""
     if not out_dir.exists():
         return
-    info = out_dir.stat()
-    if info.st_uid != os.geteuid():
-        raise InputError(f"--out {out_dir} belongs to another user (uid {info.st_uid}): use a folder of yours")
-    if info.st_mode & 0o002:
-        raise InputError(f"--out {out_dir} can be written by every user (mode {oct(info.st_mode & 0o777)}): use a "
-                         "folder others cannot write to, e.g. chmod o-w it")
-    if info.st_mode & 0o020 and _shared_group(info.st_gid):
-        raise InputError(f"--out {out_dir} can be written by its group (gid {info.st_gid}, which has other users; "
-                         f"mode {oct(info.st_mode & 0o777)}): use a folder others cannot write to, e.g. chmod g-w it")
+    check_folder_private(out_dir, f"--out {out_dir}")
     for name in ("study.journal", "probes"):
         if (out_dir / name).is_symlink():
             raise InputError(f"--out {out_dir}: {name} is a symbolic link; autofit does not write through links")
+
+
+def check_folder_private(folder: Path, label: str) -> None:
+    """Refuse, with one line starting with ``label``, a folder another user owns, or that every user, or a group
+    with other users in it, may write to (a user's own private group, the usual with umask 002, is fine)."""
+    info = folder.stat()
+    if info.st_uid != os.geteuid():
+        raise InputError(f"{label} belongs to another user (uid {info.st_uid}): use a folder of yours")
+    if info.st_mode & 0o002:
+        raise InputError(f"{label} can be written by every user (mode {oct(info.st_mode & 0o777)}): use a "
+                         "folder others cannot write to, e.g. chmod o-w it")
+    if info.st_mode & 0o020 and _shared_group(info.st_gid):
+        raise InputError(f"{label} can be written by its group (gid {info.st_gid}, which has other users; "
+                         f"mode {oct(info.st_mode & 0o777)}): use a folder others cannot write to, e.g. chmod g-w it")
 
 
 def _shared_group(gid: int) -> bool:

@@ -14,6 +14,7 @@ preloaded too: each probe is spared their imports (about 1.5 s of a tiny model's
 import importlib
 import logging
 import os
+import signal
 
 log = logging.getLogger(__name__)
 
@@ -43,4 +44,10 @@ def preload_modules() -> bool:
     return bool(torch.cuda.is_initialized())
 
 
+# Ctrl-C reaches every process of the terminal's group, this server too; multiprocessing's forkserver ignores SIGINT
+# only once its preload is done, and a Ctrl-C during these seconds of imports printed a 30-line KeyboardInterrupt
+# traceback under the search's (or the worker's) one line. Started from the main thread, the server inherits SIGINT
+# ignored (``_runner._server_deaf_to_ctrl_c``); from a slot's thread it is ignored from here on. The search and the
+# worker handle Ctrl-C; this server ends when they close its pipe.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 cuda_initialized = preload_modules()

@@ -15,12 +15,13 @@ import copy
 import json
 import logging
 import multiprocessing
+import signal
 import sys
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, Optional, Protocol, Sequence, Tuple, Union
 
 from autofit.core import (
     BAD_FORK,
@@ -150,7 +151,7 @@ class ProcessRunner:
             args=(self.factory, candidate, self.budget_bytes, str(result_path), str(probe_dir / "probe.log")),
             kwargs={"env": dict(self.device_env)}, name=f"autofit-probe-{self._count}",
         )
-        with _main_module_left_alone():
+        with _main_module_left_alone(self._context):
             process.start()
         stopped = False
         try:
@@ -192,7 +193,7 @@ class ProcessRunner:
                 kwargs={"env": {**rank_env(rank, candidate.ranks, port), **self.device_env}},
                 name=f"autofit-probe-{self._count}-rank{rank}"))
         try:
-            with _main_module_left_alone():
+            with _main_module_left_alone(self._context):
                 for process in processes:
                     process.start()
             timed_out, killed = self._wait_ranks(processes, folders, probe_dir)
@@ -254,16 +255,20 @@ class ProcessRunner:
 
 
 @contextlib.contextmanager
-def _main_module_left_alone():
+def _main_module_left_alone(context: Any = None) -> Iterator[None]:
     """Start a probe without multiprocessing re-running the parent's ``__main__`` in it.
 
     multiprocessing hands every child the parent's main module (its file, or its module name) to run again as
     ``__mp_main__``, so that functions defined there can be unpickled by name. Probes do not need it (factories
     cross by value) and it does harm: a script fed on stdin has no file to run ("<stdin>"), and a script's top-level
-    code (a dataset loaded, a tensor put on the GPU) would run again in every probe. Hidden while the child starts."""
+    code (a dataset loaded, a tensor put on the GPU) would run again in every probe. Hidden while the child starts.
+
+    ``context``: the one the child starts in; a forkserver's server is started first, Ctrl-C ignored (below)."""
     with _STARTING:  # probes side by side start from threads: one hides and restores at a time
+        if context is not None and context.get_start_method() == "forkserver":
+            _server_deaf_to_ctrl_c()
         main = sys.modules["__main__"]
-        saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
+        saved: Dict[str, Any] = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
         main.__dict__.pop("__file__", None)
         if "__spec__" in saved:
             main.__spec__ = None
@@ -271,6 +276,25 @@ def _main_module_left_alone():
             yield
         finally:
             main.__dict__.update(saved)
+
+
+def _server_deaf_to_ctrl_c() -> None:
+    """Start the probe server (where it is not running) with SIGINT ignored, which it keeps: Ctrl-C reaches every
+    process of the terminal's group, and multiprocessing's server ignores it only once its preload is done, so a
+    Ctrl-C during its seconds of importing torch printed a 30-line traceback under the search's or the worker's one
+    line. The server is spawned in milliseconds (the preload runs after); a Ctrl-C within them is lost, the next is
+    not. Signals are set from the main thread only: from a slot's thread the server starts as it would
+    (``_preload`` ignores SIGINT as soon as it runs)."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _last_phase(folder: Path) -> str:

@@ -56,7 +56,7 @@ def _forked(command: Sequence[str], argv: Sequence[str], text: str, env: Dict[st
         process = context.Process(
             target=_child, args=(list(argv), text, str(out), str(err), os.getcwd(), env),
             name="autofit-trl-config")
-        with _main_module_left_alone():
+        with _main_module_left_alone(context):
             process.start()
         try:
             process.join(timeout_s)

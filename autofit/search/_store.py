@@ -73,18 +73,21 @@ def fixed_sizes(question: str) -> Dict[str, int]:
 
 @contextlib.contextmanager
 def deferred_interrupt() -> Iterator[None]:
-    """Hold Ctrl-C until the block ends: an interrupt in the middle of a journal write would corrupt the study."""
+    """Hold Ctrl-C (and SIGTERM) until the block ends: an interrupt in the middle of a journal write would corrupt
+    the study. A signal held is raised again once its own handler is back."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    received: List[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for signum in dict.fromkeys(received):
+        signal.raise_signal(signum)
 
 
 def recover_journal(path: Path) -> bool:

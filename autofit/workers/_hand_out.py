@@ -19,9 +19,11 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 from optuna.trial import TrialState
 
-from autofit.core import INFRASTRUCTURE, Candidate, Outcome, ProbeResult
+from autofit.core import INFRASTRUCTURE, Candidate, Outcome, ProbeResult, clip, masked, one_line
 from autofit.probe import FactoryPayload, ProbeCancelled
-from autofit.workers._queue import BEAT, CANCEL, REASON, RESULT, WORKER, ProbeQueue, open_storage
+from autofit.workers._queue import BEAT, CANCEL, REASON, WORKER, ForeignTrial, ProbeQueue
+from autofit.workers._signing import queue_key
+from autofit.workers._storage import open_storage
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,8 @@ class HandOutRunner:
     def __init__(self, location: str, out_dir: Path, factory: FactoryPayload, budget_bytes: Optional[int], *,
                  timeout_s: float, lost_after_s: float, build_timeout_s: Optional[float] = None,
                  rung_steps: Sequence[Tuple[str, str]] = ()):
-        self.location = location
-        self.queue = ProbeQueue(open_storage(location))
+        self.location = masked(location)  # as messages and files name it
+        self.queue = ProbeQueue(open_storage(location), key=queue_key(create=True), where=self.location)
         self.study_name = ProbeQueue.study_name(out_dir)
         self.study = self.queue.open_study(self.study_name)
         self.factory = factory
@@ -86,8 +88,15 @@ class HandOutRunner:
                            error=f"handed out {HAND_OUTS} times, and each time: {reasons[-1]}")
 
     def close(self) -> None:
-        """The search has ended: what is still waiting is failed, and the workers may leave."""
-        self.queue.close(self.study)
+        """The search has ended, or was interrupted: what is still waiting is failed, a running probe's worker is
+        told to stop, and the workers may leave. A queue that cannot be written now is said, not raised: the
+        search's own answer (or its interruption) is what the user is told."""
+        self.stop.set()
+        try:
+            self.queue.close(self.study)
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.warning("the queue %s was not closed (%s): its workers leave after --idle-exit", self.location,
+                        one_line(exc))
 
     def _wait(self, trial_id: int, candidate: Candidate) -> Tuple[Optional[ProbeResult], str]:
         """The trial's result, or (None, why) where its worker was lost."""
@@ -100,9 +109,13 @@ class HandOutRunner:
             trial = self.queue.trial(trial_id)
             now = time.monotonic()
             if trial.state == TrialState.COMPLETE:
-                return ProbeResult.from_dict(trial.user_attrs[RESULT]), ""
+                try:
+                    return ProbeResult.from_dict(self.queue.result(self.study_name, trial)), ""
+                except (ForeignTrial, ValueError) as exc:  # a forged measurement, or one not readable: measured again
+                    log.warning("probe %s: %s; handing it out again", candidate.describe(), exc)
+                    return None, str(exc)
             if trial.state == TrialState.FAIL:  # a worker that could not run it said why
-                reason = str(trial.user_attrs.get(REASON, "failed"))
+                reason = clip(one_line(trial.user_attrs.get(REASON, "failed")), 300)
                 if reason.startswith(LOST) or trial.user_attrs.get(CANCEL):
                     return None, reason
                 return ProbeResult(outcome=Outcome.CRASH, fault=INFRASTRUCTURE, cause="worker",
@@ -117,7 +130,7 @@ class HandOutRunner:
                 if moved_at is None or beat != last_beat:
                     last_beat, moved_at = beat, now
                 elif now - moved_at > self.lost_after_s:
-                    worker = trial.user_attrs.get(WORKER, "its worker")
+                    worker = clip(one_line(trial.user_attrs.get(WORKER, "its worker")), 120)
                     reason = f"{LOST}: {worker} gave no heartbeat for {self.lost_after_s:g} s"
                     self.queue.fail(trial_id, reason)
                     self.lost += 1

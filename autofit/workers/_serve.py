@@ -15,9 +15,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from autofit.core import visible_gpu_count
+from autofit.core import clip, masked, one_line, visible_gpu_count
 from autofit.probe import ProbeCancelled, ProcessRunner
-from autofit.workers._queue import ProbeQueue, Taken, open_storage
+from autofit.workers._hand_out import ProbeJob
+from autofit.workers._queue import ProbeQueue, QueueUnreadable, Taken
+from autofit.workers._signing import queue_key
+from autofit.workers._storage import open_storage
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +43,11 @@ def serve(location: str, workdir: Path, devices: Optional[Sequence[str]] = None,
           runner_for: RunnerFor = process_runner) -> int:
     """Serve probes until the searches served have ended; returns how many probes this worker ran. ``runner_for``:
     the runner of a job (a fake one in tests)."""
-    queue = ProbeQueue(open_storage(location))
+    shown = masked(location)
+    queue = ProbeQueue(open_storage(location), key=queue_key(create=False), where=shown)
     worker = name or f"{socket.gethostname()}:{os.getpid()}"
     count = len(devices) if devices else max(1, visible_gpu_count())
-    log.info("autofit worker %s: probes from %s on %s", worker, location,
+    log.info("autofit worker %s: probes from %s on %s", worker, shown,
              f"device(s) {','.join(devices)}" if devices else f"{count} device(s)")
     served, seen, idle_since = 0, False, time.monotonic()
     while True:
@@ -66,18 +70,30 @@ def serve(location: str, workdir: Path, devices: Optional[Sequence[str]] = None,
 
 def run_one(queue: ProbeQueue, taken: Taken, workdir: Path, devices: Optional[Sequence[str]], beat_s: float,
             runner_for: RunnerFor = process_runner, worker: str = "a worker") -> None:
+    """Run one probe taken from the queue and give its result back. Interrupted (Ctrl-C), the probe is handed back
+    at once and ``KeyboardInterrupt`` goes on; a queue that can no longer be read stops the probe, and goes on."""
     job = taken.job
+    if not isinstance(job, ProbeJob):  # signed, yet not a probe: another tool's, or another version's
+        queue.fail(taken.trial_id, f"refused by a worker: its job is a {type(job).__name__}, not a probe")
+        log.warning("autofit worker: trial %d of %s is not a probe (a %s): not run", taken.number,
+                    one_line(taken.study), type(job).__name__)
+        return
     folder = Path(workdir) / re.sub(r"[^A-Za-z0-9._-]+", "_", taken.study)[-120:]
     runner = runner_for(job, folder, devices)
     stop = getattr(runner, "stop", None) or threading.Event()
-    log.info("probe %s (trial %d of %s)", job.candidate.describe(), taken.number, taken.study)
-    done = threading.Event()
+    log.info("probe %s (trial %d of %s)", job.candidate.describe(), taken.number, one_line(taken.study))
+    done, unreadable = threading.Event(), []
 
     def heartbeat() -> None:
         count = 0
         while not done.wait(beat_s):
             count += 1
-            if not queue.beat(taken.trial_id, count):  # given up on, or no longer needed: stop probing
+            try:
+                going_on = queue.beat(taken.trial_id, count)
+            except QueueUnreadable as exc:  # said by run_one, once the probe has stopped
+                unreadable.append(exc)
+                going_on = False
+            if not going_on:  # given up on, or no longer needed: stop probing
                 stop.set()
                 return
 
@@ -86,19 +102,32 @@ def run_one(queue: ProbeQueue, taken: Taken, workdir: Path, devices: Optional[Se
     try:
         result = runner.run(job.candidate, **job.plan)
     except KeyboardInterrupt:  # handed out again now, not after the search's wait for a heartbeat
-        queue.fail(taken.trial_id, f"lost: {worker} was interrupted")
+        _give_back(queue, taken, f"lost: {worker} was interrupted")
         raise
     except ProbeCancelled:
+        if unreadable:
+            raise unreadable[0] from None
         queue.fail(taken.trial_id, "cancelled")
         log.info("probe %s: cancelled by its search", job.candidate.describe())
         return
     except Exception as exc:  # noqa: BLE001 - the search is told why, and this worker serves on
-        queue.fail(taken.trial_id, f"{type(exc).__name__}: {exc}")
-        log.warning("probe %s could not run here: %s: %s", job.candidate.describe(), type(exc).__name__, exc)
+        reason = f"{type(exc).__name__}: {clip(one_line(exc), 300)}"
+        queue.fail(taken.trial_id, reason)
+        log.warning("probe %s could not run here: %s", job.candidate.describe(), reason)
         return
     finally:
         done.set()
         beating.join()
-    if not queue.finish(taken.trial_id, result.to_dict(), result.tokens_per_second):
+    if unreadable:
+        raise unreadable[0]
+    if not queue.finish(taken, result.to_dict(), result.tokens_per_second):
         log.warning("probe %s: its search had handed it out again; this result is dropped",
                     job.candidate.describe())
+
+
+def _give_back(queue: ProbeQueue, taken: Taken, reason: str) -> None:
+    """Hand an interrupted probe back; a second Ctrl-C while that is written is not a traceback."""
+    try:
+        queue.fail(taken.trial_id, reason)
+    except (KeyboardInterrupt, QueueUnreadable):
+        pass

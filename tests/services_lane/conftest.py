@@ -44,6 +44,15 @@ def wait_for_port(port: int, process: subprocess.Popen, log: Path, seconds: floa
     raise RuntimeError(f"the server did not listen on port {port} within {seconds:g} s")
 
 
+REDIS_PASSWORD = "redis-Pw-7f3a9c"  # noqa: S105 - a loopback server of the tests' own
+PG_PASSWORD = "pg-Pw-41b2e8"  # noqa: S105 - trust authentication: accepted, and must never be shown
+
+
+@pytest.fixture(scope="session")
+def service_passwords():
+    return REDIS_PASSWORD, PG_PASSWORD
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory):
     exe = shutil.which("redis-server")
@@ -53,10 +62,11 @@ def redis_url(tmp_path_factory):
     log = folder / "redis.log"
     with open(log, "w") as out:
         server = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                   "--dir", str(folder)], stdout=out, stderr=subprocess.STDOUT)
+                                   "--dir", str(folder), "--requirepass", REDIS_PASSWORD], stdout=out,
+                                  stderr=subprocess.STDOUT)
     try:
         wait_for_port(port, server, log)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0"  # its password comes from $AUTOFIT_QUEUE_PASSWORD, as the docs show
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -84,7 +94,7 @@ def postgres_url():
         run(bindir / "pg_ctl", "-D", data, "-l", log, "-w", "-t", "60", "-o",
             f"-p {port} -c listen_addresses=127.0.0.1 -k {folder} -c fsync=off", "start")
         run(bindir / "createdb", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "autofit")
-        yield f"postgresql://postgres@127.0.0.1:{port}/autofit"
+        yield f"postgresql://postgres:{PG_PASSWORD}@127.0.0.1:{port}/autofit"  # on the command line, as users still may
     finally:
         subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
                        capture_output=True)

@@ -109,7 +109,7 @@ def test_a_silent_workers_probe_is_handed_out_again_and_its_late_result_refused(
     first, second = hand_out.study.get_trials(deepcopy=False)
     assert first.state.name == "FAIL" and first.user_attrs[REASON].startswith("lost: node-dead gave no heartbeat")
     assert second.state.name == "COMPLETE" and second.user_attrs[WORKER] == "node-alive" and second.user_attrs[BEAT]
-    assert not silent.finish(taken.trial_id, ProbeResult.from_dict(second.user_attrs["result"]).to_dict(), 1.0)
+    assert not silent.finish(taken, ProbeResult.from_dict(second.user_attrs["result"]).to_dict(), 1.0)
     assert not silent.beat(taken.trial_id, 1)  # the dead node, back, is told to stop
     hand_out.close()
     thread.join(timeout=30)
