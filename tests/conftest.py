@@ -1,3 +1,4 @@
+import contextlib
 import os
 import shutil
 
@@ -8,16 +9,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@contextlib.contextmanager
+def _session_variable(name, value):
+    """``name`` set to ``value`` for the whole session, then as it was."""
+    previous = os.environ.get(name)
+    os.environ[name] = str(value)
+    try:
+        yield value
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _autofit_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("autofit-cache")
-    previous = os.environ.get("AUTOFIT_CACHE")
-    os.environ["AUTOFIT_CACHE"] = str(cache)
-    yield cache
-    if previous is None:
-        os.environ.pop("AUTOFIT_CACHE", None)
-    else:
-        os.environ["AUTOFIT_CACHE"] = previous
+    with _session_variable("AUTOFIT_CACHE", cache):
+        yield cache
     shutil.rmtree(cache, ignore_errors=True)
 
 
@@ -25,14 +35,8 @@ def _autofit_cache(tmp_path_factory):
 def _queue_key(tmp_path_factory):
     """The workers' queue key of the tests' own (never the user's ~/.config/autofit/queue.key): a search with
     --workers creates it where missing, and every worker process the tests start reads the same one."""
-    key = tmp_path_factory.mktemp("autofit-config") / "queue.key"
-    previous = os.environ.get("AUTOFIT_QUEUE_KEY_FILE")
-    os.environ["AUTOFIT_QUEUE_KEY_FILE"] = str(key)
-    yield key
-    if previous is None:
-        os.environ.pop("AUTOFIT_QUEUE_KEY_FILE", None)
-    else:
-        os.environ["AUTOFIT_QUEUE_KEY_FILE"] = previous
+    with _session_variable("AUTOFIT_QUEUE_KEY_FILE", tmp_path_factory.mktemp("autofit-config") / "queue.key") as key:
+        yield key
 
 
 @pytest.fixture(autouse=True)
