@@ -27,7 +27,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from autofit.core import clip, masked, one_line
+from autofit.core import InputError, clip, masked, one_line
 from autofit.workers._signing import job_signed, queue_key, result_signed, sign_job, sign_result
 from autofit.workers._storage import QueueUnreadable
 
@@ -56,7 +56,7 @@ def guarded(method: Callable[..., T]) -> Callable[..., T]:
     def wrapper(self: ProbeQueue, *args: Any, **kwargs: Any) -> T:
         try:
             return method(self, *args, **kwargs)
-        except (UpdateFinishedTrialError, ForeignTrial, QueueUnreadable):
+        except (UpdateFinishedTrialError, ForeignTrial, InputError):  # the key's own refusal names the key
             raise
         except Exception as exc:  # noqa: BLE001 - see above
             raise QueueUnreadable(f"the queue {self.where} cannot be read ({type(exc).__name__}: "

@@ -37,8 +37,9 @@ class Planted:
 
 
 def plant(location, name, marker, **attrs):
-    """A waiting trial in a queue study of ``name``, as anyone who can write to the store can add one."""
-    queue = ProbeQueue(open_storage(location))
+    """A waiting trial in a queue study of ``name``, as anyone who can write to the store can add one (on a machine
+    where the user's search has made the key)."""
+    queue = ProbeQueue(open_storage(location), key=queue_key(create=True))
     study = queue.open_study(name)
     payload = pickle.dumps(Planted(marker))
     user_attrs = {JOB: base64.b64encode(payload).decode(), RANKS: 1, TAG: "t"}
@@ -200,3 +201,13 @@ def test_the_key_file_is_the_users_alone(tmp_path, monkeypatch, _queue_key):
 def test_optunas_own_study_line_is_not_printed(tmp_path, capfd):
     hand_out_runner(str(tmp_path / "queue"), tmp_path / "out").close()
     assert "A new study created" not in capfd.readouterr().err
+
+
+def test_a_worker_without_the_key_says_so_and_blames_no_journal(tmp_path, monkeypatch, capsys):
+    from autofit.cli import main
+
+    plant(str(tmp_path / "queue"), "autofit-probes:evil", tmp_path / "ran")
+    monkeypatch.setenv("AUTOFIT_QUEUE_KEY_FILE", str(tmp_path / "elsewhere.key"))
+    assert main(["worker", "--study", str(tmp_path / "queue"), "--idle-exit", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("autofit: error: no queue key at ") and "cannot be read" not in err and "\n" not in err
