@@ -62,6 +62,7 @@ from autofit.core._knob_table import (
     VLLM_CONTEXT_KEY,
     VLLM_SHARE_KEY,
     user_dtype,
+    user_trusts_code,
 )
 from autofit.core._knobs import (
     as_trained,
@@ -123,6 +124,7 @@ __all__ = [
     "Launch", "LaunchEngine", "TrlFile",
     "KNOBS", "FileRun", "Knob", "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob",
     "knob_of_key", "model_args", "observe_trainer", "option_file_keys", "read_keys", "targets", "user_dtype",
+    "user_trusts_code",
     "KEY_KINDS", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
     "accelerate_notes", "classify_accelerate",
     "ESTIMATE", "FIELDS", "FIT", "SEARCH", "SEARCHED_ARGS", "Baseline", "add_options", "cache_entry", "cache_subfolder",

@@ -6,6 +6,7 @@ The kinds of ``SearchOptions``' fields (``autofit.core._options``) are declared 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
@@ -15,6 +16,10 @@ from autofit.core._sizes import parse_size
 
 AUTO_VERIFY = "auto"
 MIN_BUDGET_BYTES = 2**20
+# Probes handed out at once: the search keeps one slot per worker (a list of that length), so 10**20 hung it; 1024
+# workers are more GPUs than any search's ladder has probes for (docs/decisions.md)
+MAX_WORKERS = 1024
+_WHOLE = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,20 @@ def _not_utf8(value: Any) -> Optional[str]:
             "it: rename it")
 
 
+def whole(text: str) -> int:
+    """A whole number as a person types it: ASCII digits, an optional sign, spaces around. Python's ``int`` also reads
+    ``1_0`` as 10 and other scripts' digits (``\u0661``): a typo read as another device or count is refused instead."""
+    if not _WHOLE.fullmatch(text.strip()):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(text)
+
+
 def _gpu_count(text: str) -> Union[int, str]:
-    return "all" if text.strip().lower() == "all" else int(text)
+    return "all" if text.strip().lower() == "all" else whole(text)
 
 
 def _device_ids(text: str) -> Tuple[int, ...]:
-    return tuple(int(word) for word in text.split(","))
+    return tuple(whole(word) for word in text.split(","))
 
 
 def _distinct_indices(value: Any) -> bool:
@@ -65,7 +78,7 @@ def _distinct_indices(value: Any) -> bool:
 
 
 def _verify_steps(text: str) -> Union[int, str]:
-    return AUTO_VERIFY if text == AUTO_VERIFY else int(text)
+    return AUTO_VERIFY if text == AUTO_VERIFY else whole(text)
 
 
 def _size(value: Any) -> bool:
@@ -95,15 +108,19 @@ def one_of(choices: Sequence[str]) -> Kind:
 TEXT = Kind("a non-empty string is accepted", lambda v: isinstance(v, str) and bool(v) and _utf8(v),
             explain=_not_utf8)
 FLAG = Kind("True or False is accepted", lambda v: isinstance(v, bool))
-POSITIVE_INT = Kind("a positive integer is accepted", lambda v: _is_int(v) and v >= 1, int)
+POSITIVE_INT = Kind("a positive integer is accepted", lambda v: _is_int(v) and v >= 1, whole)
+WORKERS = Kind(f"a whole number of workers from 1 to {MAX_WORKERS} is accepted",
+               lambda v: _is_int(v) and 1 <= v <= MAX_WORKERS, whole)
 MAX_STEPS = 1000  # a probe or check run measures memory and speed; far more steps add hours, not answers
 PROBE_STEPS = Kind(f"a probe needs at least 2 optimizer steps, and at most {MAX_STEPS}",
-                   lambda v: _is_int(v) and 2 <= v <= MAX_STEPS, int)
+                   lambda v: _is_int(v) and 2 <= v <= MAX_STEPS, whole)
 GENERATIONS = Kind("GRPO/RLOO need at least 2 completions per prompt to compare them",
-                   lambda v: _is_int(v) and v >= 2, int)
+                   lambda v: _is_int(v) and v >= 2, whole)
 SECONDS = Kind("a positive, finite number of seconds is accepted", lambda v: _is_number(v) and 0 < v < math.inf,
                float)
-FRACTION = Kind("a fraction between 0 and 1 is accepted", lambda v: _is_number(v) and 0 < v < 1, float)
+# vLLM's CacheConfig.gpu_memory_utilization is Field(gt=0, le=1): the whole card is a share vLLM takes
+SHARE = Kind("a share of the GPU above 0 and at most 1 is accepted (vLLM's gpu_memory_utilization)",
+             lambda v: _is_number(v) and 0 < v <= 1, float)
 HEADROOM = Kind("use a fraction from 0 to 0.5, e.g. 0.03", lambda v: _is_number(v) and 0 <= v < 0.5, float)
 BETA = Kind("a finite number, 0 or more, is accepted", lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
             float)

@@ -243,5 +243,13 @@ def user_dtype(user_args: Any) -> Optional[str]:
     return str(found) if found else None
 
 
+def user_trusts_code(user_args: Any) -> bool:
+    """Whether the user's own ``model_init_kwargs`` load the model with ``trust_remote_code``: TRL's scripts put these
+    over ModelConfig's (``model_init_kwargs.update(training_args.model_init_kwargs)``), so the model's own code runs,
+    as with ``trust_remote_code: true``."""
+    init = dict(user_args or {}).get(INIT_KWARGS)
+    return isinstance(init, Mapping) and init.get("trust_remote_code") is True
+
+
 KNOBS = (BATCH, CHECKPOINTING, LENGTH, OPTIM, LORA, DTYPE, QUANTIZATION, ACTIVATION_OFFLOAD, PRECOMPUTE_REF, LIGER,
          ATTENTION, TRUST_REMOTE_CODE, NUM_GENERATIONS, BETA, VLLM, ENV, ENGINE)

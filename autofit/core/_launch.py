@@ -26,6 +26,9 @@ class TrlFile:
     defaults: Dict[str, Any] = field(default_factory=dict)  # the config classes' defaults of the keys written
     launch: Dict[str, Any] = field(default_factory=dict)  # what the launch tells accelerate (``_trl_config``)
     flagged: Dict[str, Any] = field(default_factory=dict)  # the keys the launch's flags set, not the file
+    # the values a written key's field takes where it declares a fixed set (its metadata's "choices"): TRL's argparse
+    # checks them on its command line, never on a config file's values
+    choices: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
 
     def wrote(self, key: str) -> bool:
         return key in self.written

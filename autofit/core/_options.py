@@ -25,7 +25,6 @@ from autofit.core._kinds import (
     DEVICE_IDS,
     FLAG,
     FOLDER,
-    FRACTION,
     GENERATIONS,
     GPUS,
     HEADROOM,
@@ -33,10 +32,12 @@ from autofit.core._kinds import (
     POSITIVE_INT,
     PROBE_STEPS,
     SECONDS,
+    SHARE,
     SIZE,
     TEXT,
     VERIFY_STEPS,
     WORDS,
+    WORKERS,
     Kind,
     one_of,
 )
@@ -113,7 +114,7 @@ class SearchOptions:
              "vLLM is installed, estimated where not", kind=one_of(VLLM_MODES), doors=DOORS, group=RL_GROUP,
         metavar="MODE")
     vllm_gpu_memory_utilization: float = option(0.3, help="colocate: the share of each GPU vLLM takes (TRL's default "
-                                                          "0.3)", kind=FRACTION, doors=DOORS, group=RL_GROUP)
+                                                          "0.3)", kind=SHARE, doors=DOORS, group=RL_GROUP)
     beta: Optional[float] = option(help="KL coefficient (grpo, rloo, dpo, kto); > 0 loads and measures the reference "
                                         "model", kind=BETA, doors=DOORS, group=RL_GROUP)
     effective_batch: int = option(8, help="micro-batch x accumulation x GPUs, kept exactly (default 8)",
@@ -135,7 +136,7 @@ class SearchOptions:
     workers: Optional[int] = option(
         help="hand probes out to N `autofit worker` processes (on this machine or others) instead of running them "
              "here: up to N probes at once, as --gpus-for-probes, through the queue in --worker-queue",
-        kind=POSITIVE_INT, metavar="N")
+        kind=WORKERS, metavar="N")
     worker_queue: Optional[str] = option(
         help="where the workers take probes from (their --study): a folder on a filesystem they share that only you "
              "can write to, redis://HOST:PORT or postgresql://USER@HOST/DB, the password in $AUTOFIT_QUEUE_PASSWORD or "

@@ -20,6 +20,7 @@ from autofit.launch._accelerate_file import check_deepspeed_argument, read_accel
 from autofit.launch._engine import launch_engine
 from autofit.launch._run import option_values, passed_through
 from autofit.launch._trl_file import read_trl_file
+from autofit.launch._trl_values import check_trl_values
 
 # The file's key behind each option it sets, for messages that name the user's own key, not a flag they never gave.
 _FILE_KEYS = option_file_keys()
@@ -84,6 +85,7 @@ def _check_file_values(launch: Launch, from_file: Dict[str, Any], given: Mapping
         if not kind.accepts(value):
             words = (kind.explain(value) if kind.explain else None) or kind.phrase
             raise InputError(f"{file.where(key)} = {value!r} is not valid: {words}")
+    check_trl_values(file, given, from_file, _machine_gpus({**from_file, **given}))
 
 
 def _world_size(values: Mapping[str, Any]) -> int:
@@ -93,3 +95,11 @@ def _world_size(values: Mapping[str, Any]) -> int:
     if gpus == "all":
         gpus = visible_gpu_count() or 1
     return gpus * nodes if isinstance(gpus, int) and isinstance(nodes, int) and gpus > 0 and nodes > 0 else 1
+
+
+def _machine_gpus(values: Mapping[str, Any]) -> int:
+    """The GPUs of one machine that train together, ``--gpus`` (1 where it is not a number yet)."""
+    gpus = values.get("gpus", 1)
+    if gpus == "all":
+        gpus = visible_gpu_count() or 1
+    return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else 1

@@ -66,7 +66,8 @@ def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlF
     return TrlFile(path=path, algo=algo, text=text, training=training,
                    model=fields.get("model", {}), script=fields.get("script", {}),
                    written=written, defaults=data.get("defaults", {}),
-                   launch=data.get("launch") or {}, flagged=flagged)
+                   launch=data.get("launch") or {}, flagged=flagged,
+                   choices={key: tuple(values) for key, values in (data.get("choices") or {}).items()})
 
 
 def _check_written_deepspeed(path: str, text: str) -> None:

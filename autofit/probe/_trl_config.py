@@ -131,8 +131,11 @@ def read(algo: str, path: str, extra: Sequence[str] = ()) -> Dict[str, Any]:
     flagged = {word[2:].split("=", 1)[0].replace("-", "_") for word in trl_args if word.startswith("--")}
     defaults = {item.name: _plain(_default(item)) for instance in parsed for item in dataclasses.fields(instance)
                 if item.name in written or item.name in flagged}
+    choices = {item.name: [str(choice) for choice in item.metadata["choices"]] for instance in parsed
+               for item in dataclasses.fields(instance)
+               if (item.name in written or item.name in flagged) and item.metadata.get("choices")}
     return {"classes": classes, "fields": fields, "written": _plain(written), "accelerate": list(unknown),
-            "launch": _launch_settings(launch), "defaults": defaults}
+            "launch": _launch_settings(launch), "defaults": defaults, "choices": choices}
 
 
 def _default(item: dataclasses.Field[Any]) -> Any:

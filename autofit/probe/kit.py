@@ -23,7 +23,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from autofit.core import Candidate, cache_entry, cache_subfolder, entry_problem, one_line, resolve_model
+from autofit.core import (
+    Candidate,
+    cache_entry,
+    cache_subfolder,
+    entry_problem,
+    one_line,
+    resolve_model,
+    user_trusts_code,
+)
 
 log = logging.getLogger(__name__)
 ENTRY_FORMAT = 2  # how a cache entry is laid out (2: a manifest written last); another value builds every entry again
@@ -105,8 +113,10 @@ def model_path(candidate: Candidate) -> str:
     if candidate.real_weights:
         return source.local_path or candidate.model
     # a model without code of its own (no auto_map) has none to trust: built from its configuration, as TRL loads it
-    # (a bundled name with trust_remote_code had been looked up on the hub)
-    own_code = candidate.trust_remote_code and bool(source.config.get("auto_map"))
+    # (a bundled name with trust_remote_code had been looked up on the hub); the user's model_init_kwargs trust it as
+    # the flag does (TRL loads the model with them: the folder's code, which the checkpoint must carry)
+    trusted = candidate.trust_remote_code or user_trusts_code(candidate.user_args)
+    own_code = trusted and bool(source.config.get("auto_map"))
     code_from = (source.local_path or candidate.model) if own_code else None
     return str(random_checkpoint(source.config, candidate.model, code_from=code_from))
 
@@ -133,8 +143,25 @@ def random_checkpoint(config: Dict, name: str, code_from: Optional[str] = None) 
     """Write (once, under a lock, into a new folder that then takes its place) a weightless checkpoint and a
     synthesized tokenizer; an entry found damaged is written again. ``code_from``: the folder (or hub id) of a model
     that runs its own code (``--trust-remote-code``); its code goes along."""
-    return cache_entry(checkpoint_folder(config, name), _entry_key(config, "weightless"),
+    if code_from is None:
+        return cache_entry(checkpoint_folder(config, name), _entry_key(config, "weightless"),
+                           lambda folder: _write_random_checkpoint(config, folder))
+    # with the model's own code beside it, an entry of its own, keyed by that code: a checkpoint built without it (a
+    # run that did not trust it) sent TRL to look for the modules on the hub
+    return cache_entry(checkpoint_folder(config, name + "-own-code"),
+                       _entry_key(config, "weightless-own-code:" + _code_digest(code_from)),
                        lambda folder: _write_random_checkpoint(config, folder, code_from))
+
+
+def _code_digest(code_from: str) -> str:
+    """The digest of a model folder's Python modules (a hub id's code is the hub's: its name stands for it)."""
+    folder = Path(code_from)
+    if not folder.is_dir():
+        return code_from
+    digest = hashlib.sha256()
+    for module in sorted(folder.glob("*.py")):
+        digest.update(module.name.encode() + b"\0" + module.read_bytes())
+    return digest.hexdigest()
 
 
 def _write_random_checkpoint(config: Dict, folder: Path, code_from: Optional[str] = None) -> None:

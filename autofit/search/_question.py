@@ -35,6 +35,7 @@ from autofit.core import (
     resolve_device,
     resolve_gpus,
     resolve_model,
+    user_trusts_code,
     visible_gpu_count,
     vllm_installed,
 )
@@ -161,7 +162,7 @@ def model_config(options: SearchOptions, probed: bool = True) -> Dict[str, Any]:
     if probed and not options.real_weights and not isinstance(text.get("vocab_size"), int):
         raise InputError(f"model '{one_line(options.model)}': its configuration has no \"vocab_size\" (an integer), "
                          "which the synthesized tokenizer of random-weight probes needs; add it, or use --real-weights")
-    check_model_code(options.model, config, options.trust_remote_code)
+    check_model_code(options.model, config, options.trust_remote_code or user_trusts_code(options.training_args))
     return config
 
 
@@ -242,4 +243,5 @@ def check_model_code(name: str, config: Dict[str, Any], trust_remote_code: bool)
     if model_type is not None and not trust_remote_code:
         raise InputError(f"model '{one_line(name)}' has model_type '{one_line(model_type)}', which transformers does "
                          "not know: it needs the model's own code (auto_map in its config.json), and autofit runs it "
-                         "only with --trust-remote-code (trust_remote_code=True in fit())")
+                         "only with --trust-remote-code (trust_remote_code=True in fit(), or "
+                         "model_init_kwargs: {trust_remote_code: true} in --config)")

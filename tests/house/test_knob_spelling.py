@@ -18,6 +18,7 @@ OTHER_VOCABULARIES = {
     "launch/_engine.py": {"activation_checkpointing"},  # fsdp_config's own key (FSDP's checkpointing)
     "core/_compat.py": {"activation_checkpointing", "gradient_checkpointing"},  # the field's name by version
     "core/_options.py": {"use_vllm"},  # the option --use-vllm
+    "launch/_trl_values.py": {"use_vllm"},  # the option --use-vllm, as the door's values and the file's options name it
     "core/_settings.py": {"use_rslora"},  # LoraSettings' field
     "search/_guide.py": {"lora_alpha"},  # peft's LoraConfig field, read back from a built trainer
 }
