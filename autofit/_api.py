@@ -120,12 +120,13 @@ def _search(spec: SearchSpec, rungs: List[Rung], payload: FactoryPayload, callba
             except (FactoryError, InfrastructureError):
                 export.write(search.report, spec.options.out_dir)  # best.json says what was measured and why it stopped
                 raise
-    finally:
-        if slots is not None:
-            slots.close()
-        if hand_out is not None:
-            hand_out.close()
-        progress.close()
+    finally:  # each closed even when the one before it is interrupted (a second Ctrl-C): the queue above all
+        with contextlib.ExitStack() as closing:
+            closing.callback(progress.close)
+            if hand_out is not None:
+                closing.callback(hand_out.close)
+            if slots is not None:
+                closing.callback(slots.close)
     export.write(search.report, spec.options.out_dir)
     write_report(spec.options.out_dir)
     return search.report

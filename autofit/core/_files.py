@@ -23,13 +23,16 @@ from autofit.core._errors import InputError
 
 log = logging.getLogger(__name__)
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+# Control characters (C0, DEL, C1), line and paragraph separators, the bidirectional overrides and isolates (a name
+# with U+202E shows its text reversed: a line that reads as another), and lone surrogates (no terminal can print one).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 MANIFEST = ".autofit-manifest.json"  # a cache entry's last file: its key, and each file's size and digest
 _HEADER_LIMIT = 100 * 2**20  # a safetensors header longer than this is not one a checkpoint writer wrote
 
 
 def one_line(text: object) -> str:
-    """``text`` with control characters (newlines among them) escaped: it cannot start a line of its own."""
+    """``text`` with control characters (newlines among them), bidirectional overrides and lone surrogates escaped: it
+    cannot start a line of its own, nor show as other text."""
     return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode(), str(text))
 
 

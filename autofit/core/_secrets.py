@@ -5,15 +5,12 @@ text as a message or a file may hold it; ``masked_argv`` a command line (the loc
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Tuple
-from urllib.parse import parse_qsl, unquote
+from typing import Iterable, List, Optional, Tuple
+from urllib.parse import unquote
 
 MASK = "***"
 # Query parameters (and libpq DSN keywords) that carry a secret: Redis' and libpq's password, tokens, keys of auth.
 SECRET_NAME = re.compile(r"pass|pwd|secret|token|auth|credential", re.IGNORECASE)
-# A lone name in a URL's userinfo is a user for a database, and may be the password for Redis (``redis://PW@host``
-# is how some providers print it): masked there.
-LONE_USERINFO_SECRET = ("redis", "rediss", "unix")
 DSN_WORD = re.compile(r"(?P<name>\b[A-Za-z_]+)\s*=\s*(?P<value>'(?:[^'\\]|\\.)*'|\S+)")
 
 
@@ -21,8 +18,8 @@ def masked(text: str) -> str:
     """``text`` with every password it holds replaced by ``***``: a URL's userinfo password, its secret query
     parameters, and ``name=value`` words whose name says secret (a DSN). Text without a secret is returned as is."""
     if "://" in text:
-        text = _masked_url(text)
-    if "=" in text and "://" not in text:
+        return _masked_url(text)
+    if "=" in text:
         text = DSN_WORD.sub(lambda m: f"{m['name']}={MASK}" if SECRET_NAME.search(m["name"]) else m[0], text)
     return text
 
@@ -38,45 +35,55 @@ def _masked_url(text: str) -> str:
     if "=" in head:  # --worker-queue=redis://...
         prefix, _, head = head.rpartition("=")
         prefix += "="
-    scheme = head.split("+", 1)[0].lower()
-    authority, tail = _split_authority(rest)
-    if "@" in authority:
-        userinfo, _, host = authority.rpartition("@")
+    userinfo, host, tail = _url_split(head, rest)
+    if userinfo is not None:
         if ":" in userinfo:
             userinfo = f"{userinfo.split(':', 1)[0]}:{MASK}"
-        elif scheme in LONE_USERINFO_SECRET:
+        elif not _lone_user_named(head):
             userinfo = MASK
-        authority = f"{userinfo}@{host}"
-    if "?" in tail:
-        path, _, query = tail.partition("?")
-        query, hash_mark, fragment = query.partition("#")
-        tail = f"{path}?{_masked_query(query)}{hash_mark}{fragment}"
-    return f"{prefix}{head}{sep}{authority}{tail}"
+        host = f"{userinfo}@{host}"
+    return f"{prefix}{head}{sep}{host}{QUERY_SECRET.sub(lambda m: m[1] + MASK, tail)}"
+
+
+# A secret query parameter anywhere after the host (``?password=PW``, ``&sslpassword=PW``, ``;password=PW``): its value
+# ends at the next parameter or fragment.
+QUERY_SECRET = re.compile(r"((?<=[?&;])[^=&;#?/]*(?:pass|pwd|secret|token|auth|credential)[^=&;#?/]*=)[^&;#]*",
+                          re.IGNORECASE)
+# A lone name before "@" is a user for a database's driver; for Redis (``redis://PW@host``), or a scheme autofit does
+# not know, it may be the password, and is masked.
+LONE_USER_SCHEMES = ("postgresql", "postgres", "mysql", "sqlite")
+
+
+def _lone_user_named(head: str) -> bool:
+    return head.strip().split("+", 1)[0].lower() in LONE_USER_SCHEMES
 
 
 def url_parts(url: str) -> Tuple[str, str, str]:
-    """A URL's scheme, its host part (userinfo included) and the rest (a path, a query), split as its password may
-    hold any character: the host part ends at the first ``/``, ``?`` or ``#`` after its last ``@``."""
+    """A URL's scheme, its host part (userinfo included) and the rest (a path, a query), split as ``_url_split``."""
     head, _, rest = url.partition("://")
-    return (head, *_split_authority(rest))
+    userinfo, host, tail = _url_split(head, rest)
+    return head, host if userinfo is None else f"{userinfo}@{host}", tail
 
 
-def _split_authority(rest: str) -> Tuple[str, str]:
-    """The host part and what follows it (a path, a query): the host part ends at the first ``/``, ``?`` or ``#``
-    after the last ``@`` (a password may hold any of them)."""
-    start = rest.rfind("@") + 1
-    for index in range(start, len(rest)):
-        if rest[index] in "/?#":
-            return rest[:index], rest[index:]
-    return rest, ""
+def _url_split(head: str, rest: str) -> Tuple[Optional[str], str, str]:
+    """The userinfo (None where there is none), the host and what follows, of the text after ``scheme://``.
 
-
-def _masked_query(query: str) -> str:
-    words = []
-    for word in query.split("&"):
-        name, equals, _ = word.partition("=")
-        words.append(f"{name}={MASK}" if equals and SECRET_NAME.search(unquote(name)) else word)
-    return "&".join(words)
+    As RFC 3986 reads it, the host part ends at the first ``/``, ``?`` or ``#``, and an ``@`` in it ends the userinfo.
+    A password typed unencoded may hold those characters (``redis://:a/b?c@h``): where the host part has no ``@`` but
+    a later one follows, and the host part has a colon with something other than a port after it, the userinfo runs
+    to that last ``@``. A query's own ``@`` (``?user=admin@server``) after a host and port is left a query's."""
+    end = next((index for index, char in enumerate(rest) if char in "/?#"), len(rest))
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:
+        userinfo, _, host = authority.rpartition("@")
+        return userinfo, host, tail
+    if "@" in tail and ":" in authority and not authority.startswith("["):
+        after_colon = authority.split(":", 1)[1]
+        if not after_colon.isdigit():
+            userinfo, _, remainder = rest.rpartition("@")
+            cut = next((index for index, char in enumerate(remainder) if char in "/?#"), len(remainder))
+            return userinfo, remainder[:cut], remainder[cut:]
+    return None, authority, tail
 
 
 def scrubbed(text: str, secrets: Iterable[str]) -> str:
@@ -90,14 +97,12 @@ def scrubbed(text: str, secrets: Iterable[str]) -> str:
 def url_secrets(url: str) -> List[str]:
     """The passwords ``url`` holds, as typed and as decoded (to scrub them from a driver's message)."""
     head, _, rest = url.partition("://")
-    authority, tail = _split_authority(rest)
+    userinfo, _, tail = _url_split(head, rest)
     found = []
-    if "@" in authority:
-        userinfo = authority.rpartition("@")[0]
+    if userinfo is not None:
         if ":" in userinfo:
             found.append(userinfo.split(":", 1)[1])
-        elif head.split("+", 1)[0].lower() in LONE_USERINFO_SECRET:
+        elif not _lone_user_named(head):
             found.append(userinfo)
-    query = tail.partition("?")[2].partition("#")[0]
-    found += [value for name, value in parse_qsl(query, keep_blank_values=True) if SECRET_NAME.search(name)]
+    found += [match[0][len(match[1]):] for match in QUERY_SECRET.finditer(tail)]
     return sorted({form for secret in found for form in (secret, unquote(secret)) if form}, key=len, reverse=True)

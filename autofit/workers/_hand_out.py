@@ -92,11 +92,19 @@ class HandOutRunner:
         told to stop, and the workers may leave. A queue that cannot be written now is said, not raised: the
         search's own answer (or its interruption) is what the user is told."""
         self.stop.set()
-        try:
-            self.queue.close(self.study)
-        except Exception as exc:  # noqa: BLE001 - see above
-            log.warning("the queue %s was not closed (%s): its workers leave after --idle-exit", self.location,
-                        one_line(exc))
+        interrupted: Optional[KeyboardInterrupt] = None
+        for _ in range(3):  # a second Ctrl-C while it closes: closed all the same, then the interruption goes on
+            try:
+                self.queue.close(self.study)
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.warning("the queue %s was not closed (%s): its workers leave after --idle-exit", self.location,
+                            one_line(exc))
+                break
+        if interrupted is not None:
+            raise interrupted
 
     def _wait(self, trial_id: int, candidate: Candidate) -> Tuple[Optional[ProbeResult], str]:
         """The trial's result, or (None, why) where its worker was lost."""

@@ -202,6 +202,10 @@ class ProbeQueue:
                 except ForeignTrial as exc:
                     self._refuse(name, trial, str(exc))
                     continue
+                except Exception as exc:  # noqa: BLE001 - whatever else a store's writer made: refused, never fatal
+                    self._refuse(name, trial, f"its fields cannot be read ({type(exc).__name__}: "
+                                              f"{clip(one_line(exc), 120)})")
+                    continue
                 self.storage.set_trial_user_attr(trial._trial_id, WORKER, worker)
                 return Taken(name, trial._trial_id, trial.number, job, trial.user_attrs[TAG])
         return None
@@ -209,7 +213,7 @@ class ProbeQueue:
     def _job(self, study: str, trial: FrozenTrial) -> Any:
         """The job a trial carries, decoded only once its signature is this user's search's."""
         text, tag = trial.user_attrs.get(JOB), trial.user_attrs.get(TAG)
-        if not isinstance(text, str) or not isinstance(tag, str):
+        if not isinstance(text, str) or not isinstance(tag, str) or not tag.isascii():
             raise ForeignTrial("it carries no job of a search's (a job and its tag)")
         if len(text) > MAX_JOB_CHARS:
             raise ForeignTrial(f"its job is {len(text):,} characters long: a search's is at most {MAX_JOB_CHARS:,}")

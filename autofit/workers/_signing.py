@@ -44,7 +44,7 @@ def queue_key(create: bool) -> bytes:
         if len(given.strip()) < MIN_KEY_CHARS:
             raise InputError(f"{KEY_ENV} holds {len(given.strip())} characters: at least {MIN_KEY_CHARS} are "
                              "accepted (e.g. the content of ~/.config/autofit/queue.key)")
-        return given.strip().encode()
+        return os.fsencode(given.strip())  # bytes as the environment holds them, UTF-8 or not
     path = key_path()
     if create:
         _create(path)
@@ -95,8 +95,15 @@ def _read(path: Path) -> bytes:
 
 
 def _mac(key: bytes, context: bytes, study: str, tag: str, payload: bytes) -> str:
-    message = b"\0".join((context, study.encode(), tag.encode(), payload))
+    # surrogatepass: a name a store's writer made (a lone surrogate) is bytes to sign, never an error
+    message = b"\0".join((context, study.encode("utf-8", "surrogatepass"), tag.encode("utf-8", "surrogatepass"),
+                           payload))
     return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def _same(expected: str, signature: Any) -> bool:
+    """``signature`` is ``expected``, compared in constant time; any other type or text is not."""
+    return isinstance(signature, str) and signature.isascii() and hmac.compare_digest(expected, signature)
 
 
 def sign_job(key: bytes, study: str, tag: str, payload: bytes) -> str:
@@ -104,7 +111,7 @@ def sign_job(key: bytes, study: str, tag: str, payload: bytes) -> str:
 
 
 def job_signed(key: bytes, study: str, tag: str, payload: bytes, signature: Any) -> bool:
-    return isinstance(signature, str) and hmac.compare_digest(sign_job(key, study, tag, payload), signature)
+    return _same(sign_job(key, study, tag, payload), signature)
 
 
 def _result_bytes(result: Dict[str, Any]) -> bytes:
@@ -116,5 +123,7 @@ def sign_result(key: bytes, study: str, tag: str, result: Dict[str, Any]) -> str
 
 
 def result_signed(key: bytes, study: str, tag: str, result: Any, signature: Any) -> bool:
-    return (isinstance(result, dict) and isinstance(signature, str)
-            and hmac.compare_digest(sign_result(key, study, tag, result), signature))
+    try:
+        return isinstance(result, dict) and _same(sign_result(key, study, tag, result), signature)
+    except (TypeError, ValueError):  # a result JSON cannot write: not a worker's
+        return False

@@ -55,7 +55,9 @@ def open_storage(location: Union[str, Path]) -> BaseStorage:
     """The storage at ``location``; one line (its password masked) where it cannot be used."""
     text = str(location)
     if not text.strip():
-        raise InputError(f"the queue '' names nothing: {ACCEPTED}")
+        raise InputError(f"the queue {text!r} names nothing: {ACCEPTED}")
+    if "://" in text:
+        text = text.strip()  # a URL pasted with a space around it
     scheme = scheme_of(text)
     if not scheme:
         return _folder(Path(text))
@@ -94,6 +96,11 @@ def with_password(url: str, scheme: str) -> str:
             raise InputError(f"{PASSWORD_FILE_ENV} {named} can be read by others: chmod 600 it")
     if not password or scheme == "sqlite":
         return url
+    try:
+        password.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{PASSWORD_ENV if os.environ.get(PASSWORD_ENV) is not None else PASSWORD_FILE_ENV} holds "
+                         "bytes that are not UTF-8 text: a password a URL can carry is accepted") from None
     secret = quote(password, safe="")
     head, authority, tail = url_parts(url)
     if scheme == "unix":  # a socket's URL has no host part: Redis reads the password as a query parameter
@@ -131,6 +138,11 @@ def _check_journal(journal: Path) -> None:
     """Optuna opens the journal by its name, following links: one that is a link, or not a regular file of this
     user's, is refused before Optuna writes a record through it. The folder is the user's own (checked), so no one
     else can put a link there after this check."""
+    lock = journal.with_name(journal.name + ".lock")  # Optuna's lock: a link to the journal while a writer holds it
+    if lock.is_symlink() and not lock.exists():  # one left pointing nowhere: Optuna's wait for it spins forever
+        lock.unlink(missing_ok=True)
+        log.warning("the queue's lock %s pointed nowhere (a journal moved away while it was held): removed",
+                    one_line(lock))
     try:
         info = os.lstat(journal)
     except FileNotFoundError:

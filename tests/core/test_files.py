@@ -249,3 +249,12 @@ def test_every_string_in_best_yaml_loads_back_as_itself():
 
     loads_back()
     assert _scalar("/models/tiny 🚀\u2028\x7f") == '"/models/tiny 🚀\\U00002028\\U0000007f"'
+
+
+def test_one_line_escapes_what_would_show_as_other_text():
+    from autofit.core import one_line
+
+    # a name a store's writer chose: U+202E shows the rest reversed, a lone surrogate cannot be printed at all (the
+    # worker's log line died on it); emoji and accents stay as they are
+    assert one_line("trial of autofit-probes:\u202eevil\ud800 \u0085x é 🚀") == \
+        "trial of autofit-probes:\\u202eevil\\ud800 \\x85x é 🚀"

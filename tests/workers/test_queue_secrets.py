@@ -27,6 +27,12 @@ PW = "s3cr3t-Pw"
     (f"mysql://u:{PW}/with?odd#chars@h/db", "mysql://u:***@h/db"),
     (f"--worker-queue=redis://:{PW}@h", "--worker-queue=redis://:***@h"),
     (f"host=h user=u password={PW} dbname=d", "host=h user=u password=*** dbname=d"),
+    (f"postgresql://127.0.0.1:1/db?user=admin@myserver&password={PW}",  # an "@" in the query before the password
+     "postgresql://127.0.0.1:1/db?user=admin@myserver&password=***"),
+    (f" redis://{PW}@127.0.0.1:1", " redis://***@127.0.0.1:1"),  # pasted with a space: not Redis' scheme to the eye
+    (f"postgresql://u:{PW}@h/db?application_name=a@b", "postgresql://u:***@h/db?application_name=a@b"),
+    (f"redis://h/0?password={PW}#x@y", "redis://h/0?password=***#x@y"),
+    (f"redis://:{PW}@[::1]:9/0", "redis://:***@[::1]:9/0"),
     ("postgresql://u@h/db", "postgresql://u@h/db"),  # a user name alone is no secret for a database
     ("/shared/queue", "/shared/queue"),
 ])
@@ -56,6 +62,14 @@ def test_no_message_shows_the_password(argv, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("autofit: error: ") and "\n" not in err and PW not in err, err
     assert "***" in err or "''" in err or "worker-queue" not in " ".join(argv), err
+
+
+def test_a_password_that_is_not_utf8_is_one_line(monkeypatch):
+    from autofit.core import InputError
+
+    monkeypatch.setenv(PASSWORD_ENV, "pw\udcff")  # the bytes b"pw\xff", as Python holds them
+    with pytest.raises(InputError, match=f"{PASSWORD_ENV} holds bytes that are not UTF-8 text"):
+        with_password("redis://h", "redis")
 
 
 def test_the_password_from_the_environment_is_not_shown_either(monkeypatch, capsys):

@@ -97,6 +97,50 @@ def test_a_worker_refuses_the_planted_job_and_runs_the_searchs_next(tmp_path):
     assert "not signed" in reasons["autofit-probes:evil2"]
 
 
+@pytest.mark.parametrize("study, attrs", [
+    ("autofit-probes:evil", {TAG: "\ud800"}),  # a lone surrogate: no text encoding takes it
+    ("autofit-probes:\ud800", {SIGNATURE: "0" * 64}),
+    ("autofit-probes:evil", {SIGNATURE: "\u00e9" * 64}),  # compare_digest refuses non-ASCII text
+    ("autofit-probes:evil", {TAG: ["t"], SIGNATURE: {"a": 1}}),
+])
+def test_a_crafted_trial_is_failed_and_the_worker_goes_on(study, attrs, tmp_path, caplog):
+    location, marker = str(tmp_path / "queue"), tmp_path / "ran"
+    queue, planted, _ = plant(location, study, marker, **attrs)
+    served = serve(location, tmp_path / "w", beat_s=0.05, name="node-a", runner_for=fake_runner, idle_exit_s=1)
+    trial = only_trial(queue, planted)
+    assert served == 0 and not marker.exists()
+    assert trial.state == TrialState.FAIL and trial.user_attrs[REASON].startswith("refused by a worker: ")
+    assert all("\ud800" not in record.getMessage() for record in caplog.records)  # escaped: a terminal prints it
+
+
+def test_a_second_ctrl_c_while_the_search_closes_its_queue_closes_it_all_the_same(tmp_path, monkeypatch):
+    hand_out = hand_out_runner(str(tmp_path / "queue"), tmp_path / "out")
+    hand_out.queue.put(hand_out.study, "job", 1)
+    close, calls = hand_out.queue.close, []
+
+    def interrupted_once(study):
+        calls.append(study)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        close(study)
+
+    monkeypatch.setattr(hand_out.queue, "close", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        hand_out.close()
+    assert [t.state for t in hand_out.study.get_trials(deepcopy=False)] == [TrialState.FAIL]
+    assert ProbeQueue(open_storage(str(tmp_path / "queue"))).open_studies() == ([], 1)
+
+
+def test_a_lock_pointing_nowhere_is_removed_not_waited_on(tmp_path):
+    folder = tmp_path / "q"
+    folder.mkdir(mode=0o700)
+    (folder / "queue.journal.lock").symlink_to(tmp_path / "moved-away.journal")  # Optuna's wait spun on it forever
+    hand_out = hand_out_runner(str(folder), tmp_path / "out")
+    hand_out.queue.put(hand_out.study, "job", 1)
+    assert not (folder / "queue.journal.lock").is_symlink() or (folder / "queue.journal.lock").exists()
+    hand_out.close()
+
+
 def test_a_signed_job_that_is_not_a_probe_is_failed_not_run(tmp_path):
     location = str(tmp_path / "queue")
     hand_out = hand_out_runner(location, tmp_path / "out")
