@@ -176,6 +176,8 @@ class ProbeQueue:
     def take(self, names: List[str], devices: int, worker: str) -> Optional[Taken]:
         """The first waiting probe of these studies that ``devices`` devices can run, now this worker's; None where
         there is none. A trial that is not a job of this user's search is failed, saying why, and never decoded."""
+        if names:
+            self.key  # noqa: B018 - read now: a worker without the key refuses itself, not the trials it would claim
         for name in names:
             try:
                 study_id = self.storage.get_study_id_from_name(name)
@@ -202,6 +204,8 @@ class ProbeQueue:
                 except ForeignTrial as exc:
                     self._refuse(name, trial, str(exc))
                     continue
+                except InputError:
+                    raise
                 except Exception as exc:  # noqa: BLE001 - whatever else a store's writer made: refused, never fatal
                     self._refuse(name, trial, f"its fields cannot be read ({type(exc).__name__}: "
                                               f"{clip(one_line(exc), 120)})")

@@ -19,7 +19,6 @@ from autofit.core import clip, masked, one_line, visible_gpu_count
 from autofit.probe import ProbeCancelled, ProcessRunner
 from autofit.workers._hand_out import ProbeJob
 from autofit.workers._queue import ProbeQueue, QueueUnreadable, Taken
-from autofit.workers._signing import queue_key
 from autofit.workers._storage import open_storage
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,9 @@ def serve(location: str, workdir: Path, devices: Optional[Sequence[str]] = None,
     """Serve probes until the searches served have ended; returns how many probes this worker ran. ``runner_for``:
     the runner of a job (a fake one in tests)."""
     shown = masked(location)
-    queue = ProbeQueue(open_storage(location), key=queue_key(create=False), where=shown)
+    # the key is read when the first probe is taken: a worker started beside its search (srun) may start before the
+    # search has written the key, never after its queue study is open
+    queue = ProbeQueue(open_storage(location), where=shown)
     worker = name or f"{socket.gethostname()}:{os.getpid()}"
     count = len(devices) if devices else max(1, visible_gpu_count())
     log.info("autofit worker %s: probes from %s on %s", worker, shown,

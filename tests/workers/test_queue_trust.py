@@ -255,3 +255,17 @@ def test_a_worker_without_the_key_says_so_and_blames_no_journal(tmp_path, monkey
     assert main(["worker", "--study", str(tmp_path / "queue"), "--idle-exit", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("autofit: error: no queue key at ") and "cannot be read" not in err and "\n" not in err
+
+
+def test_a_worker_started_before_its_search_wrote_the_key_serves_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOFIT_QUEUE_KEY_FILE", str(tmp_path / "config" / "queue.key"))  # no key yet: srun starts
+    location, served = str(tmp_path / "queue"), {}                                      # the workers first
+    worker = threading.Thread(target=lambda: served.update(count=serve(
+        location, tmp_path / "w", beat_s=0.05, name="node-a", runner_for=fake_runner, idle_exit_s=20)), daemon=True)
+    worker.start()
+    time.sleep(1.0)
+    hand_out = hand_out_runner(location, tmp_path / "out")  # the search: it writes the key, then opens its study
+    assert hand_out.run(CANDIDATE, 2).fits
+    hand_out.close()
+    worker.join(timeout=30)
+    assert served["count"] == 1
