@@ -247,3 +247,17 @@ def at_door_values(values):
     from autofit.launch import at_door
 
     return at_door(values)[0]
+
+
+def refused_in_one_line(capsys, argv, *, nothing_on_stdout: bool = False) -> str:
+    """The CLI's refusal of ``argv``: exit 2 and one ``autofit: error:`` line on stderr, no traceback; that line."""
+    from autofit import cli
+
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    assert code == 2, out.out[-800:] + out.err[-800:]
+    assert out.err.startswith("autofit: error: ") and out.err.count("\n") == 1, out.err
+    assert "Traceback" not in out.err
+    if nothing_on_stdout:
+        assert out.out == "", out.out
+    return out.err

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes import refused_in_one_line
 
 from autofit import cli
 
@@ -28,12 +29,7 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
 
 
 def _refused(capsys, argv) -> str:
-    code = cli.main(argv)
-    out = capsys.readouterr()
-    assert code == 2, out.out[-800:] + out.err[-800:]
-    assert out.err.startswith("autofit: error: ") and out.err.count("\n") == 1, out.err
-    assert "Traceback" not in out.err and out.out == ""
-    return out.err
+    return refused_in_one_line(capsys, argv, nothing_on_stdout=True)
 
 
 @pytest.mark.parametrize("plugin,key,accepted", [

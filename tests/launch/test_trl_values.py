@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import refused_in_one_line as _refused
 
 from autofit import cli
 from autofit.core import SearchOptions
@@ -39,15 +40,6 @@ def _write(tmp_path: Path, text: str, name: str = "run.yaml") -> str:
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     return str(path)
-
-
-def _refused(capsys, argv) -> str:
-    code = cli.main(argv)
-    out = capsys.readouterr()
-    assert code == 2, out.out[-800:] + out.err[-800:]
-    assert out.err.startswith("autofit: error: ") and out.err.count("\n") == 1, out.err
-    assert "Traceback" not in out.err
-    return out.err
 
 
 def _accepted(capsys, argv) -> None:
