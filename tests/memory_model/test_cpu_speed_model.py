@@ -25,7 +25,9 @@ def test_this_machines_rates_are_measured_in_a_child_and_read_by_name(monkeypatc
     assert rates is not None and len(rates) == len(RATE_NAMES)
     measured = dict(zip(RATE_NAMES, rates, strict=True))
     assert 1e8 < measured["flops"] < 1e14 and 1e8 < measured["bandwidth"] < 1e13
-    assert 1e-7 < measured["op_seconds"] < 1e-3 and 1e-12 < measured["elementwise_seconds"] < 1e-7
+    # an operator is microseconds on an idle core; CI's two cores under the whole suite measured 1.2 ms (the rate is the
+    # machine's as it is then, which is what a search there would price with), so the bound is the order it can reach
+    assert 1e-7 < measured["op_seconds"] < 1e-2 and 1e-12 < measured["elementwise_seconds"] < 1e-7
     assert 1.0 <= measured["half_rows"] <= 4096.0
     card = measured_rates_card(*rates)
     assert card.cpu and card.op_seconds == measured["op_seconds"]
