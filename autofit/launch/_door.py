@@ -37,7 +37,9 @@ def read_launch(values: Mapping[str, Any]) -> Launch:
             return Launch()
         given = read_accelerate_config(str(accelerate))
         return Launch(accelerate=given, engine=launch_engine({}, {}, {}, given))
-    file = read_trl_file(str(config), str(values.get("algo") or DEFAULT_ALGO), values.get("launch_args") or ())
+    world = _world_size(values) if values.get("gpus") is not None else None  # else the launch's own processes
+    file = read_trl_file(str(config), str(values.get("algo") or DEFAULT_ALGO), values.get("launch_args") or (),
+                         world)
     check_deepspeed_argument(file.training.get("deepspeed"), file.path)
     door = read_accelerate_config(str(accelerate)) if accelerate else None
     return Launch(file=file, accelerate=door, engine=launch_engine(file.training, file.written, file.launch, door))

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import subprocess
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import yaml
 
@@ -22,7 +22,7 @@ from autofit.core import ALGORITHMS, InputError, TrlFile, one_line
 from autofit.launch._accelerate_file import check_deepspeed_argument
 from autofit.launch._config_file import read_config_text
 from autofit.launch._flags import fold_flags
-from autofit.probe import read_trl_config
+from autofit.probe import WORLD_SIZE_ENV, read_trl_config
 
 READ_TIMEOUT_S = 300
 READABLE_ALGOS = tuple(a.name for a in ALGORITHMS.values() if a.trl_command)  # the trainers `trl` has a command for
@@ -30,17 +30,20 @@ READABLE_ALGOS = tuple(a.name for a in ALGORITHMS.values() if a.trl_command)  # 
 
 CLOCK_DEFAULTS = ("logging_dir",)  # training arguments whose default is computed from the time of reading
 
-def read_trl_file(path: str, algo: str, args: Sequence[str] = ()) -> TrlFile:
-    """The file as ``trl <algo> --config FILE ARGS`` reads it; ``InputError`` with TRL's message (one line) when it
-    refuses."""
+def read_trl_file(path: str, algo: str, args: Sequence[str] = (), world_size: Optional[int] = None) -> TrlFile:
+    """The file as ``trl <algo> --config FILE ARGS`` reads it in each of ``world_size`` processes (None: the launch's
+    own ``num_processes``, or 1); ``InputError`` with TRL's message (one line) when it refuses."""
     if algo not in READABLE_ALGOS:
         raise InputError(f"--config reads a file of the trl command's trainers ({', '.join(READABLE_ALGOS)}), "
                          f"not of '{algo}'")
-    return _parse(path, algo, read_config_text(path), tuple(args))
+    return _parse(path, algo, read_config_text(path), tuple(args), world_size)
 
 
-def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = ()) -> TrlFile:
+def _parse(path: str, algo: str, text: str, flags: Tuple[str, ...] = (), world_size: Optional[int] = None) -> TrlFile:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_VERBOSITY": "error"}
+    env.pop(WORLD_SIZE_ENV, None)
+    if world_size is not None:
+        env[WORLD_SIZE_ENV] = str(world_size)
     try:
         done = read_trl_config(algo, path, flags, text, env, READ_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:

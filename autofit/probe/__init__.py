@@ -11,8 +11,8 @@ a configuration, a synthesized tokenizer, worst-case rows) and ``autofit.probe.a
 from autofit.probe._factory import FactoryError, FactoryPayload, identity, prepare_factory
 from autofit.probe._progress import LineProgress, LiveProgress, PlainProgress, ProbeProgress, make_progress
 from autofit.probe._runner import ProbeCancelled, ProcessRunner, Runner
-from autofit.probe._trl_read import read_trl_config
+from autofit.probe._trl_read import WORLD_SIZE_ENV, read_trl_config
 
 __all__ = ["FactoryError", "FactoryPayload", "LineProgress", "LiveProgress", "PlainProgress", "ProbeCancelled",
            "ProbeProgress", "ProcessRunner", "Runner", "identity", "make_progress", "prepare_factory",
-           "read_trl_config"]
+           "WORLD_SIZE_ENV", "read_trl_config"]

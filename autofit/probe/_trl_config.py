@@ -19,6 +19,7 @@ building transformers' DeepSpeed config (which needs the package): the estimate 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -27,12 +28,13 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, Iterator, List, Sequence
 
 import yaml
 
 from autofit.core import ALGORITHMS
 
+WORLD_SIZE_ENV = "AUTOFIT_LAUNCH_WORLD_SIZE"  # the search's --gpus x --nodes, where given: the world TRL's config sees
 SCRIPTS = {a.name: a.trl_command for a in ALGORITHMS.values() if a.trl_command}  # the `trl` commands
 
 
@@ -110,10 +112,15 @@ def read(algo: str, path: str, extra: Sequence[str] = ()) -> Dict[str, Any]:
             yaml.safe_dump({key: value for key, value in written.items() if key != "deepspeed"}, handle)
     module = importlib.import_module(f"trl.scripts.{SCRIPTS[algo]}")
     parser = module.make_parser()
-    saved = dict(os.environ)
+    saved, world = dict(os.environ), _launch_world_size(module, written, trl_args, accelerate_args)
     try:
-        *parsed, unknown = parser.parse_args_and_config(args=["--config", path, "--use_cpu", *trl_args],
-                                                        return_remaining_strings=True)
+        with _at_world_size(world):
+            *parsed, unknown = parser.parse_args_and_config(args=["--config", path, "--use_cpu", *trl_args],
+                                                            return_remaining_strings=True)
+    except ValueError as exc:
+        if world == 1:
+            raise
+        raise ValueError(f"{exc} (as TRL reads the file in each of the launch's {world} processes)") from None
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -136,6 +143,50 @@ def read(algo: str, path: str, extra: Sequence[str] = ()) -> Dict[str, Any]:
                if (item.name in written or item.name in flagged) and item.metadata.get("choices")}
     return {"classes": classes, "fields": fields, "written": _plain(written), "accelerate": list(unknown),
             "launch": _launch_settings(launch), "defaults": defaults, "choices": choices}
+
+
+def _launch_world_size(module: Any, written: Dict[str, Any], trl_args: Sequence[str],
+                       accelerate_args: Sequence[str]) -> int:
+    """The processes the launch trains with, as TRL's config sees them in ``accelerate launch``'s ranks
+    (``TrainingArguments.world_size``): the search's ``--gpus`` x ``--nodes`` (``WORLD_SIZE_ENV``), else the launch's
+    ``num_processes`` (the file's key, a flag, accelerate's options or its config file), else 1. Read before the
+    config is built, from the words TRL's parser would hand to ``accelerate launch``, without building a dataclass."""
+    door = os.environ.get(WORLD_SIZE_ENV, "")
+    if door.isdigit() and int(door) > 0:
+        return int(door)
+    scan = module.make_parser()  # fresh: set_defaults_with_config changes the parser it is called on
+    try:
+        from_file = scan.set_defaults_with_config(**{k: v for k, v in written.items() if k != "env"})
+        _, from_flags = scan.parse_known_args(list(trl_args))
+    except (SystemExit, ValueError, TypeError):  # the real parse says what is wrong
+        return 1
+    settings = _launch_settings(_resolved_launch(list(from_file) + list(from_flags) + list(accelerate_args)))
+    processes = settings.get("num_processes")
+    if processes is None and isinstance(settings.get("config_file"), dict):
+        try:
+            with open(settings["config_file"]["path"]) as handle:
+                processes = (yaml.safe_load(handle) or {}).get("num_processes")
+        except (OSError, yaml.YAMLError, AttributeError):
+            processes = None
+    return processes if isinstance(processes, int) and not isinstance(processes, bool) and processes > 0 else 1
+
+
+@contextlib.contextmanager
+def _at_world_size(world: int) -> Iterator[None]:
+    """TRL's GRPO and RLOO configs check their generation batch against ``world_size`` in ``__post_init__``: here it
+    is the launch's, not this one process's 1 (a four-process file, ``per_device_train_batch_size: 1`` and
+    ``num_generations: 2``, was refused: "generation_batch_size (1) must be divisible by num_generations (2)")."""
+    if world == 1:
+        yield
+        return
+    from transformers import TrainingArguments
+
+    declared = TrainingArguments.__dict__["world_size"]
+    TrainingArguments.world_size = property(lambda self: world)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        TrainingArguments.world_size = declared  # type: ignore[method-assign]
 
 
 def _default(item: dataclasses.Field[Any]) -> Any:

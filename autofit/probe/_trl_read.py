@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional, Sequence
 
 from autofit.probe._runner import PRELOAD, _main_module_left_alone
+from autofit.probe._trl_config import WORLD_SIZE_ENV
 
 log = logging.getLogger(__name__)
+
+__all__ = ["WORLD_SIZE_ENV", "read_trl_config"]
 
 UNFORKABLE = 86  # the forked child's exit code where CUDA was initialized in the server: nothing ran
 
