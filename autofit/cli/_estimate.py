@@ -16,6 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from autofit.cli._estimate_facts import CardEstimate, card_estimate, parameters_line, phase_label
 from autofit.cli._estimate_json import estimate_json
+from autofit.cli._first_step_lines import first_step_line
 from autofit.cli._speed import comparison_lines, speed_cell, speed_lines, your_run_speed_line
 from autofit.cli._stored import load_calibration
 from autofit.core import (
@@ -162,6 +163,10 @@ def render_text(facts: CardEstimate) -> str:
     lines += [f"level {level.level} ({_rung_cell(level, None)}): {replacement_trade(level.candidate)}"
               for level in result.levels if level.candidate.replaces]  # an engine of autofit's instead of yours
     lines += speed_lines(spec, result.levels, speeds)
+    rl = algorithm(spec.options.algo).rl
+    if rl:  # the step users report failing: fine at step 1, out of memory at step 2
+        lines.append(first_step_line("level 0 (the run as asked)", result.levels[0].candidate, shape, spec.device,
+                                     facts.calibration, budget))
     lines.append("")
     expected = result.expected
     if expected is None:
@@ -182,8 +187,11 @@ def render_text(facts: CardEstimate) -> str:
             f"± {format_size(expected.ledger.total * expected.ledger.uncertainty)} of {format_size(budget)}; "
             f"{_views(expected.ledger, spec.device)}"
         )
-        if algorithm(spec.options.algo).rl:  # generation and training peak apart: the update's phases, in order
+        if rl:  # generation and training peak apart: the update's phases, in order
             lines.append(f"  {_phases_line(expected.ledger, algorithm(spec.options.algo).phases, unit, scale)}")
+            if expected.level:
+                lines.append("  " + first_step_line(f"level {expected.level}", expected.candidate, shape,
+                                                    spec.device, facts.calibration, budget))
         if result.dropped:
             lines.append(f"  without {', '.join(result.dropped)}: the level is predicted to fit without "
                          + ("it" if len(result.dropped) == 1 else "them") + " at the same micro-batch and length, "

@@ -55,6 +55,7 @@ from autofit.memory_model._checked import (
     unmodelled,
     unmodelled_args,
 )
+from autofit.memory_model._first_step import StepPeaks, step_peaks
 from autofit.memory_model._ledger import (
     PRIOR_UNCERTAINTY,
     TERM_GROUPS,
@@ -105,6 +106,7 @@ from autofit.memory_model._vllm import VLLM_MODES, candidate_share, vllm_need, v
 from autofit.memory_model._vllm_lines import vllm_lines
 
 __all__ = [
+    "StepPeaks", "step_peaks",
     "CARDS", "Card", "PRIOR_SPEED_UNCERTAINTY", "SpeedEstimate", "card_named", "measured_rates_card",
     "predict_speed",
     "SpeedCalibration", "calibrate_speed",
