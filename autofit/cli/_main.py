@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     """``autofit search``, ``estimate``, ``report`` and ``worker``; the first two take their options from
     ``SearchOptions``."""
     from autofit.cli import _estimate as estimate
+    from autofit.cli import _skills as skills
     from autofit.cli import _worker as worker
 
     parser = _Parser(prog="autofit", description="Find the best TRL training configuration that fits your GPU.",
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "`autofit search --out DIR` left in DIR.")
     report.add_argument("out_dir", metavar="DIR", help="the --out folder of a search")
     worker.add_parser(commands)
+    skills.add_parser(commands)
     return parser
 
 
@@ -183,6 +185,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from autofit.cli import _worker as worker
 
         return worker.run(args)
+    if args.command == "skills":
+        from autofit.cli import _skills as skills
+
+        return skills.run(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     if not args.as_json:
         return search(args).code
