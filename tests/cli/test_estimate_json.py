@@ -207,7 +207,8 @@ def test_several_cards_are_one_document_with_their_comparison(capsys):
     ("--model", "tiny-qwen2", "--gpu-memory", "H100,lots"),  # the second card is refused: nothing of the first
     ("--model", "tiny-qwen2", "--gpu-memory", "H100,L4", "--plot", "x.svg"),
     ("--config", "no-such-file.yaml", "--gpu-memory", "H100"),
-], ids=["bad-size", "bad-second-card", "plot-of-two", "no-file"])
+    ("--model", "tiny-qwen2", "--gpu-memory", "H100", "--no-such-flag"),  # argparse's refusal: a document too
+], ids=["bad-size", "bad-second-card", "plot-of-two", "no-file", "argparse"])
 def test_bad_input_is_one_line_on_stderr_and_a_document_without_estimates(argv):
     """Issue 61, item 5: an agent reads every answer as data, a refusal too (it was nothing on stdout)."""
     done = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", *argv, "--json"], cwd=REPO,
