@@ -39,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "skills", help="install autofit's agent skill (SKILL.md) where coding agents read skills",
         description="autofit's skill for coding agents: when to call autofit estimate, autofit search and trl <algo> "
                     "--config best.yaml, and how to read their --json documents.")
-    commands = parser.add_subparsers(dest="skills_command", required=True, parser_class=type(parser))
+    commands = parser.add_subparsers(dest="skills_command", metavar="install|show", required=True,
+                                     parser_class=type(parser))
     install = commands.add_parser("install", help="copy the skill to TARGET/autofit/SKILL.md",
                                   description="Copy autofit's SKILL.md to an agent's skills folder, or a folder.")
     install.add_argument("--target", default=DEFAULT_AGENT, metavar="AGENT_OR_DIR",

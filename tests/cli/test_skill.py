@@ -155,3 +155,12 @@ def test_the_skills_commands_run_as_written_and_their_json_says_what_the_skill_s
     assert search["answer"]["peak"]["bytes"] <= search["question"]["budget"]["bytes"]
     trained = yaml.safe_load(Path(files["best_yaml"]).read_text())
     assert {key: trained[key] for key in search["answer"]["settings"]} == search["answer"]["settings"]
+
+
+def test_skills_without_a_subcommand_names_the_accepted_ones_in_one_line(tmp_path):
+    done = autofit("skills", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == "autofit: error: the following arguments are required: install|show (see autofit skills " \
+                          "--help)\n"
+    shown = autofit("skills", "show", cwd=tmp_path)
+    assert shown.returncode == 0 and shown.stdout == skill_text()
