@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from autofit.cli._estimate_facts import CardEstimate, card_estimate, parameters_line, phase_label
-from autofit.cli._estimate_json import estimate_json
+from autofit.cli._estimate_json import estimate_json, refused_json
 from autofit.cli._first_step_lines import first_step_line
 from autofit.cli._speed import comparison_lines, speed_cell, speed_lines, your_run_speed_line
 from autofit.cli._stored import load_calibration
@@ -313,12 +313,10 @@ def run(args: argparse.Namespace) -> int:
             if options.plot:
                 plot_levels(spec, result, options.plot)
     except (InputError, ValueError) as exc:
-        print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _refused(args, one_line(exc))
     except (KeyError, TypeError, ArithmeticError, RecursionError, AttributeError) as exc:  # a crafted config.json
-        print(f"autofit: error: the configuration of model '{one_line(args.model)}' cannot be estimated "
-              f"({type(exc).__name__}: {one_line(exc)}): check its config.json", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _refused(args, f"the configuration of model '{one_line(args.model)}' cannot be estimated "
+                              f"({type(exc).__name__}: {one_line(exc)}): check its config.json")
     if getattr(args, "as_json", False):
         print(estimate_json(estimates))
         return EXIT_OK
@@ -327,3 +325,11 @@ def run(args: argparse.Namespace) -> int:
         texts.append("\n".join(comparison_lines([(facts.card, facts.spec, facts.result) for facts in estimates])))
     print("\n\n".join(texts))
     return EXIT_OK
+
+
+def _refused(args: argparse.Namespace, line: str) -> int:
+    """Bad input: one line on stderr, exit 2; under --json also the document that says so, on stdout."""
+    print(f"autofit: error: {line}", file=sys.stderr)
+    if getattr(args, "as_json", False):
+        print(refused_json(line))
+    return EXIT_BAD_INPUT

@@ -10,6 +10,7 @@ import json
 from typing import Any, Dict, List, Optional, Sequence
 
 from autofit.cli._estimate_facts import CardEstimate, parameters_line, phase_label
+from autofit.cli._exit import EXIT_BAD_INPUT, EXIT_OK, exit_block
 from autofit.cli._speed import estimate_card
 from autofit.core import RL_ALGOS, Candidate
 from autofit.memory_model import PRIOR_SPEED_UNCERTAINTY, TERMS, Ledger, SpeedEstimate, prior_uncertainty
@@ -29,9 +30,17 @@ def size(value: float) -> Dict[str, Any]:
 
 def estimate_json(estimates: Sequence[CardEstimate]) -> str:
     """The whole estimate: one entry per card of ``--gpu-memory``, and their comparison when there are several."""
-    document = {"schema": SCHEMA, "estimates": [card_document(facts) for facts in estimates],
+    document = {"schema": SCHEMA, "command": "estimate", "exit": exit_block(EXIT_OK, command="estimate"),
+                "estimates": [card_document(facts) for facts in estimates],
                 "comparison": comparison(estimates) if len(estimates) > 1 else None}
     return json.dumps(document, indent=2, default=str, allow_nan=False)
+
+
+def refused_json(line: str) -> str:
+    """An estimate refused (exit 2): the one line printed on stderr, in the ``exit`` block; no estimate."""
+    document = {"schema": SCHEMA, "command": "estimate", "exit": exit_block(EXIT_BAD_INPUT, line, "estimate"),
+                "estimates": [], "comparison": None}
+    return json.dumps(document, indent=2)
 
 
 def card_document(facts: CardEstimate) -> Dict[str, Any]:

@@ -1,7 +1,7 @@
 """``autofit search``: the command line, and ``autofit search|estimate [options] -- <your launch>`` (the launch after
-``--`` is read by ``autofit.launch._command`` before argparse sees the line). Exit codes: 0 a fitting config was
-written, 2 bad input (the user's trainer factory failing included), 3 nothing fits, 4 probes cannot run here (not a
-memory answer), 130 interrupted."""
+``--`` is read by ``autofit.launch._command`` before argparse sees the line). The exit codes are ``_exit``'s; with
+``--json`` every way a search ends, a refused command line included, is also one JSON document on stdout
+(``_search_json``)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,16 @@ import errno
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from autofit import __version__
+from autofit.cli._exit import EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_OK, EXIT_PROBES_CANNOT_RUN, exit_codes_help
 from autofit.cli._signals import exit_code, terminate_as_interrupt
 from autofit.core import FIELDS, SEARCH, SearchOptions, add_options, given_values
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_PROBES_CANNOT_RUN = 0, 2, 3, 4
-EXIT_CODES = """exit codes:
-  0  a configuration that fits was written (best.yaml, best.json)
-  2  bad input, or your trainer factory failed (one line names the value, or your code's frames)
-  3  nothing fits, even at the last rung: a probe ran out of memory or the memory model ruled it out
-  4  probes cannot run here: the same non-memory error on two candidates (bad fork, full disk, CUDA driver,
-     missing package, probe killed by the host); the message names the cause and the probe log
-  130 interrupted: run the same command again to resume"""
+EXIT_CODES = exit_codes_help()
 
 log = logging.getLogger("autofit")
 
@@ -51,13 +46,24 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # one line, not the usage block
-        self.exit(EXIT_BAD_INPUT, f"autofit: error: {message} (see {self.prog} --help)\n")
+        line = f"{message} (see {self.prog} --help)"
+        sys.stderr.write(f"autofit: error: {line}\n")
+        raise UsageError(line)
+
+
+class UsageError(SystemExit):
+    """A command line argparse refused (exit 2), its one line kept for the --json document."""
+
+    def __init__(self, line: str):
+        super().__init__(EXIT_BAD_INPUT)
+        self.line = line
 
 
 def build_parser() -> argparse.ArgumentParser:
     """``autofit search``, ``estimate``, ``report`` and ``worker``; the first two take their options from
     ``SearchOptions``."""
     from autofit.cli import _estimate as estimate
+    from autofit.cli import _skills as skills
     from autofit.cli import _worker as worker
 
     parser = _Parser(prog="autofit", description="Find the best TRL training configuration that fits your GPU.",
@@ -75,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "`autofit search --out DIR` left in DIR.")
     report.add_argument("out_dir", metavar="DIR", help="the --out folder of a search")
     worker.add_parser(commands)
+    skills.add_parser(commands)
     return parser
 
 
@@ -154,11 +161,19 @@ def _same_file(one: str, other: str) -> bool:
 def main(argv: Optional[List[str]] = None) -> int:
     from autofit.launch import split_launch
 
-    own, launch = split_launch(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(own)
+    words = sys.argv[1:] if argv is None else argv
+    own, launch = split_launch(words)
+    try:
+        args = build_parser().parse_args(own)
+    except UsageError as exc:  # --json asked: the refusal is a document too
+        if own[:1] in (["search"], ["estimate"]) and "--json" in own:
+            print(refusal_json(own[0], exc.line, words, launch))
+        raise
     refused = _launch(args, launch)
     if refused:
         print(f"autofit: error: {refused}", file=sys.stderr)
+        if getattr(args, "as_json", False):
+            print(refusal_json(args.command, refused, words, launch))
         return EXIT_BAD_INPUT
     if args.command == "estimate":
         from autofit.cli import _estimate as estimate
@@ -170,7 +185,46 @@ def main(argv: Optional[List[str]] = None) -> int:
         from autofit.cli import _worker as worker
 
         return worker.run(args)
+    if args.command == "skills":
+        from autofit.cli import _skills as skills
+
+        return skills.run(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    if not args.as_json:
+        return search(args).code
+    from autofit.cli._search_json import search_json, stdout_to_stderr
+
+    with stdout_to_stderr():
+        ended = search(args)
+    print(search_json(ended.code, ended.message, words, ended.out_dir, ended.spec, ended.report, launch))
+    return ended.code
+
+
+def refusal_json(command: str, line: str, argv: List[str], launch: Optional[List[str]]) -> str:
+    """The document of a command refused before it ran: its ``exit`` block, with nothing measured or estimated."""
+    if command == "estimate":
+        from autofit.cli._estimate_json import refused_json
+
+        return refused_json(line)
+    from autofit.cli._search_json import search_json
+
+    return search_json(EXIT_BAD_INPUT, line, argv, Path(str(FIELDS["out_dir"].default)), launch=launch)
+
+
+@dataclass
+class Ended:
+    """How a search ended: the exit code, the line printed on stderr, and what it had resolved and found by then."""
+
+    code: int
+    out_dir: Path
+    message: Optional[str] = None
+    spec: Any = None
+    report: Any = None
+
+
+def search(args: argparse.Namespace) -> Ended:
+    """Run ``autofit search``: the progress on stderr, the table and the answer on stdout (on stderr under --json,
+    where stdout is the document's)."""
     from autofit._api import no_fit_message, run_search
     from autofit.core import InputError, UnknownModelError, one_line
     from autofit.export import summary_lines, table_text
@@ -178,44 +232,48 @@ def main(argv: Optional[List[str]] = None) -> int:
     from autofit.probe import FactoryError, prepare_factory
     from autofit.search import InfrastructureError, question
 
-    out_dir = args.out_dir or FIELDS["out_dir"].default
+    out_dir = Path(str(args.out_dir or FIELDS["out_dir"].default))
     terminate_as_interrupt()
+    spec = None
+
+    def failed(code: int, line: str, what: str = "error: ") -> Ended:
+        print(f"autofit: {what}{line}", file=sys.stderr)
+        return Ended(code, out_dir, line, spec)
+
     try:
         values, read = at_door({**args.launch, **given_values(args, SEARCH)})
         options = SearchOptions(**values)
+        out_dir = options.out_dir
         payload = prepare_factory(options.factory) if options.factory else None
         spec = question(options, factory=payload.identity if payload else None, launch=read)
         report = run_search(spec, factory=payload)
     except FactoryError as exc:  # several lines on purpose: the user's own frames
-        print(f"autofit: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return failed(EXIT_BAD_INPUT, str(exc))
     except (InputError, UnknownModelError) as exc:
-        print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return failed(EXIT_BAD_INPUT, one_line(exc))
     except InfrastructureError as exc:
-        print(f"autofit: error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_PROBES_CANNOT_RUN
+        return failed(EXIT_PROBES_CANNOT_RUN, one_line(exc))
     except KeyboardInterrupt as exc:
-        print(f"autofit: interrupted; run the same command again to resume from {out_dir}", file=sys.stderr)
-        return exit_code(exc)
+        return failed(exit_code(exc), f"interrupted; run the same command again to resume from {out_dir}", what="")
     except OSError as exc:
-        line = write_failure(exc, Path(str(out_dir)))
+        line = write_failure(exc, out_dir)
         if line is None:
             raise
-        print(f"autofit: error: {line}; it resumes from {out_dir}", file=sys.stderr)
-        return EXIT_PROBES_CANNOT_RUN
-    print(table_text(report))
+        return failed(EXIT_PROBES_CANNOT_RUN, f"{line}; it resumes from {out_dir}")
+    out = sys.stderr if args.as_json else sys.stdout
+    print(table_text(report), file=out)
     for note in report.notes:
-        print(f"note: {note}")
+        print(f"note: {note}", file=out)
     if not report.fits:
-        print(f"autofit: {no_fit_message(report)}", file=sys.stderr)
-        print(f"details: {spec.options.out_dir / 'best.json'}")
+        message = no_fit_message(report)
+        print(f"autofit: {message}", file=sys.stderr)
+        print(f"details: {spec.options.out_dir / 'best.json'}", file=out)
         if (spec.options.out_dir / "report.html").exists():
-            print(f"report: {spec.options.out_dir / 'report.html'}")
-        return EXIT_NO_FIT
+            print(f"report: {spec.options.out_dir / 'report.html'}", file=out)
+        return Ended(EXIT_NO_FIT, out_dir, message, spec, report)
     for line in summary_lines(report):
-        print(line)
-    return EXIT_OK
+        print(line, file=out)
+    return Ended(EXIT_OK, out_dir, None, spec, report)
 
 
 if __name__ == "__main__":

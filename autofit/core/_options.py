@@ -184,8 +184,11 @@ class SearchOptions:
                                      metavar="DIR")
     plot: Optional[str] = option(help="also draw the ledger of every level against the budget (.svg, .png or .pdf)",
                                  kind=TEXT, doors=(ESTIMATE,), metavar="FILE")
-    as_json: bool = option(False, help="print the whole estimate as one JSON document on stdout (schema: docs/cli.md)",
-                           kind=FLAG, doors=(ESTIMATE,), flags=("--json",))
+    as_json: bool = option(False, help="print the answer, its files, the commands to run next and the exit reason as "
+                                       "one JSON document on stdout, progress on stderr (schema: docs/cli.md)",
+                           kind=FLAG, doors=(SEARCH, ESTIMATE), flags=("--json",),
+                           estimate_help="print the whole estimate as one JSON document on stdout (schema: "
+                                         "docs/cli.md)")
 
     def __post_init__(self) -> None:
         for spec in fields(self):

@@ -6,6 +6,7 @@ best.json); a new output format is one more renderer, never another derivation."
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -16,8 +17,9 @@ from autofit.core import model_args as knob_model_args
 from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
 from autofit.export._user_yaml import user_yaml
 from autofit.export._vllm import vllm_comments, vllm_data
-from autofit.export._words import trades, usage, why
+from autofit.export._words import trades, train_command, usage, why
 from autofit.probe.kit import trainable_folder
+from autofit.rungs import ACCELERATE_YAML
 from autofit.search import SearchReport
 
 
@@ -39,6 +41,7 @@ class Answer:
     user_text: Optional[str] = None  # best.yaml as the user's own file with the changes (``--config``)
     changes: Optional[List[Dict[str, Any]]] = None
     env: Tuple[Tuple[str, str], ...] = field(default=())
+    train: Optional[str] = None  # the command that trains it, the out folder's paths absolute (None: no trl command)
 
 
 def loadable_name(candidate: Candidate) -> str:
@@ -94,11 +97,20 @@ def answer(report: SearchReport, out_dir: Optional[Path] = None) -> Optional[Ans
         trades=trades(candidate, spec.max_length, memory_model.shape_or_none(spec.options.model)),
         blocks=blocks(candidate), engine=engine_data(report, candidate, out_dir),
         host_memory=host_memory_data(report, candidate),
-        vllm=vllm_data(report, candidate, model["model_name_or_path"]), env=candidate.env)
+        vllm=vllm_data(report, candidate, model["model_name_or_path"]), env=candidate.env,
+        train=_train(report, out_dir))
     if spec.launch.file is None:
         return answered
     text, changes = user_yaml(spec.launch.file, candidate, {**model, **training}, comment, answered.header)
     return Answer(**{**answered.__dict__, "user_text": text, "changes": changes})
+
+
+def _train(report: SearchReport, out_dir: Optional[Path]) -> Optional[str]:
+    spec = report.spec
+    folder = Path(out_dir or spec.options.out_dir).resolve()
+    written = tuple(spec.launch.file.written) if spec.launch.file is not None else ()
+    return train_command(spec.options.algo, exported_engine(report), written, shlex.quote(str(folder / "best.yaml")),
+                         shlex.quote(str(folder / ACCELERATE_YAML)))
 
 
 def _header(report: SearchReport, candidate: Candidate, model: str) -> List[str]:

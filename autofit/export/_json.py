@@ -112,6 +112,7 @@ def json_data(report: SearchReport, out_dir: Optional[Path] = None, answer: Opti
             phase_peaks=fit.result.phase_peaks,
             probe={"steps": fit.result.steps, "peak_bytes": fit.result.peak_bytes},
             changes=answer.changes,
+            train_command=answer.train,
             verified={"candidate": fit.candidate.describe(), "steps": verified.steps, "peak_bytes": verified.peak_bytes,
                       "phase_peaks": verified.phase_peaks, "outcome": verified.outcome.value, "stats": verified.stats},
         )

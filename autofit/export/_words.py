@@ -80,11 +80,22 @@ def _after_rungs(key: str, candidate: Candidate) -> Optional[str]:
 def usage(algo: str, offload: Optional[str] = None, written: Tuple[str, ...] = ()) -> str:
     """How the answer runs; ``written``: the keys of the user's own file, which may name the data and rewards."""
     unit = algorithm(algo)
-    if unit.trl_command is None:
+    command = train_command(algo, offload, written)
+    if command is None:
         return unit.usage or f"# build {unit.config_class.rsplit(':', 1)[-1] or 'your config'}(**best.json['config'])"
-    engine = f" --accelerate_config {ACCELERATE_YAML}" if offload else ""
+    return f"# use: {command}"
+
+
+def train_command(algo: str, offload: Optional[str] = None, written: Tuple[str, ...] = (),
+                  best_yaml: str = "best.yaml", accelerate_yaml: str = ACCELERATE_YAML) -> Optional[str]:
+    """The command that trains the answer (``trl <command> --config best.yaml ...``, what it needs that the file does
+    not name as ``YOUR_...`` placeholders); None for an algorithm TRL has no command for (PPO)."""
+    unit = algorithm(algo)
+    if unit.trl_command is None:
+        return None
+    engine = f" --accelerate_config {accelerate_yaml}" if offload else ""
     data = "" if {"dataset_name", "datasets"} & set(written) else " --dataset_name YOUR_DATASET"
     rewards = ""  # TRL's grpo and rloo commands need a reward: a function of the registry or a module's, or a model
     if unit.groups and not {"reward_funcs", "reward_model_name_or_path"} & set(written):
         rewards = " --reward_funcs YOUR_REWARD"
-    return f"# use: trl {unit.trl_command} --config best.yaml{engine}{data}{rewards}"
+    return f"trl {unit.trl_command} --config {best_yaml}{engine}{data}{rewards}"

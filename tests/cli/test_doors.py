@@ -14,8 +14,9 @@ from autofit.core import InputError
 from autofit.core._options import ESTIMATE, FIELDS, FIT, SEARCH, SearchOptions, door_fields, flag, options_from_args
 
 REPO = Path(__file__).resolve().parents[2]
-# Options that are the CLI's own or fit()'s positional argument.
-CLI_ONLY = {"help", "version", "command", "factory"}
+# Options that are the CLI's own (--json: the answer printed as a document; fit() returns it) or fit()'s positional
+# argument.
+CLI_ONLY = {"help", "version", "command", "factory", "as_json"}
 
 
 def search_parser():

@@ -207,13 +207,18 @@ def test_several_cards_are_one_document_with_their_comparison(capsys):
     ("--model", "tiny-qwen2", "--gpu-memory", "H100,lots"),  # the second card is refused: nothing of the first
     ("--model", "tiny-qwen2", "--gpu-memory", "H100,L4", "--plot", "x.svg"),
     ("--config", "no-such-file.yaml", "--gpu-memory", "H100"),
-], ids=["bad-size", "bad-second-card", "plot-of-two", "no-file"])
-def test_bad_input_is_one_line_on_stderr_and_no_json(argv):
+    ("--model", "tiny-qwen2", "--gpu-memory", "H100", "--no-such-flag"),  # argparse's refusal: a document too
+], ids=["bad-size", "bad-second-card", "plot-of-two", "no-file", "argparse"])
+def test_bad_input_is_one_line_on_stderr_and_a_document_without_estimates(argv):
+    """Issue 61, item 5: an agent reads every answer as data, a refusal too (it was nothing on stdout)."""
     done = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", *argv, "--json"], cwd=REPO,
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2, done.stderr
-    assert done.stdout == ""
     assert done.stderr.startswith("autofit: error: ") and done.stderr.count("\n") == 1, done.stderr
+    document = json.loads(done.stdout)
+    assert document["exit"] == {"code": 2, "reason": "bad_input", "meaning": document["exit"]["meaning"],
+                                "message": done.stderr.removeprefix("autofit: error: ").rstrip("\n")}
+    assert document["command"] == "estimate" and document["estimates"] == [] and document["comparison"] is None
 
 
 def test_the_json_is_the_only_thing_on_stdout_of_the_command():
@@ -222,3 +227,4 @@ def test_the_json_is_the_only_thing_on_stdout_of_the_command():
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     assert document["estimates"][0]["your_run"]["phases"]
+    assert document["exit"]["code"] == 0 and document["exit"]["reason"] == "estimated"
