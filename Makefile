@@ -64,8 +64,9 @@ help:
 	@echo "  make bench-public    the estimate against GPU peaks published for the Hugging Face stack"
 	@echo "  make bench-speed     the throughput model's speed ratios against measured ones, on the CPU meter"
 	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
-	@echo "  make report-shot [REPORT=dir]  draw dir's report.html again, lay it out in headless Chromium at 1280 px,"
-	@echo "                   check that every title is whole and no number wraps, and write dir/report-1280.png"
+	@echo "  make report-shot [REPORT=dir]  draw dir's report.html again, lay it out in headless Chromium at 420 and"
+	@echo "                   1280 px, check that every title is whole, no text over another, no number wraps,"
+	@echo "                   and write dir/report-420.png and dir/report-1280.png"
 
 search: venv
 	$(if $(MODEL)$(CONFIG),,$(error MODEL=... or CONFIG=... is required, e.g. make search MODEL=Qwen/Qwen2.5-0.5B))
@@ -106,7 +107,7 @@ test: venv lint browser
 	$(MAKE) test-services
 	$(MAKE) bench-quick
 
-# Chromium, for tests/report/test_report_browser.py (report.html laid out at 1280 px): installed with apt-get where it is
+# Chromium, for tests/report/test_report_browser.py (report.html laid out at 420 and 1280 px): installed with apt-get where it is
 # missing and apt-get can (root: CI); elsewhere one line says so, and the test skips saying the same (.ci/run sets
 # AUTOFIT_REQUIRE_BROWSER=1: there a missing browser fails the test).
 BROWSERS = chromium chromium-browser google-chrome

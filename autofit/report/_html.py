@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import html
 import logging
+from functools import partial
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 from autofit.core import atomic_write_text, format_size
 from autofit.memory_model import TERM_GROUPS
@@ -25,8 +26,13 @@ table { border-collapse: collapse; font-size: 0.85rem; }
 td, th { padding: 0.2rem 0.6rem; border-bottom: 1px solid #eee; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; } .OOM { color: #b00; } .OK { color: #070; }
 td.num, th, .nb { white-space: nowrap; } svg { max-width: 100%; height: auto; }
+.scroll { overflow-x: auto; max-width: 100%; } .figure.narrow { display: none; }
+@media (max-width: 48rem) {
+  body { margin: 1rem auto; } .figure.wide { display: none; } .figure.narrow { display: block; }
+}
 .caption { color: #555; font-size: 0.9rem; margin-top: 0; }
-code { background: #f4f4f4; padding: 0 0.2rem; } .answer { font-size: 1.05rem; background: #f6f8fa; padding: 0.8rem; }
+code { background: #f4f4f4; padding: 0 0.2rem; overflow-wrap: anywhere; }
+.answer { font-size: 1.05rem; background: #f6f8fa; padding: 0.8rem; }
 """
 
 
@@ -75,6 +81,18 @@ def _verified(best) -> dict:
     return next((record for record in reversed(runs) if record["candidate"] == chosen), runs[-1])
 
 
+def _figure(draw: Callable[..., Any]) -> str:
+    """A figure drawn twice: at a laptop's width, and at a phone's, where the wide one shrunk to the screen draws its
+    text at 6 px; the page's style shows the one that fits the window (no script)."""
+    return (f"<div class='figure wide'>{plots.svg(draw())}</div>"
+            f"<div class='figure narrow'>{plots.svg(draw(width=plots.NARROW))}</div>")
+
+
+def _table(html_rows: str) -> str:
+    """A table in a box of its own that scrolls sideways where the window is narrower than it: the page does not."""
+    return f"<div class='scroll'><table>{html_rows}</table></div>"
+
+
 def figures_section(data: ReportData) -> List[str]:
     best = data.best
     budget, margin = best.get("budget_bytes"), float(best.get("margin") or 0.0)
@@ -84,24 +102,25 @@ def figures_section(data: ReportData) -> List[str]:
         points = [(getattr(p.candidate, data.axis), p.peak_bytes, p.outcome) for p in data.probes
                   if p.level == level and p.outcome in ("OK", "OOM") and p.peak_bytes]
         series.append({"label": data.level_label(level), "points": points, "curve": data.curves.get(level, [])})
-    parts.append(plots.svg(plots.peaks_figure(series, data.axis.replace("_", "-"), budget, margin)))
+    parts.append(_figure(partial(plots.peaks_figure, series, data.axis.replace("_", "-"), budget, margin)))
     parts.append("<p class='caption'>Dots: probes that fitted; crosses: out of memory (each level's a little aside, "
                  "stopped where they ran out). Lines: the memory model calibrated on the level's own probes.</p>")
     verified = (best.get("verified") or {}).get("phase_peaks") or {}
     if verified:
         parts += ["<h2>The chosen configuration, phase by phase</h2>",
-                  plots.svg(plots.phases_figure(verified, budget, margin)),
+                  _figure(partial(plots.phases_figure, verified, budget, margin)),
                   "<p class='caption'>The peak of each phase of a step, measured in its verification run.</p>"]
     if data.ledger:
         parts += [f"<h2>The memory model's ledger for it (at its peak phase, {_e(data.ledger_phase)})</h2>",
-                  plots.svg(plots.ledger_figure([("chosen", data.ledger)], budget, "Predicted peak by term")),
+                  _figure(partial(plots.ledger_figure, [("chosen", data.ledger)], budget, "Predicted peak by term")),
                   _ledger_table(data)]
     runs = [Run(p.candidate.describe(), tuple(p.candidate.rungs), p.kind, p.peak_bytes, p.tokens_per_second)
             for p in data.probes if p.outcome == "OK" and p.tokens_per_second > 0]
     if runs:
         chosen = _verified(best)["candidate"] if best.get("fits") else None
         parts += ["<h2>Throughput against peak</h2>",
-                  plots.svg(plots.throughput_figure([(r.label, r.peak, r.speed) for r in runs], chosen, budget)),
+                  _figure(partial(plots.throughput_figure, [(r.label, r.peak, r.speed) for r in runs], chosen,
+                                  budget)),
                   "<p class='caption'>One point per configuration that fitted: the mean of its timed runs (its "
                   "probe, and for the chosen one its verification, a longer run), the bars their range. Timings "
                   "on a busy machine vary from run to run.</p>"]
@@ -115,7 +134,7 @@ def _ledger_table(data: ReportData) -> str:
     rows = "".join(f"<tr><td>{_e(label)}</td><td class='num'>"
                    f"{_e(format_size(sum(data.ledger.get(t, 0.0) for t in terms)))}"
                    f"</td></tr>" for _, label, terms in TERM_GROUPS if sum(data.ledger.get(t, 0.0) for t in terms))
-    return f"<table><tr><th>term</th><th>predicted</th></tr>{rows}</table>"
+    return _table(f"<tr><th>term</th><th>predicted</th></tr>{rows}")
 
 
 def _speed(record: dict) -> str:
@@ -144,7 +163,7 @@ def probes_section(data: ReportData) -> List[str]:
             f"<td class='num'>{_e(_size(record.get('predicted_bytes')))}</td>"
             f"<td class='num'>{_e(_speed(record))}</td></tr>")
     skipped = data.best.get("skipped") or []
-    parts = ["<h2>Every probe of this run</h2>", f"<table>{head}{''.join(rows)}</table>"]
+    parts = ["<h2>Every probe of this run</h2>", _table(head + "".join(rows))]
     if skipped:
         parts.append("<p>Not probed (the memory model's low end is over the budget): " + ", ".join(
             f"{_e(s['candidate'])} [{_rungs(s['rungs'])}] "
@@ -159,7 +178,8 @@ def render(data: ReportData) -> str:
     body = answer_section(data) + figures_section(data) + probes_section(data)
     versions = ", ".join(f"{name} {version}" for name, version in (data.best.get("versions") or {}).items() if version)
     body.append(f"<p style='color:#777;font-size:0.8rem'>{_e(versions)}</p>")
-    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>autofit report: "
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'><title>autofit report: "
             f"{_e(data.best['model'])}</title><style>{STYLE}</style></head><body>\n" + "\n".join(body)
             + "\n</body></html>\n")
 

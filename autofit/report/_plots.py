@@ -13,6 +13,8 @@ COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da
 
 
 LEGEND_SIZE = 9  # points: 12 px in the page (7 drew 9 px letters, too small to read)
+WIDE, NARROW = 7.5, 4.0  # inches: a laptop's figure (720 px), and a phone's (384 px: 420 px less the page's margins)
+NARROW_TITLE = 28  # characters of a narrow figure's title line (12 pt; centred over axes that tick labels push right)
 CURVE_REACH = 3.0  # the peak axis shows the model's curves up to this many budgets; above, they end at the top, marked
 OOM_DODGE = 2**0.06  # the factor between two levels' OOM crosses on the x axis (a log axis: the same gap everywhere)
 
@@ -27,7 +29,7 @@ def unit_for(budget: Optional[float]) -> Tuple[str, float]:
     return ("GiB", 2**30) if budget and budget >= 2 * 2**30 else ("MiB", 2**20)
 
 
-def _figure(width: float = 7.5, height: float = 4.0):
+def _figure(width: float = WIDE, height: float = 4.0):
     import matplotlib
 
     matplotlib.rcParams["svg.fonttype"] = "none"  # text as text
@@ -45,6 +47,21 @@ def svg(figure) -> str:
     return text[text.index("<svg"):]  # inline in HTML: no XML prolog, no doctype
 
 
+def _title(axes, title: str, width: float, **style) -> None:
+    """The axes' title, wrapped onto lines a narrow figure holds."""
+    import textwrap
+
+    axes.set_title(textwrap.fill(title, NARROW_TITLE) if width < WIDE else title, **style)
+
+
+def _legend(figure, width: float, entries: int, wide_columns: int, narrow_columns: int = 1, items=()) -> None:
+    """The figure's legend below its axes, in fewer columns on a narrow figure, where entries side by side run out
+    of it."""
+    columns = wide_columns if width >= WIDE else narrow_columns
+    figure.legend(*items, fontsize=LEGEND_SIZE, loc="outside lower center", frameon=False,
+                  ncol=min(columns, max(entries, 1)))
+
+
 def _budget_lines(axes, budget: Optional[float], margin: float, scale: float, unit: str, vertical: bool = False):
     if not budget:
         return
@@ -55,12 +72,13 @@ def _budget_lines(axes, budget: Optional[float], margin: float, scale: float, un
              label=f"budget minus the margin ({margin:.1%})")
 
 
-def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float], margin: float):
+def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float], margin: float,
+                 width: float = WIDE):
     """Measured peak against micro-batch (or length), one colour per ladder level, with the model's curve
     calibrated on the level's own probes. ``series``: {"label", "points": [(x, peak, outcome)],
     "curve": [(x, predicted)]}."""
     unit, scale = unit_for(budget)
-    figure, axes = _figure()
+    figure, axes = _figure(width, 4.0 if width >= WIDE else 3.2 + 0.2 * len(series))
     for index, level in enumerate(series):
         color = COLORS[index % len(COLORS)]
         if level["curve"]:
@@ -86,9 +104,8 @@ def peaks_figure(series: Sequence[Dict], axis_name: str, budget: Optional[float]
         axes.xaxis.set_major_formatter(ScalarFormatter())
     axes.set_xlabel(axis_name)
     axes.set_ylabel(f"peak ({unit})")
-    axes.set_title("Measured peak per ladder level")
-    entries = len(axes.get_legend_handles_labels()[0])
-    figure.legend(fontsize=LEGEND_SIZE, loc="outside lower center", ncol=min(3, max(entries, 1)), frameon=False)
+    _title(axes, "Measured peak per ladder level", width)
+    _legend(figure, width, len(axes.get_legend_handles_labels()[0]), 3)
     return figure
 
 
@@ -101,12 +118,15 @@ def _peak_axis_top(axes, series: Sequence[Dict], budget: Optional[float], scale:
     curves = [y for level in series for _, y in level["curve"]]
     top = max(1.5 * budget, 1.1 * max(measured), min(1.05 * max(curves, default=0.0), CURVE_REACH * budget))
     axes.set_ylim(top=top / scale)
+    stacked: Dict[float, int] = {}  # levels whose curves leave at the same x: their values one under another
     for index, level in enumerate(series):
         over = sorted((x, y) for x, y in level["curve"] if y > top)
         if over:
             x, y = over[0]
-            axes.annotate(f"{y / scale:,.0f} {unit}", (x, top / scale), xytext=(0, -4), textcoords="offset points",
-                          ha="right", va="top", fontsize=LEGEND_SIZE, color=COLORS[index % len(COLORS)])
+            below = stacked[x] = stacked.get(x, -1) + 1
+            axes.annotate(f"{y / scale:,.0f} {unit}", (x, top / scale), xytext=(0, -4 - 1.3 * LEGEND_SIZE * below),
+                          textcoords="offset points", ha="right", va="top", fontsize=LEGEND_SIZE,
+                          color=COLORS[index % len(COLORS)])
 
 
 # The order a step goes through the phases a probe records (autofit.probe._instrument); GRPO and RLOO generate and
@@ -115,9 +135,9 @@ PHASE_ORDER = ("setup", "load", "train_setup", "generation", "scoring", "forward
                "between_steps")
 
 
-def phases_figure(phase_peaks: Dict[str, float], budget: Optional[float], margin: float):
+def phases_figure(phase_peaks: Dict[str, float], budget: Optional[float], margin: float, width: float = WIDE):
     unit, scale = unit_for(budget)
-    figure, axes = _figure(height=max(2.0, 0.35 * len(phase_peaks) + 1.2))
+    figure, axes = _figure(width, max(2.0, 0.35 * len(phase_peaks) + 1.2) + (0.0 if width >= WIDE else 0.8))
     recorded = list(phase_peaks)
     names = sorted(recorded, key=lambda name: (PHASE_ORDER.index(name) if name in PHASE_ORDER else len(PHASE_ORDER),
                                                recorded.index(name)))
@@ -125,15 +145,19 @@ def phases_figure(phase_peaks: Dict[str, float], budget: Optional[float], margin
     axes.invert_yaxis()  # in the order the step goes through them
     _budget_lines(axes, budget, margin, scale, unit, vertical=True)
     axes.set_xlabel(f"peak ({unit})")
-    axes.set_title("The chosen configuration's peak by phase")
-    axes.legend(fontsize=LEGEND_SIZE, loc="lower right")
+    _title(axes, "The chosen configuration's peak by phase", width)
+    if width >= WIDE:
+        axes.legend(fontsize=LEGEND_SIZE, loc="lower right")
+    else:  # the narrow axes have no room beside the bars
+        _legend(figure, width, 2, 1)  # the budget and its margin
     return figure
 
 
-def ledger_figure(rows: Sequence[Tuple[str, Dict[str, float]]], budget: Optional[float], title: str):
+def ledger_figure(rows: Sequence[Tuple[str, Dict[str, float]]], budget: Optional[float], title: str,
+                  width: float = 9.5):
     """Stacked bars of the memory model's terms: one bar per row (a ladder level, or the chosen configuration)."""
     unit, scale = unit_for(budget)
-    figure, axes = _figure(width=9.5, height=max(2.4, 0.4 * len(rows) + 1.8))
+    figure, axes = _figure(width, max(2.4, 0.4 * len(rows) + 1.8) + (0.0 if width >= WIDE else 1.6))
     labels = [plain(label) for label, _ in rows]
     left = [0.0] * len(rows)
     for index, (_, name, terms) in enumerate(TERM_GROUPS):
@@ -144,16 +168,20 @@ def ledger_figure(rows: Sequence[Tuple[str, Dict[str, float]]], budget: Optional
     axes.invert_yaxis()
     _budget_lines(axes, budget, 0.0, scale, unit, vertical=True)
     axes.set_xlabel(f"predicted peak ({unit})")
-    axes.set_title(title, fontsize=10)
-    figure.legend(fontsize=LEGEND_SIZE, loc="outside lower center", ncol=4, frameon=False)
+    _title(axes, title, width, fontsize=10)
+    _legend(figure, width, 4, 4, narrow_columns=2)  # the terms' names are short: two a row
     return figure
 
 
-def throughput_figure(runs: Sequence[Tuple[str, float, float]], chosen: Optional[str], budget: Optional[float]):
+def throughput_figure(runs: Sequence[Tuple[str, float, float]], chosen: Optional[str], budget: Optional[float],
+                      width: float = WIDE):
     """tokens/s against peak, one point per configuration that fitted: the mean of its timed runs (its probe, and
-    for the chosen one its verification), the bars their range. ``runs``: (label, peak, tokens/s)."""
+    for the chosen one its verification), the bars their range. ``runs``: (label, peak, tokens/s). Each point is
+    labelled on the side of the axes it has room on; a narrow figure leaves the labels to its legend and the probe
+    table (a configuration's words are wider than its axes)."""
     unit, scale = unit_for(budget)
-    figure, axes = _figure()
+    figure, axes = _figure(width, 4.0 if width >= WIDE else 4.6)
+    placed = []
     by_label: Dict[str, List[Tuple[float, float]]] = {}
     for label, peak, speed in runs:
         by_label.setdefault(label, []).append((peak / scale, speed))
@@ -165,18 +193,21 @@ def throughput_figure(runs: Sequence[Tuple[str, float, float]], chosen: Optional
         axes.errorbar([x], [y], xerr=[[x - min(peaks)], [max(peaks) - x]], yerr=[[y - min(speeds)], [max(speeds) - y]],
                       fmt="*" if mine else "o", markersize=14 if mine else 7, color=color, capsize=4, zorder=3,
                       label=plain(f"chosen: {label}" if mine else "another fit"))
-        right = budget is not None and x > 0.9 * budget / scale  # beside the budget line: the label to the left
-        axes.annotate(plain(label), (x, y), xytext=(-8 if right else 8, 6), textcoords="offset points",
-                      ha="right" if right else "left", fontsize=LEGEND_SIZE, color=color)
+        placed.append((label, x, y, color))
     _budget_lines(axes, budget, 0.0, scale, unit, vertical=True)
     axes.margins(x=0.25, y=0.25)  # room for each point's label beside it
+    if width >= WIDE:
+        low, high = axes.get_xlim()
+        for label, x, y, color in placed:  # the label on the side with room: left of a point in the right half
+            right = x > (low + high) / 2  # (the budget line, at the right, was the rule: a label ran over the ticks)
+            axes.annotate(plain(label), (x, y), xytext=(-8 if right else 8, 6), textcoords="offset points",
+                          ha="right" if right else "left", fontsize=LEGEND_SIZE, color=color)
     axes.set_xlabel(f"peak ({unit})")
     axes.set_ylabel("tokens/s")
-    axes.set_title("Tokens/s against peak, each configuration that fitted")
+    _title(axes, "Tokens/s against peak, each configuration that fitted", width)
     handles, labels = axes.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))  # one entry for every other fit
-    figure.legend(unique.values(), unique.keys(), fontsize=LEGEND_SIZE, loc="outside lower center",
-                  ncol=len(unique), frameon=False)
+    _legend(figure, width, len(unique), len(unique), items=(unique.values(), unique.keys()))
     return figure
 
 

@@ -1,8 +1,9 @@
 """report.html as users see it (issue 36, item 4): drawn from a real search's output (tests/data/report-search: the
 best.json and study of `autofit search --model tiny-qwen2 --device cpu --gpu-memory 143MiB --max-length 64
 --verify-steps 3`, where micro-batch 1x8 fits, 2x4 runs out and checkpointing's 2x4 fits and wins) with this code,
-then laid out by headless Chromium at 1280 px: every figure's text inside its figure, no number or header wrapped,
-no figure text under 12 px. Without Chromium the test is skipped, saying so; AUTOFIT_REQUIRE_BROWSER=1 (CI:
+then laid out by headless Chromium at 1280 px and at 420 px (issue 61, item 4): every figure's text inside its figure
+and over no other, no number or header wrapped, tables scrolling in their own box, no figure text under 12 px.
+Without Chromium the test is skipped, saying so; AUTOFIT_REQUIRE_BROWSER=1 (CI:
 .ci/run) makes that a failure. `make report-shot` writes the screenshot to look at."""
 
 from __future__ import annotations
@@ -46,14 +47,35 @@ def drawn(tmp_path_factory):
     return out, json.loads((out / "best.json").read_text())
 
 
-def test_report_at_1280_px_has_every_title_whole_and_no_cell_wrapped(drawn):
+@pytest.mark.parametrize("width", report_browser.WIDTHS)
+def test_report_at_each_width_has_every_title_whole_and_no_cell_wrapped(drawn, width):
     browser = executable()
     out, _ = drawn
-    result = report_browser.check(out / "report.html", out / "report-1280.png", executable=browser)
-    assert result["figures"] == 4
+    shot = out / f"report-{width}.png"
+    result = report_browser.check(out / "report.html", shot, executable=browser, width=width)
+    assert result["width"] == width and result["figures"] == 4  # the wide ones or the narrow ones, not both
     assert result["problems"] == []
     assert result["smallest_text_px"] >= report_browser.MIN_TEXT_PX
-    assert (out / "report-1280.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_check_finds_text_over_text_a_table_off_a_phone_and_no_viewport(tmp_path):
+    """The check can fail at 420 px: a label drawn over the axis' title, a wide table not in a scrolling box, a page
+    without a viewport (the report before issue 61: its probe table ran off the screen, its figures' text at 5 px)."""
+    browser = executable()
+    from autofit.report import _plots as plots
+
+    figure, axes = plots._figure(width=plots.NARROW)
+    axes.plot([1, 2], [1, 2])
+    axes.text(0.3, 0.5, "tokens/s", transform=axes.transAxes)
+    axes.text(0.32, 0.51, "a point's label", transform=axes.transAxes)  # over it, a little aside
+    page = tmp_path / "report.html"
+    row = "".join(f"<td class='num'>{n:,} tokens/s</td>" for n in range(1000, 9000, 1000))
+    page.write_text(f"<!DOCTYPE html><html><body>{plots.svg(figure)}<table><tr>{row}</tr></table></body></html>")
+    result = report_browser.check(page, executable=browser, width=report_browser.NARROW)
+    problems = " | ".join(result["problems"])
+    assert "is drawn over 'tokens/s'" in problems or "'tokens/s' is drawn over" in problems, problems
+    assert "table 1 runs beyond the 420 px window" in problems and "the page declares no viewport" in problems
 
 
 def test_the_check_finds_a_title_cut_off_and_a_unit_wrapped(tmp_path):

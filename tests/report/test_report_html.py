@@ -60,8 +60,10 @@ def test_the_report_shows_the_answer_and_the_studys_numbers(searched):
         (r["kind"], "+".join(r["rungs"]), r["candidate"], r["outcome"], format_size(r["peak_bytes"]))
         for r in best["candidates"]]
     assert any(outcome == "OOM" for *_, outcome, _ in rows)
-    # four figures: peak per level (with the model's curves), phases, ledger, throughput; their text is text
-    assert page.count("<svg") == 4
+    # four figures: peak per level (with the model's curves), phases, ledger, throughput; their text is text; each
+    # drawn for a laptop's window and for a phone's
+    assert page.count("<div class='figure wide'><svg") == page.count("<div class='figure narrow'><svg") == 4
+    assert page.count("<svg") == 8 and "name='viewport'" in page
     assert ("budget 143.00 MiB" in page and "micro-batch (OOM)" in page
             and "micro-batch+checkpointing (OK)" in page and "1: micro-batch" not in page)  # no internal numbers
     for phase in best["verified"]["phase_peaks"]:
