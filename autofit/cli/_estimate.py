@@ -37,6 +37,7 @@ from autofit.memory_model import (
     ModelShape,
     RungEstimate,
     expected_rung,
+    level_vllm_line,
     prior_uncertainty,
 )
 from autofit.rungs import replacement_trade
@@ -184,6 +185,8 @@ def render_text(facts: CardEstimate) -> str:
         )
         if algorithm(spec.options.algo).rl:  # generation and training peak apart: the update's phases, in order
             lines.append(f"  {_phases_line(expected.ledger, algorithm(spec.options.algo).phases, unit, scale)}")
+        vllm_line = level_vllm_line(expected.candidate, shape, expected.ledger.total, budget)
+        lines += [f"  {vllm_line}"] if vllm_line else []
         if result.dropped:
             lines.append(f"  without {', '.join(result.dropped)}: the level is predicted to fit without "
                          + ("it" if len(result.dropped) == 1 else "them") + " at the same micro-batch and length, "

@@ -32,7 +32,8 @@ def test_the_kv_cache_is_what_vllms_share_leaves():
     share = vllm_share(shape, 24 * GB, 0.3, max_num_seqs=2, sequence_tokens=640)
     assert share.share == pytest.approx(0.3 * 24 * GB)
     assert share.weights == mm.param_counts(shape, "grpo").total * 2
-    assert share.kv_cache == pytest.approx(share.share - share.weights - share.profile_peak)
+    assert share.kv_cache == pytest.approx(share.share - share.weights - share.profile_peak - share.non_torch
+                                           - share.cuda_graphs)
     assert share.kv_per_token == 2 * 24 * 128 * 2  # K and V, 24 layers, 2 kv heads x 64, bf16
     assert share.starts and share.holds_the_batch
 
@@ -57,10 +58,12 @@ def test_colocated_the_trainer_has_the_rest_and_does_not_generate():
     assert "generation" in phases
     beside = candidate.replace(vllm="colocate", vllm_utilization=0.3, vllm_share_bytes=int(0.3 * 24 * GB))
     assert "generation" not in {ledger.phase for ledger in mm.phase_ledgers(beside)}
-    # vLLM's share is held through every phase of the step: the trainer's peak plus the share
+    # vLLM's share is held through every phase of the step: the trainer's peak plus the share, and what vLLM spends
+    # beyond it (the high end of the band its accounting misses)
     plain = {ledger.phase: ledger for ledger in mm.phase_ledgers(candidate.replace(vllm="colocate"))}
     for ledger in mm.phase_ledgers(beside):
-        assert ledger.generation == pytest.approx(plain[ledger.phase].generation + 0.3 * 24 * GB)
+        assert ledger.generation == pytest.approx(plain[ledger.phase].generation + 0.3 * 24 * GB
+                                                  + mm.VLLM_UNMODELLED_BAND[1])
 
 
 def test_server_mode_gives_the_trainer_the_whole_budget():

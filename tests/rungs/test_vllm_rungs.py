@@ -37,9 +37,11 @@ def test_the_context_and_the_share_are_what_vllm_needs_of_the_card():
     need = mm.vllm_need(context.candidate, SHAPE)
     assert share.candidate.vllm_share_bytes >= need * 1.1 and share.candidate.vllm_utilization < 0.8
     assert share.candidate.vllm_share_bytes == pytest.approx(share.candidate.vllm_utilization * 24 * 2**30, abs=64)
-    # the ledger: at TRL's share vLLM cannot start, so its column is what it needs, not what it was given
-    assert mm.vllm_term(base.candidate, SHAPE) > base.candidate.vllm_share_bytes
-    assert mm.vllm_term(share.candidate, SHAPE) == share.candidate.vllm_share_bytes
+    # the ledger: at TRL's share vLLM cannot start, so its column is what it needs, not what it was given; at the
+    # rung's share, the share, and what vLLM spends beyond it (the band its accounting misses, at its high end)
+    beyond = mm.VLLM_UNMODELLED_BAND[1]
+    assert mm.vllm_term(base.candidate, SHAPE) > base.candidate.vllm_share_bytes + beyond
+    assert mm.vllm_term(share.candidate, SHAPE) == share.candidate.vllm_share_bytes + beyond
     assert share.cost == "free" and VllmShare().trade(share.candidate, {}).startswith("vLLM takes")
 
 
