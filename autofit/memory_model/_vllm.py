@@ -115,15 +115,16 @@ class VllmMeasured:
 
 def vllm_share(shape: ModelShape, budget_bytes: int, utilization: float, max_num_seqs: int, sequence_tokens: int,
                max_model_len: Optional[int] = None, algo: str = DEFAULT_ALGO,
-               measured: VllmMeasured = VllmMeasured()) -> VllmShare:
-    """vLLM's colocated share of one GPU of ``budget_bytes`` (tensor parallel 1)."""
+               measured: VllmMeasured = VllmMeasured(), on_gpu: bool = True) -> VllmShare:
+    """vLLM's colocated share of one GPU of ``budget_bytes`` (tensor parallel 1). ``on_gpu`` False: the simulated
+    device's, vLLM's CPU build, which captures no CUDA graphs and allocates nothing outside PyTorch on a card."""
     share = float(math.ceil(utilization * budget_bytes))
     weights = param_counts(shape, algo).total * VLLM_WEIGHT_BYTES
     profile = TRL_MAX_NUM_BATCHED_TOKENS * (PROFILE_BYTES_PER_TOKEN_I * shape.intermediate
                                             + PROFILE_BYTES_PER_TOKEN_H * shape.hidden) \
         + max_num_seqs * shape.vocab * SAMPLER_LOGIT_BYTES
-    graphs = graph_counts(max_num_seqs)
-    terms = {"weights": float(weights), "profile_peak": float(profile), "non_torch": NON_TORCH_BYTES,
+    graphs = graph_counts(max_num_seqs) if on_gpu else (0, 0)
+    terms = {"weights": float(weights), "profile_peak": float(profile), "non_torch": NON_TORCH_BYTES if on_gpu else 0.0,
              "cuda_graphs": sum(graphs) * GRAPH_BYTES_PER_CAPTURE}
     terms.update({name: float(value) for name, value in vars(measured).items() if value is not None})
     kv_per_token = 2 * shape.layers * shape.kv_dim * KV_BYTES  # K and V of every layer
@@ -145,7 +146,8 @@ def candidate_share(candidate: Candidate, shape: ModelShape) -> VllmShare:
     """vLLM's share of one GPU as the candidate runs it: its reserved bytes, TRL's ``max_num_seqs``, its context."""
     return vllm_share(shape, candidate.vllm_share_bytes or 0, 1.0, max_num_seqs=max_num_seqs(candidate),
                       sequence_tokens=(candidate.prompt_length or 0) + candidate.max_length,
-                      max_model_len=candidate.vllm_max_model_length, algo=candidate.algo)
+                      max_model_len=candidate.vllm_max_model_length, algo=candidate.algo,
+                      on_gpu=candidate.device == "cuda")
 
 
 def vllm_need(candidate: Candidate, shape: ModelShape) -> float:
@@ -159,11 +161,17 @@ def vllm_need(candidate: Candidate, shape: ModelShape) -> float:
 def vllm_term(candidate: Candidate, shape: ModelShape) -> float:
     """What a colocated vLLM holds of the card in every phase of the step: its share, reserved at its start (where the
     share cannot start it, what it would need, so that such a candidate is never predicted to fit), and what it spends
-    beyond its share that its accounting misses (the high end of ``UNMODELLED_BAND``)."""
+    beyond its share that its accounting misses (the high end of ``UNMODELLED_BAND``; on a GPU only: the simulated
+    device's share is a block its probes reserve)."""
     if candidate.vllm != "colocate" or not candidate.vllm_share_bytes:
         return 0.0
     share = candidate_share(candidate, shape)
-    return float(max(candidate.vllm_share_bytes, share.start_need)) + UNMODELLED_BAND[1]
+    return float(max(candidate.vllm_share_bytes, share.start_need)) + beyond_share(candidate.device)
+
+
+def beyond_share(device: str) -> float:
+    """What a colocated vLLM spends beyond its share that its accounting misses, as the ledger holds it."""
+    return float(UNMODELLED_BAND[1]) if device == "cuda" else 0.0
 
 
 def equivalent_utilization(utilization: float, cuda_graphs: float, total_bytes: float) -> float:

@@ -14,6 +14,7 @@ from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._vllm import (
     TRL_MAX_NUM_BATCHED_TOKENS,
     VllmShare,
+    beyond_share,
     candidate_share,
     capture_sizes,
 )
@@ -41,13 +42,14 @@ def _recorded(name: str) -> str:
     return f"{values[0]:.2f}-{values[-1]:.2f} GiB" if values else "none"
 
 
-def term_lines(share: VllmShare) -> List[str]:
-    """One line per term of vLLM's share, each as vLLM's own log names it."""
+def term_lines(share: VllmShare, device: str = "cuda") -> List[str]:
+    """One line per term of vLLM's share, each as vLLM's own log names it (``device`` "cpu": the CPU build's, which
+    has no CUDA graphs, no non-torch memory and spends nothing beyond its share on a card)."""
     piecewise, full = share.graphs
     kv = (f"KV cache {format_size(share.kv_cache)}, what the share leaves = "
           f"{int(share.kv_cache // share.kv_per_token):,} tokens" if share.kv_cache > 0 else
           f"KV cache: nothing left ({format_size(share.kv_cache)})")
-    return [
+    lines = [
         f"{TERM}weights {format_size(share.weights)} (bf16; its log: \"Model loading took\")",
         f"{TERM}profiling peak {format_size(share.profile_peak)}: one forward of TRL's max_num_batched_tokens "
         f"{TRL_MAX_NUM_BATCHED_TOKENS} and the sampler's logits of {share.max_num_seqs} sequences (\"PyTorch "
@@ -63,6 +65,9 @@ def term_lines(share: VllmShare) -> List[str]:
         "accounting misses (the real graph capture after the cache is allocated, its own 150 MiB margin): held at "
         f"{format_size(UNMODELLED_BAND[1])}, so a level that leaves less of the card free is not called a fit",
     ]
+    if device != "cuda":  # the simulated device: vLLM's CPU build
+        return [lines[0], lines[1], lines[4]]
+    return lines
 
 
 def vllm_lines(spec: SearchSpec, shape: ModelShape) -> List[str]:
@@ -104,10 +109,11 @@ def vllm_lines(spec: SearchSpec, shape: ModelShape) -> List[str]:
     else:
         start = (f"vllm: at its start {format_size(free)} of the card is free (the trainer's model loaded, the CUDA "
                  f"context up), at least the {format_size(share.share)} it asks: the start check passes")
-    rest = (f"vllm: the trainer has the rest, {format_size(spec.gpu_bytes - share.share - UNMODELLED_BAND[1])} per "
+    trainer = spec.gpu_bytes - share.share - beyond_share(spec.device)
+    rest = (f"vllm: the trainer has the rest, {format_size(trainer)} per "
             "GPU, and no generation phase of its own; the share and what vLLM spends beyond it are the generation "
             "column of every level")
-    return [first, *term_lines(share), start, rest]
+    return [first, *term_lines(share, spec.device), start, rest]
 
 
 
@@ -122,5 +128,5 @@ def level_vllm_line(candidate: Candidate, shape: ModelShape, peak: float, budget
     return (f"vllm at this level: {candidate.vllm_utilization or 0:.0%} of each GPU ({format_size(share.share)}) = "
             f"weights {format_size(share.weights)} + profiling peak {format_size(share.profile_peak)} + non-torch "
             f"{format_size(share.non_torch)} + CUDA graphs {format_size(share.cuda_graphs)} + {kv}; "
-            f"{format_size(UNMODELLED_BAND[1])} beyond it held in the peak, and the card keeps "
+            f"{format_size(beyond_share(candidate.device))} beyond it held in the peak, and the card keeps "
             f"{format_size(budget - peak)} free besides")

@@ -208,3 +208,18 @@ def test_best_json_gives_the_share_term_by_term():
     assert predicted["beyond_share_bytes"] == VLLM_UNMODELLED_BAND[1]
     assert sum(predicted[key] for key in ("weights_bytes", "profile_peak_bytes", "non_torch_bytes",
                                           "cuda_graphs_bytes", "kv_cache_bytes")) == pytest.approx(share.share, abs=8)
+
+
+def test_the_simulated_devices_vllm_has_no_gpu_side_terms():
+    """On the CPU meter vLLM is its CPU build: no CUDA graphs, no non-torch memory on a card, nothing beyond its share
+    (the probes reserve the share as a block); a tiny model's share under a small budget is not priced out by them."""
+    candidate = Candidate(algo="grpo", model="tiny-qwen2", device="cpu", micro_batch=2, grad_accum=1, max_length=16,
+                          prompt_length=8, vllm="colocate", vllm_utilization=0.3, vllm_share_bytes=int(0.3 * 2 * GIB),
+                          vllm_max_model_length=24)
+    shape = mm.ModelShape.from_model("tiny-qwen2")
+    share = mm.candidate_share(candidate, shape)
+    assert share.non_torch == 0 and share.cuda_graphs == 0 and share.graphs == (0, 0)
+    assert mm.vllm_term(candidate, shape) == candidate.vllm_share_bytes
+    on_gpu = mm.candidate_share(candidate.replace(device="cuda"), shape)
+    assert on_gpu.non_torch == NON_TORCH_BYTES and on_gpu.cuda_graphs > 0
+    assert mm.vllm_term(candidate.replace(device="cuda"), shape) == candidate.vllm_share_bytes + VLLM_UNMODELLED_BAND[1]
