@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from autofit.core import DEFAULT_ALGO, Candidate
-from autofit.memory_model._parameters import param_counts
+from autofit.memory_model._parameters import NF4_PLAIN_BYTES_PER_PARAM, param_counts
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._vllm_recorded import GRAPH_BYTES_PER_CAPTURE, NON_TORCH_BYTES, UNMODELLED_BAND
 
@@ -41,10 +41,12 @@ TRL_DEFAULT_UTILIZATION = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
 TRL_MAX_NUM_BATCHED_TOKENS = 4096
 VLLM_WEIGHT_BYTES = 2  # bf16
 KV_BYTES = 2  # bf16 cache
-# The profiling run's peak per batched token: the MLP's gate/up outputs and a few hidden-size tensors in bf16 [A];
-# the sampler's fp32 logits for every sequence [S: vllm/v1/worker/gpu_model_runner.py, profile_run: _dummy_run of
-# max_num_tokens, then _dummy_sampler_run].
-PROFILE_BYTES_PER_TOKEN_I, PROFILE_BYTES_PER_TOKEN_H = 2 * 2, 4 * 2
+# The profiling run's peak per batched token: the MLP's gate/up output (2 x intermediate) and its activation's output
+# (1 x intermediate), live together in bf16 [S: vllm/model_executor/layers/activation.py, SiluAndMul.forward_cuda:
+# the output is allocated beside its input], and a few hidden-size tensors in bf16 [A]; the sampler's fp32 logits for
+# every sequence [S: vllm/v1/worker/gpu_model_runner.py, profile_run: _dummy_run of max_num_tokens, then
+# _dummy_sampler_run]. Held to vLLM's "PyTorch activation peak memory" of a known model in the tests.
+PROFILE_BYTES_PER_TOKEN_I, PROFILE_BYTES_PER_TOKEN_H = 3 * 2, 4 * 2
 SAMPLER_LOGIT_BYTES = 4
 MAX_CAPTURE_SIZE = 512  # [S: vllm/config/vllm.py, VllmConfig._set_cudagraph_sizes: min(max_num_seqs * 2, 512)]
 
@@ -115,14 +117,18 @@ class VllmMeasured:
 
 def vllm_share(shape: ModelShape, budget_bytes: int, utilization: float, max_num_seqs: int, sequence_tokens: int,
                max_model_len: Optional[int] = None, algo: str = DEFAULT_ALGO,
-               measured: VllmMeasured = VllmMeasured(), on_gpu: bool = True) -> VllmShare:
+               measured: VllmMeasured = VllmMeasured(), on_gpu: bool = True, four_bit: bool = False) -> VllmShare:
     """vLLM's colocated share of one GPU of ``budget_bytes`` (tensor parallel 1). ``on_gpu`` False: the simulated
-    device's, vLLM's CPU build, which captures no CUDA graphs and allocates nothing outside PyTorch on a card."""
+    device's, vLLM's CPU build, which captures no CUDA graphs and allocates nothing outside PyTorch on a card.
+    ``four_bit``: the trainer's base is bitsandbytes 4-bit, and TRL starts vLLM with ``quantization="bitsandbytes"``
+    (in-flight NF4 of the linear layers) [S: trl/generation/vllm_generation.py, VLLMGeneration: a Linear4bit in the
+    model sets it; a Linear8bitLt raises "vLLM does not support in-flight 8-bit quantization."]."""
     share = float(math.ceil(utilization * budget_bytes))
-    weights = param_counts(shape, algo).total * VLLM_WEIGHT_BYTES
-    profile = TRL_MAX_NUM_BATCHED_TOKENS * (PROFILE_BYTES_PER_TOKEN_I * shape.intermediate
-                                            + PROFILE_BYTES_PER_TOKEN_H * shape.hidden) \
-        + max_num_seqs * shape.vocab * SAMPLER_LOGIT_BYTES
+    counts = param_counts(shape, algo)
+    weights = float(counts.total * VLLM_WEIGHT_BYTES)
+    if four_bit:  # NF4 without nested quantization, the larger of bitsandbytes' two: vLLM's own settings are not read
+        weights = counts.linear * NF4_PLAIN_BYTES_PER_PARAM + (counts.total - counts.linear) * VLLM_WEIGHT_BYTES
+    profile = profile_peak(shape, TRL_MAX_NUM_BATCHED_TOKENS, max_num_seqs)
     graphs = graph_counts(max_num_seqs) if on_gpu else (0, 0)
     terms = {"weights": float(weights), "profile_peak": float(profile), "non_torch": NON_TORCH_BYTES if on_gpu else 0.0,
              "cuda_graphs": sum(graphs) * GRAPH_BYTES_PER_CAPTURE}
@@ -132,6 +138,14 @@ def vllm_share(shape: ModelShape, budget_bytes: int, utilization: float, max_num
     return VllmShare(share=share, **terms, graphs=graphs, kv_cache=share - sum(terms.values()),
                      kv_per_token=kv_per_token, max_model_len=model_len, max_num_seqs=max_num_seqs,
                      start_tokens=model_len, batch_tokens=max_num_seqs * sequence_tokens)
+
+
+def profile_peak(shape: ModelShape, batched_tokens: int, sequences: int, tensor_parallel: int = 1) -> float:
+    """The torch peak of vLLM's profile run: one forward of ``batched_tokens`` tokens (the MLP's intermediate split
+    over ``tensor_parallel`` GPUs, the hidden-size tensors whole) and the sampler's logits of ``sequences``."""
+    return float(batched_tokens * (PROFILE_BYTES_PER_TOKEN_I * shape.intermediate / tensor_parallel
+                                   + PROFILE_BYTES_PER_TOKEN_H * shape.hidden)
+                 + sequences * shape.vocab * SAMPLER_LOGIT_BYTES)
 
 
 def max_num_seqs(candidate: Candidate) -> int:
@@ -147,7 +161,7 @@ def candidate_share(candidate: Candidate, shape: ModelShape) -> VllmShare:
     return vllm_share(shape, candidate.vllm_share_bytes or 0, 1.0, max_num_seqs=max_num_seqs(candidate),
                       sequence_tokens=(candidate.prompt_length or 0) + candidate.max_length,
                       max_model_len=candidate.vllm_max_model_length, algo=candidate.algo,
-                      on_gpu=candidate.device == "cuda")
+                      on_gpu=candidate.device == "cuda", four_bit=candidate.quantization == "4bit")
 
 
 def vllm_need(candidate: Candidate, shape: ModelShape) -> float:

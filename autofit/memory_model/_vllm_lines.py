@@ -4,6 +4,7 @@ accounting, what it spends beyond its share, and whether the card has its share 
 
 from __future__ import annotations
 
+import math
 from typing import List, Sequence
 
 from autofit.core import Candidate, SearchSpec, format_size
@@ -86,14 +87,15 @@ def vllm_lines(spec: SearchSpec, shape: ModelShape) -> List[str]:
     tokens_per_sequence = (candidate.prompt_length or 0) + candidate.max_length
     head = f"vllm: colocate, {utilization:.0%} of each GPU ({format_size(share.share)}): "
     if not share.starts:
-        need = share.start_need / spec.gpu_bytes
+        need = math.ceil(100 * share.start_need / spec.gpu_bytes) / 100  # up: "at least" is a share that starts it
         why = (f"its weights, profiling peak, non-torch memory and CUDA graphs alone take {format_size(share.fixed)}"
                if share.fixed >= share.share else f"what its fixed terms leave, {format_size(share.kv_cache)}, is less")
         context = "" if candidate.vllm_max_model_length else "set vllm_max_model_length, "
         first = (head + f"no room for a KV cache of one {share.max_model_len}-token sequence "
                  f"({format_size(share.start_tokens * share.kv_per_token)}; {why}): vLLM will not start. "
-                 f"Raise --vllm-gpu-memory-utilization to at least {need:.2f} (the trainer then has the rest), "
-                 f"{context}or use server mode (the vllm-context and vllm-share rungs size both)")
+                 + (f"Raise --vllm-gpu-memory-utilization to at least {need:.2f} (the trainer then has the rest), "
+                    if need <= 1 else "No share of this card holds it: ")
+                 + f"{context}or use server mode (the vllm-context and vllm-share rungs size both)")
     else:
         batch = (f"it holds TRL's {share.max_num_seqs} sequences of {tokens_per_sequence} tokens at once"
                  if share.holds_the_batch else

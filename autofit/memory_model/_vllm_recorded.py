@@ -31,6 +31,7 @@ _PATTERNS: Dict[str, str] = {
     "requested": r"gpu_memory_utilization \([\d.]+\) = ([\d.]+)\s*GiB",
     "utilization": r"--gpu-memory-utilization=([\d.]+) is equivalent|gpu_memory_utilization \(([\d.]+)\) =",
     "equivalent_utilization": r"is equivalent to --gpu-memory-utilization=([\d.]+)",
+    "max_model_len": r"Maximum concurrency for ([\d,]+) tokens per request",
 }
 _GRAPHS = re.compile(r"Profiling CUDA graph memory: PIECEWISE=(\d+) \(largest=\d+\)(?:, FULL=(\d+))?")
 
@@ -42,7 +43,7 @@ def parse_log(text: str) -> Dict[str, float]:
     for name, pattern in _PATTERNS.items():
         match = re.search(pattern, text)
         if match:
-            found[name] = float(next(group for group in match.groups() if group is not None))
+            found[name] = float(next(group for group in match.groups() if group is not None).replace(",", ""))
     graphs = _GRAPHS.search(text)
     if graphs:
         found["graphs"] = float(int(graphs.group(1)) + int(graphs.group(2) or 0))
@@ -71,7 +72,8 @@ RECORDS: Tuple[LogRecord, ...] = (
     LogRecord("vllm-project/vllm#15815", "0.8", "Qwen2.5-32B-Instruct, 2 x L40S (44.42 GiB), TP 2",
               "the current vLLM instance can use total_gpu_memory (44.42GiB) x gpu_memory_utilization (0.90) = "
               "39.98GiB\nmodel weights take 30.71GiB; non_torch_memory takes 0.30GiB; PyTorch activation peak memory "
-              "takes 1.26GiB; the rest of the memory reserved for KV Cache is 7.71GiB."),
+              "takes 1.26GiB; the rest of the memory reserved for KV Cache is 7.71GiB.\n"
+              "# CUDA blocks: 3947, # CPU blocks: 2048\nMaximum concurrency for 10000 tokens per request"),
     LogRecord("vllm-project/vllm#14452", "0.8", "RTX 5090 (31.37 GiB), one of several workers",
               "the current vLLM instance can use total_gpu_memory (31.37GiB) x gpu_memory_utilization (0.85) = "
               "26.66GiB\nmodel weights take 10.30GiB; non_torch_memory takes 0.33GiB; PyTorch activation peak memory "

@@ -39,12 +39,20 @@ def test_the_kv_cache_is_what_vllms_share_leaves():
 
 
 def test_a_7b_model_leaves_vllm_no_cache_at_the_default_share():
-    text = estimate_text(spec(model="Qwen/Qwen2.5-7B"))
+    """The share the line asks for is one that starts vLLM (rounded up, not to the nearest hundredth); on a card
+    where no share holds the model's whole window beside its weights, the line says so."""
+    text = estimate_text(spec(model="Qwen/Qwen2.5-7B", gpu_memory=40 * GB))
     line = next(line for line in text.splitlines() if line.startswith("vllm: colocate"))
     assert "vLLM will not start" in line and "Raise --vllm-gpu-memory-utilization to at least" in line
     wanted = float(line.split("at least ")[1].split(" ")[0])
-    enough = estimate_text(spec(model="Qwen/Qwen2.5-7B", vllm_gpu_memory_utilization=min(wanted + 0.01, 0.99)))
+    enough = estimate_text(spec(model="Qwen/Qwen2.5-7B", gpu_memory=40 * GB, vllm_gpu_memory_utilization=wanted))
     assert "vLLM will not start" not in enough
+    short = estimate_text(spec(model="Qwen/Qwen2.5-7B", gpu_memory=40 * GB,
+                               vllm_gpu_memory_utilization=round(wanted - 0.01, 2)))
+    assert "vLLM will not start" in short
+    small = estimate_text(spec(model="Qwen/Qwen2.5-7B", gpu_memory=20 * GB))  # less than weights and one sequence
+    first = next(line for line in small.splitlines() if line.startswith("vllm: colocate"))
+    assert "No share of this card holds it: set vllm_max_model_length, or use server mode" in first
 
 
 def test_colocated_the_trainer_has_the_rest_and_does_not_generate():

@@ -173,6 +173,7 @@ def test_the_seed_case_refuses_trls_default_and_proposes_a_share_with_room_for_v
     assert free >= 0 and free + VLLM_UNMODELLED_BAND[1] > 0.5 * GIB  # the old answer: 0.10 GiB spare
     expected = next(line for line in text.splitlines() if line.startswith("expected:"))
     assert "vllm-context+vllm-share" in expected and "ctx640" in expected
+    assert "+quant-8bit" not in text  # TRL's colocated vLLM refuses an 8-bit base: no level offers one
 
 
 def test_a_grpo_files_vllm_max_model_length_is_the_context_vllm_must_hold(tmp_path):
@@ -223,3 +224,16 @@ def test_the_simulated_devices_vllm_has_no_gpu_side_terms():
     on_gpu = mm.candidate_share(candidate.replace(device="cuda"), shape)
     assert on_gpu.non_torch == NON_TORCH_BYTES and on_gpu.cuda_graphs > 0
     assert mm.vllm_term(candidate.replace(device="cuda"), shape) == candidate.vllm_share_bytes + VLLM_UNMODELLED_BAND[1]
+
+
+def test_the_profile_runs_peak_is_vllms_for_a_known_model():
+    """vllm#15815: Qwen2.5-32B-Instruct on 2 x L40S (TP 2), vLLM 0.8's V0 engine, max_model_len 10000, so
+    max_num_batched_tokens 10000 (V0 without chunked prefill: max(max_model_len, 2048)) and its default 256 sequences:
+    "PyTorch activation peak memory takes 1.26GiB". The ledger's profile peak for that run is within 10%."""
+    from autofit.memory_model._vllm import profile_peak
+
+    record = next(record for record in VLLM_RECORDS if record.source == "vllm-project/vllm#15815")
+    tokens = int(record.figures["max_model_len"])
+    assert tokens == 10000
+    predicted = profile_peak(mm.ModelShape.from_model("Qwen/Qwen2.5-32B"), tokens, 256, tensor_parallel=2)
+    assert predicted == pytest.approx(record.figures["activation_peak"] * GIB, rel=0.10)
