@@ -233,7 +233,9 @@ def your_run_line(spec: SearchSpec, result: RungEstimate) -> str:
     budget = spec.budget_bytes
     assert budget is not None  # an estimate has a budget
     band = f"{format_size(ledger.total)} ± {format_size(ledger.total * ledger.uncertainty)}"
-    if ledger.fits(budget):
+    if ledger.refused:
+        verdict = f"does not run: {ledger.refused}"
+    elif ledger.fits(budget):
         verdict = f"fits in {format_size(budget)}, {format_size(budget - ledger.total)} to spare"
     else:
         verdict = f"does not fit: {format_size(ledger.total - budget)} over {format_size(budget)}"

@@ -183,6 +183,20 @@ def vllm_term(candidate: Candidate, shape: ModelShape) -> float:
     return float(max(candidate.vllm_share_bytes, share.start_need)) + beyond_share(candidate.device)
 
 
+def vllm_refusal(candidate: Candidate, shape: ModelShape) -> str:
+    """Why a colocated vLLM does not start at the candidate's share on a GPU (no KV cache for one max_model_len
+    sequence: "To serve at least one request with the models's max seq len ...", [S: vllm/v1/core/kv_cache_utils.py,
+    check_enough_kv_cache_memory]), whatever the card has beside it; "" where it starts. The CPU build sizes its
+    cache by ``VLLM_CPU_KVCACHE_SPACE`` in host memory, not by the share: never refused on the simulated device."""
+    if candidate.vllm != "colocate" or not candidate.vllm_share_bytes or candidate.device != "cuda":
+        return ""
+    share = candidate_share(candidate, shape)
+    if share.starts:
+        return ""
+    return (f"vLLM does not start at {candidate.vllm_utilization or 0:.0%} of the card: its share leaves no KV cache "
+            f"for one {share.max_model_len}-token sequence")
+
+
 def beyond_share(device: str) -> float:
     """What a colocated vLLM spends beyond its share that its accounting misses, as the ledger holds it."""
     return float(UNMODELLED_BAND[1]) if device == "cuda" else 0.0

@@ -237,3 +237,27 @@ def test_the_profile_runs_peak_is_vllms_for_a_known_model():
     assert tokens == 10000
     predicted = profile_peak(mm.ModelShape.from_model("Qwen/Qwen2.5-32B"), tokens, 256, tensor_parallel=2)
     assert predicted == pytest.approx(record.figures["activation_peak"] * GIB, rel=0.10)
+
+
+def test_a_share_vllm_cannot_start_in_is_no_fit_on_any_card(tmp_path):
+    """A share too small for one max_model_len sequence is refused by vLLM at its start, whatever the card has beside
+    it: the ledger says why, no budget makes it a fit, and the estimate's answer sizes the share instead."""
+    shape = mm.ModelShape.from_model("Qwen/Qwen2.5-0.5B")
+    small = Candidate(algo="grpo", model="Qwen/Qwen2.5-0.5B", device="cuda", micro_batch=2, grad_accum=1,
+                      max_length=256, prompt_length=128, vllm="colocate", vllm_utilization=0.03,
+                      vllm_share_bytes=int(0.03 * 24 * GIB))
+    for ledger in mm.phase_ledgers(small, shape):
+        assert ledger.refused.startswith("vLLM does not start at 3% of the card") and "32768-token" in ledger.refused
+        assert not ledger.fits(10**15) and ledger.verdict(10**15) == "no"
+    enough = small.replace(vllm_utilization=0.1, vllm_share_bytes=int(0.1 * 24 * GIB))
+    assert all(not ledger.refused and ledger.fits(24 * GIB) for ledger in mm.phase_ledgers(enough, shape))
+    assert not any(ledger.refused for ledger in mm.phase_ledgers(small.replace(device="cpu"), shape))  # CPU build
+    config = tmp_path / "grpo.yaml"
+    config.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_vllm: true\nvllm_mode: colocate\n"
+                      "vllm_gpu_memory_utilization: 0.03\nper_device_train_batch_size: 2\nnum_generations: 2\n"
+                      "max_completion_length: 256\n")
+    text = _estimate("--algo", "grpo", "--config", str(config), "--gpu-memory", "24GiB")
+    run = next(line for line in text.splitlines() if line.startswith("your run ("))
+    assert "does not run: vLLM does not start at 3% of the card" in run
+    expected = next(line for line in text.splitlines() if line.startswith("expected:"))
+    assert "vllm-share" in expected and "vllm-colocate@0.03" not in expected
