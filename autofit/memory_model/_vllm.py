@@ -84,6 +84,7 @@ class VllmShare:
     max_num_seqs: int
     start_tokens: int  # the KV cache vLLM needs to start: one sequence of max_model_len
     batch_tokens: int  # what TRL's batch needs at once: max_num_seqs sequences of prompt + completion
+    weight_format: str = "bf16"
 
     @property
     def fixed(self) -> float:
@@ -137,7 +138,8 @@ def vllm_share(shape: ModelShape, budget_bytes: int, utilization: float, max_num
     model_len = max_model_len or shape.max_positions or sequence_tokens
     return VllmShare(share=share, **terms, graphs=graphs, kv_cache=share - sum(terms.values()),
                      kv_per_token=kv_per_token, max_model_len=model_len, max_num_seqs=max_num_seqs,
-                     start_tokens=model_len, batch_tokens=max_num_seqs * sequence_tokens)
+                     start_tokens=model_len, batch_tokens=max_num_seqs * sequence_tokens,
+                     weight_format="NF4 linear layers, the rest bf16" if four_bit else "bf16")
 
 
 def profile_peak(shape: ModelShape, batched_tokens: int, sequences: int, tensor_parallel: int = 1) -> float:

@@ -51,7 +51,7 @@ def term_lines(share: VllmShare, device: str = "cuda") -> List[str]:
           f"{int(share.kv_cache // share.kv_per_token):,} tokens" if share.kv_cache > 0 else
           f"KV cache: nothing left ({format_size(share.kv_cache)})")
     lines = [
-        f"{TERM}weights {format_size(share.weights)} (bf16; its log: \"Model loading took\")",
+        f"{TERM}weights {format_size(share.weights)} ({share.weight_format}; its log: \"Model loading took\")",
         f"{TERM}profiling peak {format_size(share.profile_peak)}: one forward of TRL's max_num_batched_tokens "
         f"{TRL_MAX_NUM_BATCHED_TOKENS} and the sampler's logits of {share.max_num_seqs} sequences (\"PyTorch "
         "activation peak\")",

@@ -62,6 +62,7 @@ def test_a_colocated_vllm_takes_a_4bit_base_and_not_an_8bit_one():
     assert bf16.weights == counts.total * 2
     assert nf4.weights == pytest.approx(counts.linear * (0.5 + 4 / 64) + (counts.total - counts.linear) * 2)
     assert nf4.weights < bf16.weights / 2
+    assert (bf16.weight_format, nf4.weight_format) == ("bf16", "NF4 linear layers, the rest bf16")
 
 
 def test_the_rungs_leave_what_they_do_not_apply_to():
