@@ -38,6 +38,7 @@ from autofit.memory_model import (
     ModelShape,
     RungEstimate,
     expected_rung,
+    level_vllm_line,
     prior_uncertainty,
 )
 from autofit.rungs import replacement_trade
@@ -192,6 +193,8 @@ def render_text(facts: CardEstimate) -> str:
             if expected.level:
                 lines.append("  " + first_step_line(f"level {expected.level}", expected.candidate, shape,
                                                     spec.device, facts.calibration, budget))
+        vllm_line = level_vllm_line(expected.candidate, shape, expected.ledger.total, budget)
+        lines += [f"  {vllm_line}"] if vllm_line else []
         if result.dropped:
             lines.append(f"  without {', '.join(result.dropped)}: the level is predicted to fit without "
                          + ("it" if len(result.dropped) == 1 else "them") + " at the same micro-batch and length, "
@@ -238,7 +241,9 @@ def your_run_line(spec: SearchSpec, result: RungEstimate) -> str:
     budget = spec.budget_bytes
     assert budget is not None  # an estimate has a budget
     band = f"{format_size(ledger.total)} ± {format_size(ledger.total * ledger.uncertainty)}"
-    if ledger.fits(budget):
+    if ledger.refused:
+        verdict = f"does not run: {ledger.refused}"
+    elif ledger.fits(budget):
         verdict = f"fits in {format_size(budget)}, {format_size(budget - ledger.total)} to spare"
     else:
         verdict = f"does not fit: {format_size(ledger.total - budget)} over {format_size(budget)}"

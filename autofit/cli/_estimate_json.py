@@ -98,6 +98,7 @@ def _figures(ledger: Ledger, budget: int) -> Dict[str, Any]:
         "uncertainty": ledger.uncertainty,
         "fits": ledger.fits(budget),
         "verdict": ledger.verdict(budget),
+        "refused": ledger.refused or None,  # why it cannot run on any budget (a colocated vLLM that does not start)
         "host": size(ledger.host),
         "phase_totals": {name: size(total) for name, total in ledger.phase_totals.items()},
     }

@@ -1,6 +1,7 @@
 """What the answer says of vLLM (GRPO and RLOO with ``--use-vllm``): its share as the ledger predicts it (weights,
-profiling peak, KV cache, tokens) beside what the probes measured of it (vLLM's own figures and its meter's peaks,
-``autofit.rungs.vllm._probe``), and, for server mode, the ``trl vllm-serve`` command to run beside the training."""
+profiling peak, non-torch memory, CUDA graphs, KV cache, tokens, what it spends beyond the share) beside what the
+probes measured of it (vLLM's own figures and its meter's peaks, ``autofit.rungs.vllm._probe``), and, for server
+mode, the ``trl vllm-serve`` command to run beside the training."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def vllm_data(report: SearchReport, candidate: Candidate, model: str) -> Optiona
     if candidate.vllm == "colocate" and shape is not None:
         share = memory_model.candidate_share(candidate, shape)
         data["predicted"] = {"weights_bytes": round(share.weights), "profile_peak_bytes": round(share.profile_peak),
+                             "non_torch_bytes": round(share.non_torch), "cuda_graphs_bytes": round(share.cuda_graphs),
+                             "cuda_graphs": {"piecewise": share.graphs[0], "full": share.graphs[1]},
+                             "beyond_share_bytes": memory_model.VLLM_UNMODELLED_BAND[1],
                              "kv_cache_bytes": round(max(share.kv_cache, 0.0)),
                              "kv_tokens": int(max(share.kv_cache, 0.0) // share.kv_per_token),
                              "max_model_len": share.max_model_len, "starts": share.starts,

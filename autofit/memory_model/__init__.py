@@ -102,8 +102,21 @@ from autofit.memory_model._throughput import (
     measured_rates_card,
     predict_speed,
 )
-from autofit.memory_model._vllm import VLLM_MODES, candidate_share, vllm_need, vllm_share, vllm_term
-from autofit.memory_model._vllm_lines import vllm_lines
+from autofit.memory_model._vllm import (
+    VLLM_MODES,
+    VllmMeasured,
+    candidate_share,
+    capture_sizes,
+    equivalent_utilization,
+    graph_counts,
+    vllm_need,
+    vllm_share,
+    vllm_term,
+)
+from autofit.memory_model._vllm_lines import level_vllm_line, vllm_lines
+from autofit.memory_model._vllm_recorded import RECORDS as VLLM_RECORDS
+from autofit.memory_model._vllm_recorded import UNMODELLED_BAND as VLLM_UNMODELLED_BAND
+from autofit.memory_model._vllm_recorded import parse_log as parse_vllm_log
 
 __all__ = [
     "StepPeaks", "step_peaks",
@@ -122,5 +135,6 @@ __all__ = [
     "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict", "predict_calibrated", "prior_uncertainty",
     "rung_band", "rung_notes", "sequence_length", "shape_or_none", "sizes_are_exact", "train_tokens",
     "trainable_tensors", "unchecked_reason",
-    "vllm_lines", "vllm_share",
+    "vllm_lines", "vllm_share", "VllmMeasured", "capture_sizes", "equivalent_utilization", "graph_counts",
+    "VLLM_RECORDS", "VLLM_UNMODELLED_BAND", "level_vllm_line", "parse_vllm_log",
 ]

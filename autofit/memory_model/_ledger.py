@@ -35,7 +35,7 @@ from autofit.memory_model._rollout import rollout_phases
 from autofit.memory_model._rungs import custom_host_bytes, custom_rungs, widest_band, with_rungs
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._sharding import sharded_state, sharding_host_bytes, zero_phase_buffers
-from autofit.memory_model._vllm import vllm_term
+from autofit.memory_model._vllm import vllm_refusal, vllm_term
 
 # The error band of an uncalibrated prediction for a checked family: the activation coefficient alone spans
 # 8..16 B·h (2.4) and the logits/loss costs are version-dependent (2.5) [A]. Unchecked families: ``checked``.
@@ -88,6 +88,7 @@ class Ledger:
     uncertainty: float = PRIOR_UNCERTAINTY
     reserved_factor: float = 1.0
     host: float = 0.0  # host memory offloaded states and activations take: not device memory, not in ``total``
+    refused: str = ""  # why the candidate cannot run on any budget (a colocated vLLM that does not start); "" if none
 
     @property
     def total(self) -> float:
@@ -119,11 +120,14 @@ class Ledger:
         return self.total * (1 + self.uncertainty)
 
     def fits(self, budget_bytes: float) -> bool:
-        """The point prediction is within the budget."""
-        return self.total <= budget_bytes
+        """The point prediction is within the budget (never where the candidate is ``refused``)."""
+        return not self.refused and self.total <= budget_bytes
 
     def verdict(self, budget_bytes: float) -> str:
-        """"yes" when even the high end of the band fits, "no" when even the low end does not, else "maybe"."""
+        """"yes" when even the high end of the band fits, "no" when even the low end does not (or the candidate is
+        ``refused``), else "maybe"."""
+        if self.refused:
+            return "no"
         if self.high <= budget_bytes:
             return "yes"
         if self.low > budget_bytes:
@@ -198,11 +202,11 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
 
 
 def _ledger(phase: _Phase, rho: float, context: float, totals: Dict[str, float], uncertainty: float,
-            host: float) -> Ledger:
+            host: float, refused: str) -> Ledger:
     terms = {name: float(value) for name, value in phase.terms.items()}
     torch_part = sum(terms.values())
     return Ledger(**terms, allocator=(rho - 1) * torch_part, cuda_context=context, phase=phase.name,
-                  phase_totals=totals, uncertainty=uncertainty, reserved_factor=rho, host=host)
+                  phase_totals=totals, uncertainty=uncertainty, reserved_factor=rho, host=host, refused=refused)
 
 
 def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, device: Optional[str] = None
@@ -223,7 +227,8 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
         uncertainty = max(uncertainty, UNCHECKED_UNCERTAINTY)
     uncertainty = max(uncertainty, widest_band(rungs)[0])
     host = host_bytes(candidate, shape, device)
-    return [_ledger(p, rho, context, totals, uncertainty, host) for p in phases]
+    refused = vllm_refusal(candidate, shape)
+    return [_ledger(p, rho, context, totals, uncertainty, host, refused) for p in phases]
 
 
 def host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:

@@ -25,6 +25,9 @@ class QuantizedBase(RungBase):
         self.trade_text = TRADES[bits]
 
     def apply(self, state: LadderState):
+        if self.bits == 8 and state.candidate.vllm == "colocate":
+            return None  # TRL refuses it: "vLLM does not support in-flight 8-bit quantization." [S: trl/generation/
+            # vllm_generation.py, VLLMGeneration]; 4-bit starts vLLM with quantization="bitsandbytes"
         current = state.candidate.quantization
         if current is not None and int(current[0]) <= self.bits:
             return None

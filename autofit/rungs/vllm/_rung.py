@@ -4,9 +4,10 @@
   model's whole context window, and vLLM refuses to start unless its KV cache holds one sequence of it (32,768 tokens
   for Qwen2.5): the most common reason a colocated vLLM does not start on a small card.
 - ``vllm-share``: ``vllm_gpu_memory_utilization`` set to what vLLM needs to start and to hold TRL's batch at once
-  (its weights, its profiling peak, the KV cache of ``max_num_seqs`` sequences; the memory model's figure, handed in
-  by ``LadderState.vllm_need``), with 10% to spare, in hundredths of the card: the trainer has the rest. Users tune
-  the share by running their job several times; this is that tuning, by the ledger and then by the probes.
+  (its weights, its profiling peak, non-torch memory, CUDA graphs, the KV cache of ``max_num_seqs`` sequences; the
+  memory model's figure, handed in by ``LadderState.vllm_need``), with 10% to spare, in hundredths of the card: the
+  trainer has the rest. Users tune the share by running their job several times; this is that tuning, by the ledger
+  and then by the probes.
 
 Both are free (the same math, the same speed where vLLM holds the batch); the search tries their levels as it tries
 every free level, and keeps the fastest fit.
@@ -48,8 +49,8 @@ class VllmContext(RungBase):
 class VllmShare(RungBase):
     name = "vllm-share"
     cost = FREE
-    help = ("vllm_gpu_memory_utilization = what vLLM needs to start and hold TRL's batch (weights, profiling peak, KV "
-            f"cache), {SPARE:.0%} to spare: the trainer has the rest")
+    help = ("vllm_gpu_memory_utilization = what vLLM needs to start and hold TRL's batch (weights, profiling peak, "
+            f"non-torch memory, CUDA graphs, KV cache), {SPARE:.0%} to spare: the trainer has the rest")
     key_comments = {VLLM_SHARE_KEY: name}
     probe_step = "autofit.rungs.vllm._probe:VllmStep"
 
