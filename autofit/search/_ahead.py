@@ -1,22 +1,24 @@
-"""The walk's search for the largest value that fits, as a plan that can be read ahead: ``bisection`` is the order
-in which ``Search._largest`` probes (the model's predicted start, one above it, the top, then bisection), and
-``branches`` the values it may probe after the one it is about to, on either outcome of each probe still to come
-(a k-way split where the serial walk halves). Probes side by side (``autofit.search._slots``) start those on free
-slots (``start_ahead``), with the first probes of the levels after (``next_levels``); the walk itself only ever
-follows ``bisection``, so its answer does not depend on them."""
+"""The read-ahead: the walk's search for the largest value that fits, as a plan that can be read ahead. ``bisection``
+is the order in which the walk (``autofit.search._walk``) probes (the model's predicted start, one above it, the top,
+then bisection), and ``branches`` the values it may probe after the one it is about to, on either outcome of each
+probe still to come (a k-way split where the serial walk halves). With probes side by side (``autofit.search._slots``)
+``ReadAhead`` starts those on free slots, with the first probes of the levels after (``levels_after``); the walk
+itself only ever follows ``bisection``, so its answer does not depend on them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generator, List, Optional, Sequence, Tuple
+from typing import Generator, List, Optional, Sequence, Tuple
 
-from autofit.core import Candidate
+from autofit.core import Candidate, SearchSpec
 from autofit.memory_model import divisors
-from autofit.rungs import LadderState
+from autofit.probe import Runner
+from autofit.rungs import LadderState, Rung
+from autofit.search._grid import Grid
+from autofit.search._guide import MemoryGuide
+from autofit.search._probing import Prober
 from autofit.search._pruning import pruned_levels
 from autofit.search._slots import SlotRunner
-
-if TYPE_CHECKING:
-    from autofit.search._search import Search
+from autofit.search._store import ProbeStore
 
 History = Sequence[Tuple[int, bool]]  # (index probed, whether it fitted), in the walk's order
 
@@ -85,40 +87,66 @@ def branches(start: int, top: int, history: History, now: int, count: int) -> Li
     return found[:count]
 
 
-def next_levels(search: Search, level: int, count: int) -> List[Candidate]:
-    """Up to ``count`` probes of the levels searched after ``level`` (those a pass said it may search next, then the
-    ladder's): each level's first, and what follows it on either outcome, as the walk would start them with the model
-    as it stands. Probes side by side start them while this level is searched."""
-    if search.spec.options.maximize == "length":
-        return []
-    found: List[Candidate] = []
-    after = search.levels[level + 1:search.ladder_len]
-    if level < search.ladder_len and not search.ahead_levels:  # should this level fit: the pruning pass's levels
-        after = pruned_levels(search.levels[level], search.rungs, search.start)[:1] + after
-    states = search.ahead_levels + after
-    for state in states:
-        values = divisors(search.spec.rank_batch) if state.vary_batch else [state.candidate.micro_batch]
+class ReadAhead:
+    """What probes side by side start on the free slots while the walk waits for its probe; nothing where the runner
+    runs one probe at a time (``width`` 0)."""
 
-        def make(batch: int, state: LadderState = state) -> Candidate:
-            return search._at(state, batch, search.spec.max_length)
+    def __init__(self, spec: SearchSpec, runner: Runner, grid: Grid, rungs: Sequence[Rung], start: LadderState,
+                 guide: MemoryGuide, store: ProbeStore, prober: Prober):
+        self.spec, self.runner, self.grid, self.rungs, self.start = spec, runner, grid, rungs, start
+        self.guide, self.store, self.prober = guide, store, prober
+        self.next: List[LadderState] = []  # levels outside the ladder a pass may search next (``look_ahead_at``)
 
-        start = search.guide.predicted_start(values, make)
-        found += [make(values[i]) for i in [start, *branches(start, len(values) - 1, [], start, 2)]]
-        if len(found) >= count:
-            break
-    return found[:count]
+    @property
+    def width(self) -> int:
+        """How many probes may run at once: 0 when the runner runs one at a time (nothing is read ahead)."""
+        return len(self.runner.slots.devices) if isinstance(self.runner, SlotRunner) else 0
 
+    def look_ahead_at(self, states: List[LadderState]) -> None:
+        """The levels outside the ladder a pass (the pruning's) may search next; [] when it is done."""
+        self.next = states
 
-def start_ahead(search: Search, now: Candidate, then: Sequence[Candidate]) -> None:
-    """``now`` started on a slot, and on the free slots those of ``then`` not measured yet, not ruled out by the model
-    as it stands, within ``--max-probes``."""
-    runner = search.runner
-    assert isinstance(runner, SlotRunner)
-    steps = search.spec.options.probe_steps
-    if search.store.lookup(now, "probe", steps) is not None:
-        return
-    left = search.spec.options.max_probes
-    room = len(then) if left is None else max(0, left - search.store.probes_spent - 1)
-    wanted = [c for c in then if search.store.lookup(c, "probe", steps) is None and not search.failed_rungs.skipped(c)
-              and search._over_at_low_end(c) is None][:room]
-    runner.ahead(now, wanted, steps)
+    def start_with(self, level: int, now: Candidate, inner: List[Candidate]) -> None:
+        """``now`` started, with ``inner`` (the level's candidates the walk may probe next, nearest first) and the
+        first probes of the levels after it, interleaved as the walk is likely to ask for them."""
+        outer = self.levels_after(level, self.width)
+        nearest, later = inner[:2], inner[2:]
+        self.start_ahead(now, nearest + outer[:1] + later + outer[1:])
+
+    def levels_after(self, level: int, count: int) -> List[Candidate]:
+        """Up to ``count`` probes of the levels searched after ``level`` (those a pass said it may search next, then
+        the ladder's): each level's first, and what follows it on either outcome, as the walk would start them with the
+        model as it stands. Probes side by side start them while this level is searched."""
+        if self.spec.options.maximize == "length":
+            return []
+        found: List[Candidate] = []
+        levels, ladder_len = self.grid.levels, self.grid.ladder_len
+        after = levels[level + 1:ladder_len]
+        if level < ladder_len and not self.next:  # should this level fit: the pruning pass's levels
+            after = pruned_levels(levels[level], self.rungs, self.start)[:1] + after
+        states = self.next + after
+        for state in states:
+            values = divisors(self.spec.rank_batch) if state.vary_batch else [state.candidate.micro_batch]
+
+            def make(batch: int, state: LadderState = state) -> Candidate:
+                return self.grid.at(state, batch, self.spec.max_length)
+
+            start = self.guide.predicted_start(values, make)
+            found += [make(values[i]) for i in [start, *branches(start, len(values) - 1, [], start, 2)]]
+            if len(found) >= count:
+                break
+        return found[:count]
+
+    def start_ahead(self, now: Candidate, then: Sequence[Candidate]) -> None:
+        """``now`` started on a slot, and on the free slots those of ``then`` not measured yet, not ruled out by the
+        model as it stands, within ``--max-probes``."""
+        runner = self.runner
+        assert isinstance(runner, SlotRunner)
+        steps = self.spec.options.probe_steps
+        if self.store.lookup(now, "probe", steps) is not None:
+            return
+        left = self.spec.options.max_probes
+        room = len(then) if left is None else max(0, left - self.store.probes_spent - 1)
+        wanted = [c for c in then if self.store.lookup(c, "probe", steps) is None
+                  and not self.grid.failed_rungs.skipped(c) and self.prober.over_at_low_end(c) is None][:room]
+        runner.ahead(now, wanted, steps)

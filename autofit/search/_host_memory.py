@@ -114,7 +114,7 @@ def predicted_first_probe(spec: SearchSpec) -> Optional[Tuple[Candidate, Ledger]
         return [(candidate, ledger(candidate)) for candidate in made]
 
     for state in levels if spec.options.predict else levels[:1]:
-        # the level's candidates in the walk's order of size, smallest first (``Search._search_level``)
+        # the level's candidates in the walk's order of size, smallest first (``Walk.search_level``)
         batches = divisors(per_rank) if state.vary_batch else [state.candidate.micro_batch]
         if spec.options.maximize == "length":
             made = sized(state, [(batches[0], n) for n in length_grid(spec.min_length, spec.max_length)])

@@ -12,20 +12,23 @@ every pair is known, when the asks run out, or when the caller's probe limit rai
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Dict, List, Tuple
+import math
+from typing import Callable, Dict, List, Tuple
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import TPESampler
 from optuna.trial import TrialState, create_trial
 
-from autofit.core import Candidate
+from autofit.core import Candidate, ProbeResult, SearchSpec
 from autofit.memory_model import divisors
 from autofit.rungs import QUALITY
-from autofit.search._result import Fit, ProbeLimitReached
-
-if TYPE_CHECKING:
-    from autofit.search._search import Search
+from autofit.search._choice import Choice
+from autofit.search._grid import Grid
+from autofit.search._guide import MemoryGuide
+from autofit.search._probing import Prober
+from autofit.search._result import Fit, ProbeLimitReached, SearchReport
+from autofit.search._store import ProbeStore
 
 log = logging.getLogger(__name__)
 
@@ -68,43 +71,58 @@ def refine(space: Dict[Point, Candidate], known: Dict[Point, Score], evaluate: E
     return answers
 
 
-def refine_fits(search: Search, primary: List[Fit], stop: int) -> List[Fit]:
-    """With --max-probes, the probes the walk left go to a sampler looking for a faster fit in the winning
-    cost class, at the chosen length (``autofit.search._refine``). Returns the fits it found."""
-    spec = search.spec
-    if spec.options.max_probes is None or not primary or search.report.probe_limit_reached:
-        return []
-    best = search._rank(primary)[0]
-    cost = search._class(search.levels[best.level])
-    levels = [best.level] if cost == QUALITY else [i for i in range(stop) if search._class(search.levels[i]) == cost]
-    space = {}
-    for level in levels:
-        state = search.levels[level]
-        for batch in divisors(spec.rank_batch) if state.vary_batch else [spec.rank_batch]:
-            space[(level, batch)] = search.failed_rungs.runnable(state.candidate.replace(
-                micro_batch=batch, grad_accum=spec.rank_batch // batch, max_length=best.candidate.max_length))
-    known = {}
-    for r in search.report.records:
-        point = (r.level, r.candidate.micro_batch)
-        if r.kind == "probe" and point in space and space[point].key() == r.candidate.key():
-            known[point] = search._score(r.result)
+def score(result: ProbeResult, guide: MemoryGuide) -> Score:
+    """(tokens per second, peak minus the budget's limit) as the sampler reads them."""
+    limit = guide.limit()
+    over = result.peak_bytes - limit if math.isfinite(limit) else -1.0
+    if guide.fits(result):
+        return result.tokens_per_second, min(over, 0.0)
+    return 0.0, max(over, 1.0)
 
-    def evaluate(level: int, candidate: Candidate) -> Tuple[float, float]:
-        ledger = search._ruled_out(level, candidate)
-        if ledger is not None:
-            return 0.0, ledger.low - search.guide.limit()
-        return search._score(search._measure(level, candidate, stage="refine"))
 
-    before = search.store.probes_run
-    try:
-        answers = refine(space, known, evaluate)
-    except ProbeLimitReached:
-        answers = None
-    search.report.notes.append(
-        f"refinement: {search.store.probes_run - before} probe(s) left under --max-probes "
-        f"{spec.options.max_probes} went to "
-        f"Optuna's TPE sampler over {len(space)} configurations of the {cost} class at length "
-        f"{best.candidate.max_length}" + ("" if answers is not None else " (it stopped at the limit)")
-    )
-    return [Fit(r.level, r.candidate, r.result) for r in search.report.records
-            if r.stage == "refine" and search.guide.fits(r.result)]
+class Refinement:
+    def __init__(self, spec: SearchSpec, grid: Grid, choice: Choice, prober: Prober, guide: MemoryGuide,
+                 store: ProbeStore, report: SearchReport):
+        self.spec, self.grid, self.choice, self.prober = spec, grid, choice, prober
+        self.guide, self.store, self.report = guide, store, report
+
+    def fits(self, primary: List[Fit], stop: int) -> List[Fit]:
+        """With --max-probes, the probes the walk left go to a sampler looking for a faster fit in the winning
+        cost class, at the chosen length (levels before ``stop``, where the walk stopped). Returns the fits it found."""
+        spec, grid, guide, report = self.spec, self.grid, self.guide, self.report
+        if spec.options.max_probes is None or not primary or report.probe_limit_reached:
+            return []
+        best = self.choice.rank(primary)[0]
+        cost = grid.cost_class(grid.levels[best.level])
+        levels = [best.level] if cost == QUALITY else [i for i in range(stop)
+                                                       if grid.cost_class(grid.levels[i]) == cost]
+        space = {}
+        for level in levels:
+            state = grid.levels[level]
+            for batch in divisors(spec.rank_batch) if state.vary_batch else [spec.rank_batch]:
+                space[(level, batch)] = grid.at(state, batch, best.candidate.max_length)
+        known = {}
+        for r in report.records:
+            point = (r.level, r.candidate.micro_batch)
+            if r.kind == "probe" and point in space and space[point].key() == r.candidate.key():
+                known[point] = score(r.result, guide)
+
+        def evaluate(level: int, candidate: Candidate) -> Tuple[float, float]:
+            ledger = self.prober.ruled_out(level, candidate)
+            if ledger is not None:
+                return 0.0, ledger.low - guide.limit()
+            return score(self.prober.measure(level, candidate, stage="refine"), guide)
+
+        before = self.store.probes_run
+        try:
+            answers = refine(space, known, evaluate)
+        except ProbeLimitReached:
+            answers = None
+        report.notes.append(
+            f"refinement: {self.store.probes_run - before} probe(s) left under --max-probes "
+            f"{spec.options.max_probes} went to "
+            f"Optuna's TPE sampler over {len(space)} configurations of the {cost} class at length "
+            f"{best.candidate.max_length}" + ("" if answers is not None else " (it stopped at the limit)")
+        )
+        return [Fit(r.level, r.candidate, r.result) for r in report.records
+                if r.stage == "refine" and guide.fits(r.result)]
