@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from autofit.cli._answer import answer_lines, answer_pick
 from autofit.cli._estimate_facts import CardEstimate, card_estimate, parameters_line, phase_label
 from autofit.cli._estimate_json import estimate_json, refused_json
 from autofit.cli._first_step_lines import first_step_line
@@ -118,6 +119,9 @@ def render_text(facts: CardEstimate) -> str:
         + f", {length_name} {spec.max_length}"
         + (f", prompt {spec.options.max_prompt_length}" if spec.options.algo in RL_ALGOS else ""),
     ]
+    from autofit.search import available_host_bytes
+
+    lines += answer_lines(facts, available_host_bytes())
     if facts.calibration is None:
         lines.append(f"memory model: analytic prior, uncalibrated "
                      f"(±{prior_uncertainty(shape, spec.options.algo):.0%}), "
@@ -132,7 +136,8 @@ def render_text(facts: CardEstimate) -> str:
     lines += facts.vllm
     lines += [f"note: {note}" for note in (*facts.left_out, *facts.ladder_notes)]
     host = any(level.ledger.host for level in result.levels)  # an offloading level: its host memory, a column
-    header = (["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in COLUMNS]
+    columns = COLUMNS if spec.options.wide else ()  # the terms: 70 columns more (--wide)
+    header = (["lvl", "rung (cumulative)", "batch", "len"] + [name for name, _ in columns]
               + ["peak", "±", "phase", "fits"])
     header += ["host"] if host else []
     speeds = facts.speeds
@@ -142,7 +147,7 @@ def render_text(facts: CardEstimate) -> str:
         ledger, candidate = level.ledger, level.candidate
         cells = [str(level.level), _rung_cell(level, result.levels[index - 1] if index else None),
                  f"{candidate.micro_batch}x{candidate.grad_accum}", str(candidate.max_length)]
-        cells += [f"{sum(getattr(ledger, term) for term in terms) / scale:.2f}" for _, terms in COLUMNS]
+        cells += [f"{sum(getattr(ledger, term) for term in terms) / scale:.2f}" for _, terms in columns]
         cells += [f"{ledger.total / scale:.2f}", f"{ledger.total * ledger.uncertainty / scale:.2f}", ledger.phase,
                   _fits_cell(ledger, budget)]
         cells += [f"{ledger.host / scale:.2f}" if ledger.host else "-"] if host else []
@@ -155,7 +160,9 @@ def render_text(facts: CardEstimate) -> str:
         return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
                          for i, (c, w) in enumerate(zip(row, widths, strict=True)))
 
-    lines += ["", f"predicted peak by term ({unit}), at each level's peak phase:", render(header)]
+    title = f"predicted peak by term ({unit}), at each level's peak phase:" if columns else \
+        f"predicted peak ({unit}) at each level's peak phase (--wide: by term):"
+    lines += ["", title, render(header)]
     lines += [render(row) for row in rows]
     lines.append("fits: the point prediction against the budget; '?' when the budget lies inside the ± band")
     if host:
@@ -168,39 +175,28 @@ def render_text(facts: CardEstimate) -> str:
     if rl:  # the step users report failing: fine at step 1, out of memory at step 2
         lines.append(first_step_line("level 0 (the run as asked)", result.levels[0].candidate, shape, spec.device,
                                      facts.calibration, budget))
-    lines.append("")
+    pick = answer_pick(facts)
+    if pick is None:
+        return "\n".join(lines)
+    chosen = pick.level
+    lines += ["", f"use, level {chosen.level} ({'+'.join(chosen.rungs) or 'baseline'}), {chosen.candidate.describe()}: "
+              "predicts "
+              f"{format_size(chosen.ledger.total)} ± {format_size(chosen.ledger.total * chosen.ledger.uncertainty)} "
+              f"of {format_size(budget)}; {_views(chosen.ledger, spec.device)}"]
+    if rl:  # generation and training peak apart: the update's phases, in order
+        lines.append(f"  {_phases_line(chosen.ledger, algorithm(spec.options.algo).phases, unit, scale)}")
+        if chosen.level:
+            lines.append("  " + first_step_line(f"level {chosen.level}", chosen.candidate, shape, spec.device,
+                                                facts.calibration, budget))
+    vllm_line = level_vllm_line(chosen.candidate, shape, chosen.ledger.total, budget)
+    lines += [f"  {vllm_line}"] if vllm_line else []
     expected = result.expected
-    if expected is None:
-        lightest = min(result.levels, key=lambda level: level.ledger.total)
-        lines.append(
-            f"expected: nothing is predicted to fit {format_size(budget)}; the lightest level "
-            f"({'+'.join(lightest.rungs) or 'baseline'}, {lightest.candidate.describe()}) predicts "
-            f"{format_size(lightest.ledger.total)} ± {format_size(lightest.ledger.total * lightest.ledger.uncertainty)}"
-        )
-    else:
-        rung = result.rung
-        what = "no rung is needed (the baseline fits)" if rung == "baseline" else f"rung '{rung}' is needed first"
-        lines.append(
-            f"expected: {what}: level {expected.level}"
-            + (f" without {', '.join(result.dropped)} (not the table's row)" if result.dropped else "")
-            + f" ({'+'.join(expected.rungs) or 'baseline'}), "
-            f"{expected.candidate.describe()} predicts {format_size(expected.ledger.total)} "
-            f"± {format_size(expected.ledger.total * expected.ledger.uncertainty)} of {format_size(budget)}; "
-            f"{_views(expected.ledger, spec.device)}"
-        )
-        if rl:  # generation and training peak apart: the update's phases, in order
-            lines.append(f"  {_phases_line(expected.ledger, algorithm(spec.options.algo).phases, unit, scale)}")
-            if expected.level:
-                lines.append("  " + first_step_line(f"level {expected.level}", expected.candidate, shape,
-                                                    spec.device, facts.calibration, budget))
-        vllm_line = level_vllm_line(expected.candidate, shape, expected.ledger.total, budget)
-        lines += [f"  {vllm_line}"] if vllm_line else []
-        if result.dropped:
-            lines.append(f"  without {', '.join(result.dropped)}: the level is predicted to fit without "
-                         + ("it" if len(result.dropped) == 1 else "them") + " at the same micro-batch and length, "
-                         "as the search drops rungs that buy nothing")
-        if expected.ledger.host:
-            lines.append(f"  {_host_line(expected.ledger.host)}")
+    if result.dropped and expected is not None and expected.level == chosen.level:
+        lines.append(f"  without {', '.join(result.dropped)}: the level is predicted to fit without "
+                     + ("it" if len(result.dropped) == 1 else "them") + f" ({expected.candidate.describe()}, "
+                     f"{format_size(expected.ledger.total)}), as the search drops rungs that buy nothing")
+    if chosen.ledger.host:
+        lines.append(f"  {_host_line(chosen.ledger.host)}")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Sequence
 
+from autofit.cli._answer import alternatives, choose, walked, why
 from autofit.cli._estimate_facts import CardEstimate, parameters_line, phase_label
 from autofit.cli._exit import EXIT_BAD_INPUT, EXIT_OK, exit_block
 from autofit.cli._speed import estimate_card
@@ -73,12 +74,28 @@ def card_document(facts: CardEstimate) -> Dict[str, Any]:
                           facts.speeds[index] if facts.speeds else None)
                    for index, level in enumerate(result.levels)],
         "speed": _speed(facts),
+        "answer": _answer(facts),
         "expected": None if expected is None else {
             **_level(expected, None, budget, None), "rung": result.rung, "dropped": list(result.dropped)},
         "lightest": None if expected is not None else _level(
             min(result.levels, key=lambda level: level.ledger.total), None, budget, None),
         "plot": facts.plot,
     }
+
+
+def _answer(facts: CardEstimate) -> Optional[Dict[str, Any]]:
+    """The level the text's "use:" line names (what a search is expected to write), why, and the alternatives it
+    names, each as a level number."""
+    group = walked(facts)
+    pick = choose(facts, group)
+    if pick is None:
+        return None
+    shown = facts.result.levels[pick.level.level]
+    return {**_level(pick.level, None, facts.budget, pick.speed),
+            "without": [name for name in shown.rungs if name not in pick.level.rungs],
+            "why": why(facts, pick, group),
+            "alternatives": [{"label": label, "level": other.level.level}
+                             for label, other in alternatives(facts, pick)]}
 
 
 def _configuration(candidate: Candidate) -> Dict[str, Any]:

@@ -184,6 +184,7 @@ class SearchOptions:
                                      metavar="DIR")
     plot: Optional[str] = option(help="also draw the ledger of every level against the budget (.svg, .png or .pdf)",
                                  kind=TEXT, doors=(ESTIMATE,), metavar="FILE")
+    wide: bool = option(False, help="each ledger term a column of the table", kind=FLAG, doors=(ESTIMATE,))
     as_json: bool = option(False, help="print the answer, its files, the commands to run next and the exit reason as "
                                        "one JSON document on stdout, progress on stderr (schema: docs/cli.md)",
                            kind=FLAG, doors=(SEARCH, ESTIMATE), flags=("--json",),

@@ -91,6 +91,9 @@ class LevelEstimate:
     candidate: Candidate  # the largest micro-batch (or longest length) predicted to fit; else the smallest tried
     ledger: Ledger
     fits: bool  # point prediction within the budget
+    # the level's largest micro-batch at the full length fits (with ``maximize="length"``: the full length): the
+    # search's walk compares no later level (``autofit.search._walk``)
+    top: bool = False
 
 
 @dataclass
@@ -171,7 +174,10 @@ def expected_rung(spec: SearchSpec, budget_bytes: Optional[int] = None, *, calib
     levels = []
     for index, state in enumerate(climb(start, rungs)):
         candidate, ledger, fits = _best_at_level(state, spec, budget, predict_at)
-        levels.append(LevelEstimate(index, tuple(state.rungs), state.cost, candidate, ledger, fits))
+        largest = spec.rank_batch if state.vary_batch else state.candidate.micro_batch
+        top = fits and candidate.max_length == spec.max_length and (
+            spec.options.maximize == "length" or candidate.micro_batch == largest)
+        levels.append(LevelEstimate(index, tuple(state.rungs), state.cost, candidate, ledger, fits, top))
     expected = next((level for level in levels if level.fits), None)
     if expected is None:
         return RungEstimate(budget, levels, None)

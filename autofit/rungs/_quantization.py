@@ -1,6 +1,6 @@
 """A quantized, frozen base model (bitsandbytes 8-bit or 4-bit NF4) trained through LoRA adapters."""
 
-from typing import Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from autofit.core import Candidate, LoraSettings, knob
 from autofit.rungs._contract import RungBase
@@ -35,6 +35,10 @@ class QuantizedBase(RungBase):
         if state.candidate.lora is None:
             changes["lora"] = LoraSettings()
         return state.with_rung(self, candidate_changes=changes)
+
+    def trade(self, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
+        """Its trade where the base is quantized to its bits: a 4-bit level climbed the 8-bit rung too."""
+        return self.trade_text if candidate.quantization == f"{self.bits}bit" else None
 
     def comment(self, key: str, candidate: Candidate) -> Optional[str]:
         """Its bitsandbytes keys where the base is quantized to its bits (the 4-bit level climbed the 8-bit rung

@@ -26,8 +26,8 @@ TERM_COLUMNS = {"weights": ("weights",), "grads": ("gradients",), "optim": ("opt
 
 
 def estimate(capsys, *argv: str) -> Tuple[str, Dict[str, Any]]:
-    """The text and the JSON document of the same command."""
-    assert cli.main(["estimate", *argv]) == 0
+    """The text (``--wide``: every term a column) and the JSON document of the same command."""
+    assert cli.main(["estimate", *argv, "--wide"]) == 0
     text = capsys.readouterr().out
     assert cli.main(["estimate", *argv, "--json"]) == 0
     printed = capsys.readouterr().out
@@ -84,16 +84,27 @@ def check_levels(text: str, card: Dict[str, Any]) -> None:
 
 
 def check_expected(text: str, card: Dict[str, Any]) -> None:
-    line = next(line for line in text.splitlines() if line.startswith("expected: "))
-    expected = card["expected"]
-    if expected is None:
-        assert "nothing is predicted to fit" in line and format_size(card["lightest"]["peak"]["bytes"]) in line
+    """The answer ("use:", first after the header, and its figures' line after the table) is the JSON's ``answer``."""
+    lines = text.splitlines()
+    use = next(i for i, line in enumerate(lines) if line.startswith("use: "))
+    assert use == 1  # the line after the header
+    answer = card["answer"]
+    if answer is None:
+        assert card["expected"] is None
+        assert "nothing is predicted to fit" in lines[use] and format_size(card["lightest"]["peak"]["bytes"]) in \
+            lines[use]
         return
-    assert f": level {expected['level']}" in line and expected["configuration"]["describe"] in line
-    assert f"predicts {format_size(expected['peak']['bytes'])} ± {format_size(expected['band']['bytes'])}" in line
+    assert lines[use].startswith(f"use: level {answer['level']} ") and answer["configuration"]["describe"] in \
+        lines[use]
+    assert lines[use + 1] == f"  why: {answer['why']}"
+    named = [line for line in lines[use + 2:] if line.startswith("  or (")]
+    assert [int(line.split("level ")[1].split()[0]) for line in named] == \
+        [other["level"] for other in answer["alternatives"]]
+    figures = next(line for line in lines if line.startswith(f"use, level {answer['level']} "))
+    assert f"predicts {format_size(answer['peak']['bytes'])} ± {format_size(answer['band']['bytes'])}" in figures
     if card["question"]["device"] == "cuda":
-        assert f"PyTorch allocates {format_size(expected['pytorch']['bytes'])}" in line
-        assert f"nvidia-smi shows {format_size(expected['nvidia_smi']['bytes'])}" in line
+        assert f"PyTorch allocates {format_size(answer['pytorch']['bytes'])}" in figures
+        assert f"nvidia-smi shows {format_size(answer['nvidia_smi']['bytes'])}" in figures
 
 
 def check_phases(text: str, card: Dict[str, Any]) -> None:
@@ -162,7 +173,7 @@ def test_each_algo_prints_the_same_levels_in_json_and_text(capsys, argv):
     check_levels(text, card)
     check_expected(text, card)
     if "--algo" in argv and argv[argv.index("--algo") + 1] in ("grpo", "ppo"):  # the update's phases, in the text
-        phases = card["expected"]["phase_totals"]
+        phases = card["answer"]["phase_totals"]
         assert "generation" in phases
         _, scale = unit_of(card)
         by_phase = next(line for line in text.splitlines() if "by phase" in line)

@@ -134,7 +134,7 @@ def test_the_skills_commands_run_as_written_and_their_json_says_what_the_skill_s
         documents.append(document)
     estimate, search = documents
     assert estimate["command"] == "estimate" and estimate["exit"]["reason"] == "estimated"
-    assert estimate["estimates"][0]["expected"]["fits"]
+    assert estimate["estimates"][0]["answer"]["fits"]
     assert search["command"] == "search" and search["exit"]["reason"] == "fits" and search["fits"]
     out = tmp_path / commands[1][commands[1].index("--out") + 1]
     files = search["files"]

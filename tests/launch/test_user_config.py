@@ -107,7 +107,7 @@ def test_estimate_predicts_the_file_as_written_first(sft_file, capsys):
         lines = capsys.readouterr().out.splitlines()
         mine = next(i for i, line in enumerate(lines) if line.startswith(f"your run ({sft_file} as written): "))
         assert "mb=8x1 len=128 ckpt adafactor lora64" in lines[mine] and verdict in lines[mine]
-        assert mine < next(i for i, line in enumerate(lines) if line.startswith("predicted peak by term"))
+        assert mine < next(i for i, line in enumerate(lines) if line.startswith("predicted peak"))
 
 
 def test_fit_takes_the_file_too(tmp_path, sft_file, monkeypatch):

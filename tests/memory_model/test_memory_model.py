@@ -510,7 +510,7 @@ def test_estimate_runs_without_torch(tmp_path):
     done = _estimate("--model", "Qwen/Qwen2.5-7B", "--gpu-memory", "24GiB")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "expected:" in out and "baseline" in out and "lora" in out and "uncalibrated (±25%)" in out
+    assert "use: level " in out and "baseline" in out and "lora" in out and "uncalibrated (±25%)" in out
     done = _estimate("--model", "Qwen/Qwen2.5-0.5B", "--algo", "grpo", "--gpu-memory", "16GiB", "--num-generations",
                      "4", "--max-prompt-length", "256", "--max-completion-length", "256", "--beta", "0.04", "--from",
                      str(tmp_path))
@@ -524,7 +524,7 @@ def test_ppo_is_estimated_whatever_trl_is_installed():
     done = _estimate("--model", "Qwen/Qwen2.5-7B", "--algo", "ppo", "--gpu-memory", "A100-80GB")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert out.startswith("autofit estimate: ppo Qwen/Qwen2.5-7B") and "expected: rung" in out
+    assert out.startswith("autofit estimate: ppo Qwen/Qwen2.5-7B") and out.splitlines()[1].startswith("use: level ")
     header = next(line.split() for line in out.splitlines() if line.startswith("lvl"))
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 ", "3 ", "4 ", "5 "))]
     phase = header.index("phase") - 1  # "rung (cumulative)" is two words in the header, one in a row
@@ -559,7 +559,7 @@ def test_estimate_text_with_a_stored_calibration(tmp_path):
     cal, notes = load_calibration(str(tmp_path), spec)
     assert cal is not None and "calibrated on 2 probe(s)" in notes[0]
     text = estimate_text(spec, cal, notes)
-    assert "uncalibrated" not in text and "expected:" in text
+    assert "uncalibrated" not in text and "use: level " in text
     assert text.count("\n") > 8  # one row per ladder level
     _, notes = load_calibration(str(tmp_path), _spec(max_length=512, budget_bytes=512 * MiB))
     assert "calibrated for model tiny-qwen2" in notes[0]

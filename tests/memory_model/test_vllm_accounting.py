@@ -171,7 +171,7 @@ def test_the_seed_case_refuses_trls_default_and_proposes_a_share_with_room_for_v
     free = _size(re.search(r"the card keeps ([\d.]+ \w+) free", level).group(1))
     assert f"{format_size(VLLM_UNMODELLED_BAND[1])} beyond it held in the peak" in level
     assert free >= 0 and free + VLLM_UNMODELLED_BAND[1] > 0.5 * GIB  # the old answer: 0.10 GiB spare
-    expected = next(line for line in text.splitlines() if line.startswith("expected:"))
+    expected = next(line for line in text.splitlines() if line.startswith("use, level "))
     assert "vllm-context+vllm-share" in expected and "ctx640" in expected
     assert "+quant-8bit" not in text  # TRL's colocated vLLM refuses an 8-bit base: no level offers one
 
@@ -259,5 +259,5 @@ def test_a_share_vllm_cannot_start_in_is_no_fit_on_any_card(tmp_path):
     text = _estimate("--algo", "grpo", "--config", str(config), "--gpu-memory", "24GiB")
     run = next(line for line in text.splitlines() if line.startswith("your run ("))
     assert "does not run: vLLM does not start at 3% of the card" in run
-    expected = next(line for line in text.splitlines() if line.startswith("expected:"))
+    expected = next(line for line in text.splitlines() if line.startswith("use, level "))
     assert "vllm-share" in expected and "vllm-colocate@0.03" not in expected

@@ -117,7 +117,7 @@ def test_best_json_carries_the_model_and_estimate_reads_it(tmp_path, capsys):
                      "--max-length", "256", "--effective-batch", "16", "--from", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0
-    assert "calibrated on" in out and "expected" in out
+    assert "calibrated on" in out and "\nuse: level " in out
 
 
 def test_estimate_bad_input_exits_2(capsys):
