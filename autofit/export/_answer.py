@@ -17,7 +17,7 @@ from autofit.core import model_args as knob_model_args
 from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
 from autofit.export._user_yaml import user_yaml
 from autofit.export._vllm import vllm_comments, vllm_data
-from autofit.export._words import trades, train_command, usage, why
+from autofit.export._words import trades, train_command, usage, was, why
 from autofit.probe.kit import trainable_folder
 from autofit.rungs import ACCELERATE_YAML
 from autofit.search import SearchReport
@@ -89,7 +89,11 @@ def answer(report: SearchReport, out_dir: Optional[Path] = None) -> Optional[Ans
     def comment(key: str) -> str:
         return one_line(why(key, candidate, spec.max_length, spec.options.maximize))
 
-    comments = {key: comment(key) for key in {**written, **{f"env.{k}": v for k, v in candidate.env}}}
+    before = _users_run(report, observed, candidate)
+    comments = {}
+    for key, value in {**written, **{f"env.{k}": v for k, v in candidate.env}}.items():
+        changed = was(key, value, before, defaults or {})
+        comments[key] = f"{comment(key)}; {changed}" if changed else comment(key)
     answered = Answer(
         candidate=candidate, observed=observed, model_args=model, training_args=training,
         config=candidate.training_args(), written=written, comments=comments,
@@ -103,6 +107,18 @@ def answer(report: SearchReport, out_dir: Optional[Path] = None) -> Optional[Ans
         return answered
     text, changes = user_yaml(spec.launch.file, candidate, {**model, **training}, comment, answered.header)
     return Answer(**{**answered.__dict__, "user_text": text, "changes": changes})
+
+
+def _users_run(report: SearchReport, observed: Dict[str, Any], trained: Candidate) -> Dict[str, Any]:
+    """The keys the user's run exports (the ladder's first level: their file's run, or the question as asked, with
+    what their own trainer adds), ``env.NAME`` for its environment: what best.yaml says a changed key was.
+    ``trained``: the answer as trained, which is the user's run where the search chose the first level's."""
+    if not report.levels:
+        return {}
+    assert report.chosen is not None
+    first = report.levels[0].candidate
+    start = trained if first == report.chosen.candidate else as_trained(first, observed)
+    return {**model_args(start, observed), **training_args(start), **{f"env.{k}": v for k, v in start.env}}
 
 
 def _train(report: SearchReport, out_dir: Optional[Path]) -> Optional[str]:

@@ -5,9 +5,11 @@ climbed; what is not a rung's (the effective batch, a flag of the user's, the de
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from autofit.core import Candidate, algorithm, knob_of_key
+import yaml
+
+from autofit.core import Candidate, algorithm, knob_of_key, one_line
 from autofit.memory_model import ModelShape, census_for, trainable_tensors
 from autofit.rungs import ACCELERATE_YAML, rung_named
 
@@ -49,6 +51,38 @@ def why(key: str, candidate: Candidate, asked_length: int, maximize: str) -> str
     rung's, else the first of the candidate's rungs that claims it, else the user's own."""
     return (_before_rungs(key, candidate, asked_length, maximize) or _rungs(key, candidate)
             or _after_rungs(key, candidate) or "yours")
+
+
+def was(key: str, value: Any, before: Mapping[str, Any], defaults: Mapping[str, Any]) -> Optional[str]:
+    """What ``key`` was in the user's run (``before``: the keys the ladder's first level exports, ``env.NAME`` for its
+    environment; ``defaults``: the config class's, for a key that level leaves at TRL's default), in best.yaml's words:
+    ``was 8``, ``was adamw_torch_fused (TRL default)``, ``was unset``; None where the answer did not change it."""
+    if key in before:
+        return None if before[key] == value else f"was {shown(before[key])}"
+    if key in defaults:
+        return None if defaults[key] == value else f"was {shown(defaults[key])} (TRL default)"
+    return "was unset"
+
+
+def shown(value: Any) -> str:
+    """A value as best.yaml's comment says it: as YAML writes it (``true``, ``{dtype: bfloat16}``), on one line."""
+    if value is None:
+        return "unset"
+    if isinstance(value, str):
+        return one_line(value)
+    try:
+        text = yaml.safe_dump(_listed(value), default_flow_style=True, width=float("inf"))
+    except yaml.YAMLError:  # a type YAML has no word for: as Python says it
+        return one_line(str(value))
+    return one_line(text.strip().removesuffix("...").strip())
+
+
+def _listed(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return [_listed(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _listed(v) for k, v in value.items()}
+    return value
 
 
 def _before_rungs(key: str, candidate: Candidate, asked_length: int, maximize: str) -> Optional[str]:

@@ -29,7 +29,8 @@ def test_the_answer_is_derived_once_and_every_output_renders_it(tmp_path, monkey
     monkeypatch.setattr(_answer, "as_trained", lambda *args: derived.append(args) or trained(*args))
     monkeypatch.setattr("autofit.export._write.trainable_checkpoint", lambda config, name: None)
     export.write(report, tmp_path)
-    assert len(derived) == 1  # best.json, best.yaml and the terminal: one derivation
+    chosen = [args for args in derived if args[0] == report.chosen.candidate]
+    assert len(chosen) == 1  # best.json, best.yaml and the terminal: one derivation (the user's run's: the "was")
     answer = report.answer
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["config"] == json.loads(json.dumps(answer.config, default=str))

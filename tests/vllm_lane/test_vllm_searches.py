@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,11 @@ def test_a_grpo_search_probes_vllm_colocated_and_its_settings(tmp_path):
     assert training["vllm_gpu_memory_utilization"] == vllm["utilization"]
     if "vllm-context" in best["rungs"]:
         assert training["vllm_max_model_length"] == 24 == measured["max_model_len"]  # prompt 8 + completion 16
+    # vLLM's own start-up lines, kept in the probes' logs (issue 61, item 6): its KV cache and maximum concurrency
+    logs = [path.read_text(errors="replace") for path in tmp_path.glob("probes/**/probe.log")]
+    started = [text for text in logs if "Maximum concurrency for" in text]
+    sized = [text for text in started if re.search(r"KV cache size: [\d,]+ tokens", text)]
+    assert started and sized == started, "\n".join(logs)[-3000:]
 
 
 def test_an_rloo_search_probes_vllm_colocated(tmp_path):

