@@ -37,7 +37,7 @@ TRAIN_FROM = $(if $(filter file,$(origin OUT)),$(if $(wildcard $(OUT)/best.yaml)
 TRAIN_OUT ?= $(TRAIN_FROM)/train
 ARGS ?=
 
-.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-vllm test-fast test-services services gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed bench-parallel browser report-shot
+.PHONY: help search estimate train venv demo lint test test-main test-ppo test-floor test-vllm test-fast test-services services gpu-test gpu-check clean bench bench-quick bench-families bench-offload bench-activation-offload bench-liger bench-weightless bench-public bench-speed bench-speed-check bench-parallel browser report-shot
 
 help:
 	@echo "autofit: the best TRL configuration that fits your GPU, by measuring it"
@@ -63,6 +63,7 @@ help:
 	@echo "  make bench-weightless  what a probe's checkpoint of a 7B to 72B model costs in disk, memory and time"
 	@echo "  make bench-public    the estimate against GPU peaks published for the Hugging Face stack"
 	@echo "  make bench-speed     the throughput model's speed ratios against measured ones, on the CPU meter"
+	@echo "  make bench-speed-check  the speed model against its check set: published rows it is never fitted to"
 	@echo "  make gpu-check   the GPU scenarios and their plain-TRL replays, on a CUDA machine"
 	@echo "  make report-shot [REPORT=dir]  draw dir's report.html again, lay it out in headless Chromium at 420 and"
 	@echo "                   1280 px, check that every title is whole, no text over another, no number wraps,"
@@ -218,7 +219,7 @@ bench: venv
 
 # Every benchmark target the README and docs name, in its quick mode (make gpu-check needs CUDA: not here).
 bench-quick: QUICK = 1
-bench-quick: bench bench-families bench-speed bench-parallel
+bench-quick: bench bench-families bench-speed bench-speed-check bench-parallel
 
 clean:
 	rm -rf autofit-out .pytest_cache $(PPO_OVERLAY) $(FLOOR_VENV) $(VLLM_VENV)
@@ -248,6 +249,13 @@ bench-liger: venv
 # between the "speed" markers of docs/benchmarks.md (about a minute idle, 8 on a busy 2-core machine; not part of bench).
 bench-speed: venv
 	$(BIN)/python -m benchmarks.speed $(BENCH_WRITE)
+
+# The speed model's check set (issue 60, item 5): published rows it is never fitted to (benchmarks/public/check/rows.csv,
+# fixed 2026-12-02), each through `autofit estimate --config FILE ... --json`, their error and the pairs' directions
+# beside the calibration set's error; the table between the "speed-check" markers of docs/benchmarks.md (about 4
+# minutes; not part of bench). benchmarks/public/check/before.json keeps the figure before any speed change.
+bench-speed-check: venv
+	$(BIN)/python -m benchmarks.speed_check $(BENCH_WRITE)
 
 # Probes side by side (issue 49): rounds on the critical path and wall time of the same search with 1, 2 and 4 slots
 # (simulated devices on the CPU, real probes), and 1 to 8 GPUs simulated from recorded probe times; the table between
