@@ -28,9 +28,10 @@ from autofit.rungs import resolve_ladder, usable_rungs
 # The ledger's phases in the order a run goes through them (``autofit.memory_model._ledger``), and their names for a
 # reader. The ledger's forward peaks at the LM head, where every saved activation is live and the head's buffers
 # join: "train" is the forward and the LM head, its terms apart (activations: the forward's, logits: the head's).
-PHASE_ORDER = ("engine_setup", "first_backward", "generation", "scoring", "train", "backward", "step")
+PHASE_ORDER = ("engine_setup", "first_backward", "weight_sync", "generation", "scoring", "train", "backward", "step")
 PHASE_LABELS = {
     "engine_setup": "engine setup",
+    "weight_sync": "weight sync",
     "generation": "generation",
     "scoring": "scoring",
     "train": "forward + LM head",

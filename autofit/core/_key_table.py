@@ -72,7 +72,7 @@ _PROBED = {
     "max_tool_calling_iterations": "tool calls in generation",
     "entropy_coef": "an entropy term (GRPO)", "use_adaptive_entropy": "an entropy term (GRPO)",
     "top_entropy_quantile": "the entropy mask (GRPO)",
-    "vllm_tensor_parallel_size": "vLLM", "vllm_enable_sleep_mode": "vLLM",
+    "vllm_tensor_parallel_size": "vLLM",
     "vllm_model_impl": "vLLM",
     "lora_target_parameters": "LoRA on parameters", "use_dora": "DoRA adapters",
     "lora_task_type": "the adapter's task",

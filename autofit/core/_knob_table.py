@@ -26,6 +26,7 @@ INIT_KWARGS = "model_init_kwargs"  # where TRL's scripts put ModelConfig's dtype
 ACTIVATION_OFFLOADING = "activation_offloading"
 USE_LIGER = "use_liger_kernel"
 USE_VLLM, VLLM_SHARE_KEY, VLLM_CONTEXT_KEY = "use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length"
+VLLM_SLEEP_KEY = "vllm_enable_sleep_mode"
 
 
 def _int(value: Any) -> bool:
@@ -216,6 +217,22 @@ VLLM = Knob(
     training=_vllm_training, options=_vllm_of, baseline=_vllm_context_of, said_before=_vllm_words)
 
 
+def _sleep_of(run: FileRun) -> Dict[str, Any]:
+    sleeping = _groups(run) and run.training.get("use_vllm") and (run.training.get("vllm_mode") or "colocate") == \
+        "colocate" and run.training.get(VLLM_SLEEP_KEY) is True
+    return {"vllm_sleep": bool(sleeping)}
+
+
+# TRL's sleep mode (colocate only: the server's process is its own): vLLM sleeps at level 2 after each generation
+# and wakes for the next [S: trl/generation/vllm_generation.py, VLLMGeneration.generate and sync_weights]. The
+# user's own vllm_enable_sleep_mode passes through to the probes as written (the ledger reads it), as Liger's does.
+VLLM_SLEEP = Knob(
+    "vllm_sleep", fields=("vllm_sleep",), late=("vllm_sleep",),
+    training_keys={VLLM_SLEEP_KEY: "vLLM's weights and KV cache released outside generation (sleep level 2)"},
+    training=lambda c: {VLLM_SLEEP_KEY: True} if c.vllm_sleep and c.vllm == "colocate" and _vllm_training(c) else {},
+    baseline=_sleep_of)
+
+
 def _env_of(run: FileRun) -> Dict[str, Any]:
     env = run.written.get("env")  # TRL sets each variable as str(value)
     return {"env": tuple(sorted((str(k), str(v)) for k, v in env.items())) if isinstance(env, dict) else ()}
@@ -252,4 +269,4 @@ def user_trusts_code(user_args: Any) -> bool:
 
 
 KNOBS = (BATCH, CHECKPOINTING, LENGTH, OPTIM, LORA, DTYPE, QUANTIZATION, ACTIVATION_OFFLOAD, PRECOMPUTE_REF, LIGER,
-         ATTENTION, TRUST_REMOTE_CODE, NUM_GENERATIONS, BETA, VLLM, ENV, ENGINE)
+         ATTENTION, TRUST_REMOTE_CODE, NUM_GENERATIONS, BETA, VLLM, VLLM_SLEEP, ENV, ENGINE)

@@ -35,7 +35,7 @@ from autofit.memory_model._rollout import rollout_phases
 from autofit.memory_model._rungs import custom_host_bytes, custom_rungs, widest_band, with_rungs
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._sharding import sharded_state, sharding_host_bytes, zero_phase_buffers
-from autofit.memory_model._vllm import vllm_refusal, vllm_term
+from autofit.memory_model._vllm import vllm_asleep_bytes, vllm_refusal, vllm_term, vllm_weight_bytes
 
 # The error band of an uncalibrated prediction for a checked family: the activation coefficient alone spans
 # 8..16 B·h (2.4) and the logits/loss costs are version-dependent (2.5) [A]. Unchecked families: ``checked``.
@@ -195,10 +195,35 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
                                             "optimizer": state.optimizer,
                                             "generation": generation_bytes(candidate, shape, act_bytes)}))
     buffers = zero_phase_buffers(candidate, shape, device)
+    phases = [_Phase(p.name, {**p.terms, "gradients": p.terms.get("gradients", 0.0) + buffers.get(p.name, 0.0)})
+              for p in phases]
+    return _with_vllm(phases, candidate, shape, device, {"weights": state.weights, "reference": state.reference,
+                                                         "optimizer": state.optimizer})
+
+
+def _with_vllm(phases: List[_Phase], candidate: Candidate, shape: ModelShape, device: str,
+               resident: Dict[str, float]) -> List[_Phase]:
+    """A colocated vLLM's share in the step's phases (the generation column), ``resident`` what the trainer holds
+    between its steps. Awake, the share is held through every phase. Asleep outside generation (``vllm_sleep``, on a
+    GPU: vLLM's CPU build has no sleep mode), the trainer's phases hold what vLLM keeps asleep, and two phases of
+    its own hold the rest: the weight sync (vLLM's weights woken, and under ZeRO-3 with LoRA the trainer's whole
+    model gathered to merge the adapters) and the generation (the whole share) [S: trl/generation/vllm_generation.py,
+    VLLMGeneration.sync_weights, _iter_named_params, generate]."""
     reserved = vllm_term(candidate, shape)  # a colocated vLLM's share, held through the whole step
-    return [_Phase(p.name, {**p.terms, "gradients": p.terms.get("gradients", 0.0) + buffers.get(p.name, 0.0),
-                            **({"generation": p.terms.get("generation", 0.0) + reserved} if reserved else {})})
-            for p in phases]
+    if not reserved:
+        return phases
+    sleeping = candidate.vllm_sleep and device == "cuda"
+    held = vllm_asleep_bytes(candidate, shape) if sleeping else reserved
+    phases = [_Phase(p.name, {**p.terms, "generation": p.terms.get("generation", 0.0) + held}) for p in phases]
+    gathered = resident["weights"] * (candidate.ranks - 1) if candidate.lora is not None and \
+        zero_engine(candidate) in ("zero3", "zero3-offload") else 0.0
+    if sleeping:
+        phases.append(_Phase("generation", {**resident, "generation": reserved}))
+    if sleeping or gathered:
+        vllm_held = held + vllm_weight_bytes(candidate, shape) if sleeping else reserved
+        phases.append(_Phase("weight_sync", {**resident, "weights": resident["weights"] + gathered,
+                                             "generation": vllm_held}))
+    return phases
 
 
 def _ledger(phase: _Phase, rho: float, context: float, totals: Dict[str, float], uncertainty: float,

@@ -60,6 +60,11 @@ OPS_FORWARD_PER_LAYER = 73
 # vLLM's host time per decode step with CUDA graphs (its scheduler, the sampler, one graph replay) [A: an assumption,
 # no published figure found; vLLM's docs: "CUDA graph optimization - kernel launch overhead eliminated"]
 VLLM_STEP_SECONDS = 1e-3
+# vLLM waking from sleep level 2 once a generation round (TRL's sleep mode): its weights' and KV cache's memory mapped
+# again, the weights then synced (priced apart) [A: vLLM's blog "Zero-Reload Model Switching with vLLM Sleep Mode",
+# 2025-10-26, measures a level-2 wake of 0.8-2.6 s that includes reloading the weights from disk, which TRL replaces
+# by its sync; the mapping alone is taken as the low end's half]
+VLLM_WAKE_SECONDS = 0.4
 OPS_BACKWARD_PER_LAYER = 147
 OPS_RECOMPUTE_PER_LAYER = 130
 OPS_FORWARD_REST = 120
@@ -272,6 +277,8 @@ def _rl_terms(candidate: Candidate, shape: ModelShape, card: Card, params: float
                 else weights / card.gpu_link)
         terms = {"vLLM generation": prefill + candidate.max_length * decode,
                  "vLLM steps": (1 + candidate.max_length) * VLLM_STEP_SECONDS, "vLLM weight sync": sync}
+        if candidate.vllm_sleep and candidate.vllm == "colocate":
+            terms["vLLM wake-up"] = VLLM_WAKE_SECONDS
     else:
         terms = {"generation": prefill + candidate.max_length * decode,
                  "generation launches": (1 + candidate.max_length) * OPS_FORWARD_PER_LAYER * shape.layers

@@ -185,6 +185,20 @@ def vllm_term(candidate: Candidate, shape: ModelShape) -> float:
     return float(max(candidate.vllm_share_bytes, share.start_need)) + beyond_share(candidate.device)
 
 
+def vllm_asleep_bytes(candidate: Candidate, shape: ModelShape) -> float:
+    """What a colocated vLLM keeps of the card asleep at level 2 (TRL's sleep mode): its weights and KV cache are
+    released (CuMemAllocator's tagged pools), its non-torch memory and CUDA graphs are not [S: vllm/device_allocator/
+    cumem.py, CuMemAllocator.sleep; its log: "Sleep mode freed X GiB memory, Y GiB memory is still in use"], nor what
+    it spends beyond its share."""
+    share = candidate_share(candidate, shape)
+    return share.non_torch + share.cuda_graphs + beyond_share(candidate.device)
+
+
+def vllm_weight_bytes(candidate: Candidate, shape: ModelShape) -> float:
+    """vLLM's weights in its share (bf16, or NF4 linear layers under a 4-bit base)."""
+    return candidate_share(candidate, shape).weights
+
+
 def vllm_refusal(candidate: Candidate, shape: ModelShape) -> str:
     """Why a colocated vLLM does not start at the candidate's share on a GPU (no KV cache for one max_model_len
     sequence: "To serve at least one request with the models's max seq len ...", [S: vllm/v1/core/kv_cache_utils.py,

@@ -18,6 +18,7 @@ from autofit.memory_model._vllm import (
     beyond_share,
     candidate_share,
     capture_sizes,
+    vllm_asleep_bytes,
 )
 from autofit.memory_model._vllm_recorded import RECORDS, UNMODELLED_BAND
 
@@ -131,4 +132,7 @@ def level_vllm_line(candidate: Candidate, shape: ModelShape, peak: float, budget
             f"weights {format_size(share.weights)} + profiling peak {format_size(share.profile_peak)} + non-torch "
             f"{format_size(share.non_torch)} + CUDA graphs {format_size(share.cuda_graphs)} + {kv}; "
             f"{format_size(beyond_share(candidate.device))} beyond it held in the peak, and the card keeps "
-            f"{format_size(budget - peak)} free besides")
+            f"{format_size(budget - peak)} free besides"
+            + (f"; asleep outside generation (sleep level 2), it keeps "
+               f"{format_size(vllm_asleep_bytes(candidate, shape))} while the trainer trains, nothing in host memory"
+               if candidate.vllm_sleep and candidate.device == "cuda" else ""))

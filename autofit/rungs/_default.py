@@ -25,7 +25,7 @@ from autofit.rungs._sharding import OFFLOADING as SHARDING_OFFLOAD
 from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
 from autofit.rungs.activation_offload import ActivationOffload
 from autofit.rungs.liger import LigerKernels
-from autofit.rungs.vllm import VllmContext, VllmShare
+from autofit.rungs.vllm import VllmContext, VllmShare, VllmSleep
 
 DEFAULT_LADDER: Tuple[Rung, ...] = (
     ExpandableSegments(),  # free
@@ -33,6 +33,7 @@ DEFAULT_LADDER: Tuple[Rung, ...] = (
     VllmContext(),  # free; GRPO and RLOO with a colocated vLLM
     VllmShare(),  # free; after the context, whose KV cache it sizes
     PrecomputeReference(),  # free; DPO and KTO
+    VllmSleep(),  # speed; a colocated vLLM on CUDA: the share released while the trainer trains
     MicroBatch(),  # speed
     *(Sharding(name) for name in SHARDING_RUNGS if name not in SHARDING_OFFLOAD),  # speed; several GPUs only
     GradientCheckpointing(),  # speed

@@ -11,6 +11,12 @@
 
 Both are free (the same math, the same speed where vLLM holds the batch); the search tries their levels as it tries
 every free level, and keeps the fastest fit.
+
+- ``vllm-sleep``: TRL's ``vllm_enable_sleep_mode``. vLLM sleeps at level 2 after each generation (its weights and KV
+  cache released, nothing kept in host memory: TRL re-syncs the weights from the trainer) and wakes for the next, so
+  the trainer's forward, backward and optimizer step have the card but for what vLLM keeps asleep (its non-torch
+  memory and CUDA graphs); the generation holds the whole share beside the trainer's weights and optimizer states.
+  A speed rung: the same training, each generation round waiting for vLLM to wake. vLLM's sleep mode is CUDA's only.
 """
 
 from __future__ import annotations
@@ -18,12 +24,15 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional
 
-from autofit.core import VLLM_CONTEXT_KEY, VLLM_SHARE_KEY, Candidate
+from autofit.core import VLLM_CONTEXT_KEY, VLLM_SHARE_KEY, Candidate, keys_of
 from autofit.rungs._contract import RungBase
-from autofit.rungs._ladder import FREE, LadderState
+from autofit.rungs._ladder import FREE, SPEED, LadderState
 
 SPARE = 0.10  # of what vLLM needs, kept free in its share (its profiling run and CUDA graphs vary)
 SHARES = (0.05, 0.95)  # the least and the most of the card the rung gives vLLM, in hundredths
+
+
+VLLM_SLEEP_KEY = keys_of("vllm_sleep")[0]  # vllm_enable_sleep_mode
 
 
 class VllmContext(RungBase):
@@ -70,3 +79,31 @@ class VllmShare(RungBase):
         return (f"vLLM takes {candidate.vllm_utilization:.0%} of each GPU, what it needs to start and hold TRL's "
                 f"{candidate.micro_batch * candidate.grad_accum} sequences at once with {SPARE:.0%} to spare; the "
                 "trainer has the rest (nothing about the training changes)")
+
+
+class VllmSleep(RungBase):
+    name = "vllm-sleep"
+    cost = SPEED
+    help = ("vllm_enable_sleep_mode: vLLM's weights and KV cache released after each generation (TRL's sleep level 2), "
+            "the trainer has the card while it trains")
+    trade_text = ("vLLM sleeps between generations (TRL's vllm_enable_sleep_mode, level 2): its weights and KV cache "
+                  "are released while the trainer trains and mapped again, the weights synced from the trainer, before "
+                  "each generation; the same training, each generation round waiting for vLLM to wake")
+    knobs = ("vllm_sleep",)
+    knob_comment = "vllm-sleep: vLLM's weights and KV cache released outside generation (sleep level 2)"
+
+    def __init__(self, on_simulated_device: bool = False):
+        self.on_simulated_device = on_simulated_device
+
+    def unavailable(self, device: str) -> Optional[str]:
+        if device == "cpu" and not self.on_simulated_device:
+            return "vLLM's sleep mode is CUDA's only (its CPU build has none)"
+        return None
+
+    def apply(self, state: LadderState) -> Optional[LadderState]:
+        candidate = state.candidate
+        if candidate.vllm != "colocate" or candidate.vllm_sleep:
+            return None
+        if dict(candidate.user_args).get(VLLM_SLEEP_KEY) is not None:
+            return None  # the user decided, either way
+        return state.with_rung(self, candidate_changes={"vllm_sleep": True})
