@@ -43,6 +43,7 @@ class Published:
     card: Optional[float] = None  # bytes: a run published only as fitting or not (``measured`` None)
     out_of_memory: bool = False  # the source ran out of memory (at its peak; ``phase``'s figure where one is given)
     meter: str = "nvidia-smi"  # the estimate's figure the published one is compared with: "nvidia-smi" or "pytorch"
+    elsewhere: str = ""  # the published outcome is of a GPU the estimate does not size (which, in words): no verdict
 
 
 LLAMA2_70B = ("--model", "benchmarks/models/Llama-2-70b-hf")
@@ -100,6 +101,14 @@ PREFERENCE_ROWS = (
               "\"You will require 8 GPUs (80GB of VRAM)\" (no figure)",
               "TRL 0.7.7 (full-vocabulary logits) and DeepSpeed 0.12; the card's kind (80 GB, A100 assumed)",
               card=80 * GIB),
+)
+
+
+QWEN_7B = ("--model", "Qwen/Qwen2.5-7B")  # bundled; -Instruct and Qwen2.5-VL-7B's language model have its shape
+QWEN_3B = ("--model", "benchmarks/models/Qwen2.5-3B-Instruct")
+SWIFT = ("ms-swift's trainer (a subclass of TRL's GRPOTrainer), its defaults where the source does not set a key: "
+         "beta 0.04, gradient checkpointing on")
+GRPO_ROWS = (
     Published("G5", "GRPO of Qwen2.5-3B-Instruct, full, DeepSpeed ZeRO-3 (`deepspeed:`) on 2 A800s, vLLM served "
               "from a third at 0.5, batch 8 x 8 completions, prompt 256 + completion 4,096 tokens (Datawhale-R1)",
               "G5.yaml", ("--algo", "grpo", "--max-prompt-length", "256", "--gpus", "2", "--gpu-memory", "A100-80GB",
@@ -108,6 +117,62 @@ PREFERENCE_ROWS = (
               "TRL 0.14's vllm_device (vLLM on a GPU of the node, outside accelerate's processes: server mode here); "
               "the vLLM GPU itself (0.5 of 80 GB for a 3B model) is the server's own --gpu-memory-utilization",
               card=80 * GIB),
+    Published("G6", "GRPO of Qwen2.5-7B-Instruct, LoRA r=12 all-linear, ZeRO-3 (`deepspeed:`) on 3 A100 80GB, vLLM "
+              "on a fourth at 0.6 (server), batch 8 completions, completion 2,048 tokens (ms-swift issue #3359, "
+              "2025-03-03)", "G6.yaml", ("--algo", "grpo", "--gpus", "3", "--gpu-memory", "A100-80GB", *QWEN_7B),
+              None, None, "out of memory (screenshots; where is not stated)",
+              f"{SWIFT}; the command is cut after the batch (num_generations: swift's 8); the prompts' length "
+              "(xpath data, not stated: autofit's 128); which GPU ran out (the trainer's or vLLM's) is not stated",
+              card=80 * GIB, out_of_memory=True),
+    Published("G7", "GRPO of Qwen2.5-VL-7B-Instruct, LoRA r=8, the vision tower frozen, ZeRO-2 (`deepspeed:`) on 2 "
+              "A800 80GB, vLLM colocated at 0.6, batch 2 completions, 4 generations, completion 1,536 tokens, "
+              "768 image tokens (ms-swift issue #3426, a maintainer, 2025-03-11)", "G7.yaml",
+              ("--algo", "grpo", "--max-prompt-length", "896", "--gpus", "2", "--gpu-memory", "A100-80GB", *QWEN_7B),
+              (70 * GIB, 70 * GIB), None,
+              "\"approximately 70G per card is required\" (read as **nvidia-smi**, in GiB)",
+              f"{SWIFT}; the vision tower (0.67B parameters, 1.3 GB frozen, and its activations: the estimate has "
+              "Qwen2.5-7B's language model only); swift's --offload_model/--offload_optimizer (the training model and "
+              "optimizer leave the GPU while vLLM generates); the prompt: 768 image tokens (MAX_PIXELS 602112) + 128"),
+    Published("G8", "GRPO of Qwen2.5-3B-Instruct, QLoRA r=64 (4-bit nested), 1 training vGPU 32GB and vLLM on a "
+              "second at 0.8 (server), batch 8 x 8 completions, completion 4,096 tokens (TRL issue #2864, "
+              "2025-02-14: Datawhale-R1 on two GPUs)", "G8.yaml",
+              ("--algo", "grpo", "--max-prompt-length", "256", "--gpu-memory", "32GB", *QWEN_3B), None, None,
+              "\"the device for vllm always appear OOM when loading weights\" (no figure)",
+              "the vLLM server's own GPU: server mode sizes the trainer's GPUs only (no key or flag gives the "
+              "server's card and share to the estimate); TRL 0.16's vllm_device; the keys behind the issue's "
+              "\"...\" (Datawhale-R1.yaml's, as G5)",
+              card=32 * GB, out_of_memory=True, elsewhere="on the vLLM GPU, which server mode does not size"),
+    Published("G9", "GRPO of a Qwen2.5-7B fine-tune, LoRA r=8 all-linear, 1 training process on a 24 GB GPU with "
+              "ZeRO-3 (`deepspeed:`), vLLM on another at 0.8 (server), batch 2 completions, completion 1,024 "
+              "tokens (ms-swift issue #3361, 2025-03-04)", "G9.yaml",
+              ("--algo", "grpo", "--max-prompt-length", "1024", "--gpu-memory", "24GiB", *QWEN_7B), None, None,
+              "out of memory (\"why is 24g not enough\"; no figure)",
+              f"{SWIFT}; num_generations cut from the command (2: the only value TRL 0.15's divisibility check "
+              "leaves); the card (24 GB, not named: 24 GiB); the prompt at vLLM's bound, 2,048 - 1,024",
+              card=24 * GIB, out_of_memory=True),
+    Published("G10", "GRPO of Qwen2.5-3B-Instruct, full, ZeRO-3 (`deepspeed:`) on 6 H20 96GB, `swift rollout` "
+              "(vLLM) on two more (server), batch 2 completions, 4 generations, completion 2,048 tokens (ms-swift "
+              "issue #4486, 2025-06-05)", "G10.yaml", ("--algo", "grpo", "--gpus", "6", "--gpu-memory", "96GB",
+                                                       *QWEN_3B), None, None,
+              "\"OOM as soon as training starts\", at batch 2 and with zero3_offload too (no figure)",
+              f"{SWIFT}; what ran out is not stated (swift's own best practice trains this model on 2 GPUs); the "
+              "prompts' length (Countdown's are short: autofit's 128)", card=96 * GB, out_of_memory=True),
+    Published("G11", "GRPO of Qwen2.5-7B-Instruct, full, ZeRO-2 (`deepspeed:`) on 7 GPUs, vLLM on an eighth at 0.7 "
+              "(server), batch 1 x 2 completions, 7 generations, completion 2,048 tokens (ms-swift's example "
+              "`examples/train/grpo/full_vllm.sh`)", "G11.yaml",
+              ("--algo", "grpo", "--gpus", "7", "--gpu-memory", "A100-80GB", *QWEN_7B), None, None,
+              "\"GPU memory: 8 * 80GiB\" (runs; no figure)",
+              f"{SWIFT}; the prompts' length (NuminaMath-TIR's are short: autofit's 128)", card=80 * GIB),
+    Published("G12", "GRPO of Qwen2.5-72B-Instruct, LoRA r=8, ZeRO-3 with parameters and optimizer offloaded "
+              "(`deepspeed:`) on 4 x 80 GB, vLLM colocated at 0.55 with tensor parallel 4 and sleep level 1, batch "
+              "1 completion, 4 generations, completion 1,024 tokens (ms-swift's example "
+              "`examples/train/grpo/internal/vllm_72b_4gpu.sh`)", "G12.yaml",
+              ("--algo", "grpo", "--gpus", "4", "--gpu-memory", "A100-80GB", "--model", "Qwen/Qwen2.5-72B"),
+              None, None, "\"4*80G GPU\" (runs; no figure)",
+              "**vllm_tensor_parallel_size: 4** (probed, not in the ledger: the estimate holds vLLM's whole 72B, "
+              "135 GiB, on each GPU, where tensor parallel 4 holds a quarter) and **vllm_enable_sleep_mode** (swift's "
+              "--sleep_level 1: weights and KV cache released while the trainer steps); swift's --offload_model/"
+              f"--offload_optimizer and --move_model_batches; {SWIFT}", card=80 * GIB),
 )
 
 
@@ -144,7 +209,7 @@ def table(_: Path) -> str:
     lines = ["| run | configuration (as its source launched it) | command | published (meter) | "
              "predicted: nvidia-smi (PyTorch) | error | not expressed |",
              "|---|---|---|---|---|---|---|"]
-    for row in chosen(ROWS + PREFERENCE_ROWS):
+    for row in chosen(ROWS + PREFERENCE_ROWS + GRPO_ROWS):
         found = estimate(row)
         phases = found["phases"]
         peak, allocated = float(found["peak"]), float(found["allocated"])
@@ -159,7 +224,10 @@ def table(_: Path) -> str:
             shown += ": out of memory, as published" if not found["fits"] else ": fits, unlike the source"
         if found["host"]:
             shown += f"; host {_gb(float(found['host']))}"
-        if row.measured is None and row.out_of_memory:
+        if row.elsewhere:
+            error = (f"{'fits' if found['fits'] else 'does not fit'} on the trainer's GPU; the published outcome is "
+                     f"{row.elsewhere}: not comparable")
+        elif row.measured is None and row.out_of_memory:
             error = "out of memory, as published" if not found["fits"] else "fits, unlike the source"
         elif row.measured is None:
             error = "fits, as published" if found["fits"] else "does not fit, unlike the source"
