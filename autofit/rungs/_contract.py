@@ -57,6 +57,9 @@ class RungBase:
     probe_step: Optional[str] = None  # "module:attribute" of a ProbeStep, imported in the probe's child only
     # -- ledger -----------------------------------------------------------------------------------------------
     band: Optional[float] = None  # not modelled: the memory model's error band for a candidate with this rung
+    # why its level's first candidate is priced as the level before it ("": it is not): the rung changes what the
+    # search then varies (the batch, the length), or what it buys shows only where the run needs it
+    priced_by_its_search: str = ""
     # -- needs ------------------------------------------------------------------------------------------------
     host_memory: str = ""  # what it keeps in host memory, in words ("": nothing): RAM checked before probing
     # -- its place in the ladder --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ class MicroBatch(RungBase):
                   "work")
     knobs = ("batch",)
     knob_comment = "micro-batch (effective batch kept)"
+    priced_by_its_search = "the search then varies the micro-batch from the level's full batch down"
 
     def apply(self, state: LadderState):
         if state.vary_batch or state.candidate.micro_batch * state.candidate.grad_accum == 1:  # per rank

@@ -13,6 +13,7 @@ class ShorterSequences(RungBase):
     help = "max_length lowered down to --min-length (longer examples are truncated)"
     knobs = ("length",)
     knob_comment = "shorter-length"
+    priced_by_its_search = "the search then varies the length from the level's full length down"
 
     def apply(self, state: LadderState):
         if state.vary_length or state.maximize == "length" or state.min_length >= state.candidate.max_length:

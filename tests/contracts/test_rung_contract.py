@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autofit import memory_model as mm
-from autofit.core import KNOBS, Candidate, keys_of
+from autofit.core import KNOBS, Candidate, card_named, keys_of
 from autofit.rungs import COSTS, DEFAULT_LADDER, RUNGS, LadderState, ProbeStep, RungBase, hook_problem
 
 PLUGIN = Path(__file__).resolve().parents[1] / "rung_plugin"
@@ -33,14 +33,17 @@ VLLM = Candidate("grpo", "tiny-qwen2", "cuda", micro_batch=8, grad_accum=1, max_
                  num_generations=4, vllm="colocate", vllm_utilization=0.3, vllm_share_bytes=int(0.3 * 80e9))
 
 
+def _first(rung) -> Candidate:
+    """The ladder's first level the rung is applied to here."""
+    if rung.name == "precompute-ref":  # DPO's reference model
+        return BASE.replace(algo="dpo")
+    return VLLM if rung.name.startswith("vllm") else BASE
+
+
 def _applied(rung):
     """The rung applied to the ladder's first level (None where it does not apply there)."""
-    if rung.name == "precompute-ref":  # DPO's reference model
-        return rung.apply(LadderState(BASE.replace(algo="dpo"), min_length=16))
-    if rung.name.startswith("vllm"):
-        shape = mm.ModelShape.from_model("tiny-qwen2")
-        return rung.apply(LadderState(VLLM, min_length=16, vllm_need=lambda c: int(mm.vllm_need(c, shape))))
-    return rung.apply(LadderState(BASE, min_length=16))
+    shape = mm.ModelShape.from_model("tiny-qwen2")
+    return rung.apply(LadderState(_first(rung), min_length=16, vllm_need=lambda c: int(mm.vllm_need(c, shape))))
 
 
 @pytest.fixture(params=sorted(ALL), ids=str)
@@ -104,3 +107,57 @@ def test_its_memory_is_the_ledgers_or_a_band(rung):
     assert mm.host_bytes(state.candidate, shape, "cpu") >= 0
     if getattr(rung, "host_memory", "") and rung.name not in ("zero1", "zero2", "zero3", "fsdp2"):
         assert mm.host_bytes(state.candidate, shape, "cuda") > 0, rung.name
+
+
+def priced(before: Candidate, after: Candidate) -> bool:
+    """Whether the memory model or the speed model prices ``after`` otherwise than ``before``: a phase's peak, the host
+    bytes, or the seconds of a step on an H100."""
+    shape = mm.ModelShape.from_model("tiny-qwen2")
+    memory = [(ledger.phase, round(ledger.total)) for ledger in mm.phase_ledgers(before, shape)] != \
+        [(ledger.phase, round(ledger.total)) for ledger in mm.phase_ledgers(after, shape)]
+    host = mm.host_bytes(before, shape, "cuda") != mm.host_bytes(after, shape, "cuda")
+    card = card_named("H100")
+    speed = [mm.predict_speed(c, shape, card).seconds_per_step for c in (before, after)]
+    return memory or host or speed[0] != speed[1]
+
+
+def test_its_effect_is_priced_or_it_says_where(rung):
+    """Issue 58, item 2: where a rung applies, the ledger or the speed model prices its level otherwise than the level
+    before (a rung whose effect a term forgot is caught here), or the rung says why its first candidate is the same."""
+    said = getattr(rung, "priced_by_its_search", "")
+    assert isinstance(said, str)
+    assert priced(_first(rung), _applied(rung).candidate) or said, rung.name
+
+
+class _Halves(RungBase):
+    """A rung of a package's: it halves the saved activations (a knob the memory model does not know, so its effect
+    is its ``ledger``'s)."""
+
+    name = "halves-activations (test)"
+    cost = "quality"
+    help = "saved activations halved"
+
+    def apply(self, state):
+        return state.with_rung(self, candidate_changes={"env": (("HALVES_ACTIVATIONS", "1"),)})
+
+    def ledger(self, terms, candidate, model):
+        return {**terms, "activations": terms.get("activations", 0) // 2}
+
+
+class _Forgetful(_Halves):
+    name = "forgets-its-term (test)"
+
+    def ledger(self, terms, candidate, model):
+        return terms  # the term forgotten
+
+
+@pytest.mark.parametrize("rung_class, is_priced", [(_Halves, True), (_Forgetful, False)], ids=["priced", "forgot"])
+def test_a_rung_whose_ledger_forgets_its_term_fails_the_effect_check(rung_class, is_priced):
+    from autofit.rungs import _default, register
+
+    rung = rung_class()
+    register(rung)  # known by its name to the stages, as fit(ladder=[...]) makes a rung object known
+    try:
+        assert priced(BASE, rung.apply(LadderState(BASE, min_length=16)).candidate) is is_priced
+    finally:
+        _default._REGISTERED.pop(rung.name, None)

@@ -40,6 +40,8 @@ class VllmContext(RungBase):
     cost = FREE
     help = "vllm_max_model_length = the run's prompt + completion, not the model's whole context"
     key_comments = {VLLM_CONTEXT_KEY: name}
+    priced_by_its_search = ("what it buys is vLLM's start where the model's whole window does not fit the share "
+                            "(the ledger's refusal); a share that holds the window is priced the same")
     probe_step = "autofit.rungs.vllm._probe:VllmStep"
 
     def apply(self, state: LadderState) -> Optional[LadderState]:
