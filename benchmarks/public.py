@@ -170,8 +170,8 @@ GRPO_ROWS = (
               ("--algo", "grpo", "--gpus", "4", "--gpu-memory", "A100-80GB", "--model", "Qwen/Qwen2.5-72B"),
               None, None, "\"4*80G GPU\" (runs; no figure)",
               "**vllm_tensor_parallel_size: 4** (probed, not in the ledger: the estimate holds vLLM's whole 72B, "
-              "135 GiB, on each GPU, where tensor parallel 4 holds a quarter) and **vllm_enable_sleep_mode** (swift's "
-              "--sleep_level 1: weights and KV cache released while the trainer steps); swift's --offload_model/"
+              "135 GiB, on each GPU, where tensor parallel 4 holds a quarter); vllm_enable_sleep_mode is priced as "
+              "TRL's sleep (level 2: nothing in host memory) where swift sleeps at level 1; swift's --offload_model/"
               f"--offload_optimizer and --move_model_batches; {SWIFT}", card=80 * GIB),
 )
 

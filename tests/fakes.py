@@ -261,3 +261,14 @@ def refused_in_one_line(capsys, argv, *, nothing_on_stdout: bool = False) -> str
     if nothing_on_stdout:
         assert out.out == "", out.out
     return out.err
+
+
+def estimate_cli(*args: str) -> str:
+    """``autofit estimate ARGS`` as a user runs it, in a process of its own; its stdout (exit 0 asserted)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", *args], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout

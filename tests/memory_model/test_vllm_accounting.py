@@ -6,10 +6,9 @@ user types it, and a GRPO file's own ``vllm_max_model_length``."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
+from fakes import estimate_cli
 
 from autofit import memory_model as mm
 from autofit.core import Candidate, format_size
@@ -32,13 +31,6 @@ def _size(text: str) -> float:
     """'1.71 GiB' / '409.16 MiB' -> bytes (format_size's units)."""
     number, unit = text.split()
     return float(number) * {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}[unit]
-
-
-def _estimate(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", *args], capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
 
 
 # -- the terms, from vLLM's source and its own log lines ---------------------------------------------------------
@@ -156,7 +148,7 @@ def test_the_seed_case_refuses_trls_default_and_proposes_a_share_with_room_for_v
     """4 x RTX 3090, TRL's defaults: vLLM does not start at 0.3; the level the estimate expects gives vLLM a share
     that holds its weights, profiling peak, non-torch memory, CUDA graphs and the batch's KV cache, and the card keeps
     what vLLM spends beyond its share (the band) on top: the old answer kept 0.10 GiB of the card."""
-    text = _estimate(*SEED)
+    text = estimate_cli(*SEED)
     first = next(line for line in text.splitlines() if line.startswith("vllm: colocate"))
     assert first.startswith("vllm: colocate, 30% of each GPU") and "vLLM will not start" in first
     block = [line for line in text.splitlines() if line.startswith("vllm:   ")]
@@ -181,12 +173,12 @@ def test_a_grpo_files_vllm_max_model_length_is_the_context_vllm_must_hold(tmp_pa
     config.write_text("model_name_or_path: Qwen/Qwen2.5-7B\nuse_vllm: true\nvllm_mode: colocate\n"
                       "vllm_max_model_length: 1536\nper_device_train_batch_size: 2\nnum_generations: 2\n"
                       "max_completion_length: 1024\n")
-    text = _estimate("--algo", "grpo", "--config", str(config), "--gpu-memory", "80GiB")
+    text = estimate_cli("--algo", "grpo", "--config", str(config), "--gpu-memory", "80GiB")
     lines = [line for line in text.splitlines() if line.startswith("vllm:")]
     cache = next(line for line in lines if line.startswith("vllm:   KV cache"))
     assert "one max_model_len sequence, 1,536 tokens" in cache
     assert not any("131072" in line or "131,072" in line or "32,768" in line for line in lines)
-    small = _estimate("--algo", "grpo", "--config", str(config), "--gpu-memory", "RTX3090")
+    small = estimate_cli("--algo", "grpo", "--config", str(config), "--gpu-memory", "RTX3090")
     first = next(line for line in small.splitlines() if line.startswith("vllm: colocate"))
     assert "one 1536-token sequence" in first and "set vllm_max_model_length" not in first  # the file set it
 
@@ -256,7 +248,7 @@ def test_a_share_vllm_cannot_start_in_is_no_fit_on_any_card(tmp_path):
     config.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_vllm: true\nvllm_mode: colocate\n"
                       "vllm_gpu_memory_utilization: 0.03\nper_device_train_batch_size: 2\nnum_generations: 2\n"
                       "max_completion_length: 256\n")
-    text = _estimate("--algo", "grpo", "--config", str(config), "--gpu-memory", "24GiB")
+    text = estimate_cli("--algo", "grpo", "--config", str(config), "--gpu-memory", "24GiB")
     run = next(line for line in text.splitlines() if line.startswith("your run ("))
     assert "does not run: vLLM does not start at 3% of the card" in run
     expected = next(line for line in text.splitlines() if line.startswith("use, level "))

@@ -6,10 +6,8 @@ merge the adapters) and the generation (the whole share beside the trainer's wei
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from fakes import estimate_cli
 
 from autofit import memory_model as mm
 from autofit.core import Candidate, LoraSettings
@@ -80,17 +78,10 @@ def test_the_rung_applies_to_a_colocated_vllm_on_cuda_and_not_where_the_user_dec
     assert "vllm_enable_sleep_mode" not in colocated(vllm="server", vllm_sleep=True).training_args()
 
 
-def _estimate(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "autofit.cli", "estimate", *args], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def test_the_seeds_case_offers_sleep_with_its_speed_and_no_host_memory():
     """Qwen2.5-7B GRPO with a colocated vLLM on 4 x RTX 3090: the sleep level is a row of the table with its speed,
     its peak below the share-sized level's, no host memory; the wake-up priced once a generation round."""
-    text = _estimate("--model", SHAPE_7B, "--algo", "grpo", "--gpu-memory", "RTX3090", "--gpus", "4", "--use-vllm",
+    text = estimate_cli("--model", SHAPE_7B, "--algo", "grpo", "--gpu-memory", "RTX3090", "--gpus", "4", "--use-vllm",
                      "colocate", "--max-completion-length", "512")
     rows = {line.split()[1]: line.split() for line in text.splitlines() if line[:3].strip().isdigit()}
     sleep, share = rows["+vllm-sleep"], rows["+vllm-share"]
@@ -106,12 +97,12 @@ def test_a_file_that_sleeps_is_estimated_asleep_and_the_rung_leaves_it(tmp_path)
     config.write_text(f"model_name_or_path: {SHAPE_7B}\nuse_vllm: true\nvllm_mode: colocate\n"
                       "vllm_gpu_memory_utilization: 0.7\nvllm_enable_sleep_mode: true\nvllm_max_model_length: 640\n"
                       "per_device_train_batch_size: 2\nnum_generations: 2\nmax_completion_length: 512\n")
-    text = _estimate("--algo", "grpo", "--config", str(config), "--gpu-memory", "H100")
+    text = estimate_cli("--algo", "grpo", "--config", str(config), "--gpu-memory", "H100")
     run = next(line for line in text.splitlines() if line.startswith("your run ("))
     assert "/sleep" in run
     assert "+vllm-sleep" not in text  # the user decided
     awake = tmp_path / "awake.yaml"
     awake.write_text(config.read_text().replace("vllm_enable_sleep_mode: true", "vllm_enable_sleep_mode: false"))
-    text = _estimate("--algo", "grpo", "--config", str(awake), "--gpu-memory", "H100")
+    text = estimate_cli("--algo", "grpo", "--config", str(awake), "--gpu-memory", "H100")
     assert "/sleep" not in next(line for line in text.splitlines() if line.startswith("your run (")) and \
         "+vllm-sleep" not in text
