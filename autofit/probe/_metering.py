@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from typing import Dict, Optional
 
-from autofit.core import Candidate, exempt_phases, others_bytes, vllm_reserved
+from autofit.core import Candidate, exempt_phases, vllm_reserved
+from autofit.machine import others_bytes
 
 
 def make_meter(candidate: Candidate, budget_bytes: Optional[int]):

@@ -25,19 +25,16 @@ from typing import Any, Dict, Iterator, Optional, Protocol, Sequence, Tuple, Uni
 
 from autofit.core import (
     BAD_FORK,
-    DISTURBED_RETRY_WAIT_S,
     INFRASTRUCTURE,
-    PHASE_FILE,
-    PID_FILE,
     Candidate,
     Outcome,
     ProbeResult,
     ProbeSettings,
     classify_exit,
     clip,
-    disturbed,
     format_size,
 )
+from autofit.machine import DISTURBED_RETRY_WAIT_S, PHASE_FILE, PID_FILE, disturbed
 from autofit.probe import _ranks as ranks
 from autofit.probe._child import THREADS_ENV
 from autofit.probe._factory import FactoryPayload, prepare_factory

@@ -24,19 +24,16 @@ from autofit.core import (
     BAD_FORK,
     CANNOT_CREATE_EXIT,
     INFRASTRUCTURE,
-    PHASE_FILE,
     USER,
     Candidate,
     Outcome,
     ProbeResult,
-    atomic_write_text,
     classify_exception,
     error_origin,
     exempt_phases,
-    others_bytes,
-    record_probe_process,
     vllm_reserved,
 )
+from autofit.machine import PHASE_FILE, atomic_write_text, others_bytes, record_probe_process
 from autofit.probe import _steps as steps
 from autofit.probe import _virtual_checkpoint as virtual_checkpoint
 from autofit.probe import kit as probe_kit

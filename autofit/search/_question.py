@@ -21,23 +21,25 @@ from autofit.core import (
     RL_ALGOS,
     InputError,
     Launch,
-    NoCudaDeviceError,
     SearchOptions,
     SearchSpec,
-    UnknownModelError,
     algorithm_names,
-    first_gpu,
     format_size,
-    free_bytes,
     one_line,
-    other_processes,
     parse_size,
+    user_trusts_code,
+    vllm_installed,
+)
+from autofit.machine import (
+    NoCudaDeviceError,
+    UnknownModelError,
+    first_gpu,
+    free_bytes,
+    other_processes,
     resolve_device,
     resolve_gpus,
     resolve_model,
-    user_trusts_code,
     visible_gpu_count,
-    vllm_installed,
 )
 from autofit.rungs import ZERO_STAGES, resolve_ladder
 from autofit.search._faults import InfrastructureError
@@ -237,7 +239,7 @@ def check_model_sizes(spec: SearchSpec, config: Dict[str, Any]) -> None:
 def check_model_code(name: str, config: Dict[str, Any], trust_remote_code: bool) -> None:
     """A model whose type the installed transformers does not know runs only with its own code, and only when the
     user says so: refused before any probe, with the type named and the flag."""
-    from autofit.core import needs_own_code
+    from autofit.machine import needs_own_code
 
     model_type = needs_own_code(config)
     if model_type is not None and not trust_remote_code:

@@ -19,13 +19,12 @@ from autofit.core import (
     ProbeSettings,
     SearchOptions,
     SearchSpec,
-    UnknownModelError,
     classify_exception,
     classify_exit,
     format_size,
     parse_size,
-    resolve_model,
 )
+from autofit.machine import UnknownModelError, resolve_model
 from autofit.probe import FactoryError, identity, prepare_factory
 from autofit.rungs import (
     ALLOC_ENV,

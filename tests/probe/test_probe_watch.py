@@ -17,7 +17,7 @@ SEARCH = textwrap.dedent("""
     from pathlib import Path
 
     def probe(folder):
-        from autofit.core import record_probe_process
+        from autofit.machine import record_probe_process
         record_probe_process(Path(folder))
         time.sleep(300)
 

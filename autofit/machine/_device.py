@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from autofit.core._cards import Card, card_named, card_of_device
+from autofit.core import Card, card_named, card_of_device
 
 log = logging.getLogger(__name__)
 
