@@ -6,37 +6,29 @@ machine itself (the device, files, ``--out``, where a model's configuration is f
 Nothing here imports another part of autofit: every other package builds on it.
 """
 
-from autofit.core._accelerate_keys import accelerate_notes, classify_accelerate
 from autofit.core._algorithms import (
     ALGORITHMS,
     DEFAULT_ALGO,
     PRECOMPUTE,
-    Algorithm,
     algorithm,
     algorithm_names,
-    ppo_available,
 )
-from autofit.core._allocator_env import ALLOC_ENV, LEGACY_ALLOC_ENV, allocator_options
+from autofit.core._allocator_env import ALLOC_ENV, allocator_options
 from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, ProbeSettings
 from autofit.core._cards import CARDS, Card, card_named, card_of_device
 from autofit.core._compat import (
-    checkpointing_field,
-    exempt_phases,
-    installed,
     installed_versions,
     vllm_installed,
-    vllm_reserved,
 )
 from autofit.core._errors import InputError
-from autofit.core._key_table import KEY_KINDS, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
+from autofit.core._key_table import NO_MEMORY, NOT_PROBED, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
+from autofit.core._key_table import markdown as key_table_markdown
 from autofit.core._kinds import DEVICE_IDS, SECONDS, Kind
-from autofit.core._knob import FileRun, Knob
-from autofit.core._knob_peft import targets
+from autofit.core._knob import MODELLED
 from autofit.core._knob_table import (
     ACTIVATION_OFFLOADING,
     BATCH_KEYS,
     INIT_KWARGS,
-    KNOBS,
     USE_LIGER,
     VLLM_CONTEXT_KEY,
     VLLM_SHARE_KEY,
@@ -58,7 +50,6 @@ from autofit.core._knobs import (
 )
 from autofit.core._launch import Launch, LaunchEngine, TrlFile
 from autofit.core._options import (
-    DEVICES,
     ESTIMATE,
     FIELDS,
     FIT,
@@ -71,54 +62,45 @@ from autofit.core._options import (
     ladder_names,
 )
 from autofit.core._outcome import (
-    BAD_FORK,
-    CANNOT_CREATE_EXIT,
     ENGINE_FAILURE,
     INFRASTRUCTURE,
     KERNEL_FAILURE,
     PLUGIN,
     USER,
-    BuildTimeout,
     FactoryMisuse,
     Outcome,
     PluginStepError,
     ProbeResult,
-    classify_exception,
-    classify_exit,
-    error_origin,
-    user_file,
 )
 from autofit.core._secrets import masked, masked_argv, scrubbed, url_parts, url_secrets
-from autofit.core._settings import LoraSettings, QuantSettings, runnable_attention
+from autofit.core._settings import LoraSettings, runnable_attention
 from autofit.core._sizes import format_size, parse_size
 from autofit.core._spec import FACTORIES, MAX_EFFECTIVE_BATCH, SEARCHED_ARGS, Baseline, SearchSpec
 from autofit.core._text import clip, one_line
 
 __all__ = [
-    "accelerate_notes", "classify_accelerate",
-    "ALGORITHMS", "DEFAULT_ALGO", "PRECOMPUTE", "Algorithm", "algorithm", "algorithm_names", "ppo_available",
-    "ALLOC_ENV", "LEGACY_ALLOC_ENV", "allocator_options",
+    "ALGORITHMS", "DEFAULT_ALGO", "PRECOMPUTE", "algorithm", "algorithm_names",
+    "ALLOC_ENV", "allocator_options",
     "LENGTH_FIELD", "RL_ALGOS", "Candidate", "ProbeSettings",
     "CARDS", "Card", "card_named", "card_of_device",
-    "checkpointing_field", "exempt_phases", "installed", "installed_versions", "vllm_installed", "vllm_reserved",
+    "installed_versions", "vllm_installed",
     "InputError",
-    "KEY_KINDS", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
+    "NO_MEMORY", "NOT_PROBED", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
+    "key_table_markdown",
+    "MODELLED",
     "DEVICE_IDS", "SECONDS", "Kind",
-    "FileRun", "Knob",
-    "targets",
-    "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "KNOBS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
+    "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "user_dtype", "user_trusts_code",
     "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob", "knob_of_key", "model_args",
     "observe_trainer", "option_file_keys", "read_keys",
     "Launch", "LaunchEngine", "TrlFile",
-    "DEVICES", "ESTIMATE", "FIELDS", "FIT", "GROUP_ALGOS", "SEARCH", "SearchOptions", "add_options", "door_fields",
-    "given_values", "ladder_names",
-    "BAD_FORK", "CANNOT_CREATE_EXIT", "ENGINE_FAILURE", "INFRASTRUCTURE", "KERNEL_FAILURE", "PLUGIN", "USER",
-    "BuildTimeout", "FactoryMisuse", "Outcome", "PluginStepError", "ProbeResult", "classify_exception", "classify_exit",
-    "error_origin", "user_file",
+    "ESTIMATE", "FIELDS", "FIT", "GROUP_ALGOS", "SEARCH", "SearchOptions", "add_options", "door_fields", "given_values",
+    "ladder_names",
+    "ENGINE_FAILURE", "INFRASTRUCTURE", "KERNEL_FAILURE", "PLUGIN", "USER", "FactoryMisuse", "Outcome",
+    "PluginStepError", "ProbeResult",
     "masked", "masked_argv", "scrubbed", "url_parts", "url_secrets",
-    "LoraSettings", "QuantSettings", "runnable_attention",
+    "LoraSettings", "runnable_attention",
     "format_size", "parse_size",
-    "clip", "one_line",
     "FACTORIES", "MAX_EFFECTIVE_BATCH", "SEARCHED_ARGS", "Baseline", "SearchSpec",
+    "clip", "one_line",
 ]

@@ -3,7 +3,7 @@
 ``question`` is the search's (``autofit search`` and ``autofit.fit``): the device present, each GPU's memory (the
 card's unless ``--gpu-memory``), the GPUs that train together, and the trainer's budget: what other processes leave
 on a busy GPU (with ``--allow-busy-gpu``). A colocated vLLM's share is one of the ledger's terms and a part of every
-probe's peak (``autofit.core.vllm_reserved``), so the budget stays the card's.
+probe's peak (``autofit.probe._metering.vllm_reserved``), so the budget stays the card's.
 ``estimate_question`` is the estimate's: a GPU this machine need not have, any number of them. Both refuse a model
 no probe could run (its code, its sizes) before anything starts. Nothing here changes a spec once it is built.
 """

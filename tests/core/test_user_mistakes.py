@@ -8,8 +8,8 @@ import pytest
 
 from autofit import cli
 from autofit.core import USER, Outcome
-from autofit.core._outcome import classify_exit
 from autofit.machine import resolve_model
+from autofit.probe._classify import classify_exit
 
 SEARCH = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "16", "--effective-batch", "2"]
 
