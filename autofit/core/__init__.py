@@ -14,7 +14,7 @@ from autofit.core._algorithms import (
     algorithm_names,
 )
 from autofit.core._allocator_env import ALLOC_ENV, allocator_options
-from autofit.core._candidate import LENGTH_FIELD, RL_ALGOS, Candidate, ProbeSettings
+from autofit.core._candidate import RL_ALGOS, Candidate, ProbeSettings
 from autofit.core._cards import CARDS, Card, card_named, card_of_device
 from autofit.core._compat import (
     installed_versions,
@@ -62,9 +62,7 @@ from autofit.core._options import (
     ladder_names,
 )
 from autofit.core._outcome import (
-    ENGINE_FAILURE,
     INFRASTRUCTURE,
-    KERNEL_FAILURE,
     PLUGIN,
     USER,
     FactoryMisuse,
@@ -81,14 +79,14 @@ from autofit.core._text import clip, one_line
 __all__ = [
     "ALGORITHMS", "DEFAULT_ALGO", "PRECOMPUTE", "algorithm", "algorithm_names",
     "ALLOC_ENV", "allocator_options",
-    "LENGTH_FIELD", "RL_ALGOS", "Candidate", "ProbeSettings",
+    "RL_ALGOS", "Candidate", "ProbeSettings",
     "CARDS", "Card", "card_named", "card_of_device",
     "installed_versions", "vllm_installed",
     "InputError",
     "NO_MEMORY", "NOT_PROBED", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
     "key_table_markdown",
-    "MODELLED",
     "DEVICE_IDS", "SECONDS", "Kind",
+    "MODELLED",
     "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "user_dtype", "user_trusts_code",
     "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob", "knob_of_key", "model_args",
@@ -96,8 +94,7 @@ __all__ = [
     "Launch", "LaunchEngine", "TrlFile",
     "ESTIMATE", "FIELDS", "FIT", "GROUP_ALGOS", "SEARCH", "SearchOptions", "add_options", "door_fields", "given_values",
     "ladder_names",
-    "ENGINE_FAILURE", "INFRASTRUCTURE", "KERNEL_FAILURE", "PLUGIN", "USER", "FactoryMisuse", "Outcome",
-    "PluginStepError", "ProbeResult",
+    "INFRASTRUCTURE", "PLUGIN", "USER", "FactoryMisuse", "Outcome", "PluginStepError", "ProbeResult",
     "masked", "masked_argv", "scrubbed", "url_parts", "url_secrets",
     "LoraSettings", "runnable_attention",
     "format_size", "parse_size",

@@ -97,10 +97,3 @@ class PluginStepError(RuntimeError):
 class FactoryMisuse(TypeError):
     """Raised by the probe worker when a factory's return value cannot be what the candidate asked for."""
 
-
-# The cause of a probe that failed under the optimizer-offload engine (DeepSpeed not building or starting): an
-# INVALID result of that rung, so the search leaves the rung and goes on instead of calling the machine broken.
-ENGINE_FAILURE = "engine"
-# The cause of a probe that Liger's kernels broke (Triton not compiling, a model Liger patches nothing of): an
-# INVALID result of that rung too (``autofit.rungs._failures``).
-KERNEL_FAILURE = "kernel"
