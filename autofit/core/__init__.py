@@ -15,7 +15,7 @@ from autofit.core._algorithms import (
 )
 from autofit.core._allocator_env import ALLOC_ENV, allocator_options
 from autofit.core._candidate import RL_ALGOS, Candidate, ProbeSettings
-from autofit.core._cards import CARDS, Card, card_named, card_of_device
+from autofit.core._cards import CARDS, Card, card_named
 from autofit.core._compat import (
     installed_versions,
     vllm_installed,
@@ -80,7 +80,7 @@ __all__ = [
     "ALGORITHMS", "DEFAULT_ALGO", "PRECOMPUTE", "algorithm", "algorithm_names",
     "ALLOC_ENV", "allocator_options",
     "RL_ALGOS", "Candidate", "ProbeSettings",
-    "CARDS", "Card", "card_named", "card_of_device",
+    "CARDS", "Card", "card_named",
     "installed_versions", "vllm_installed",
     "InputError",
     "NO_MEMORY", "NOT_PROBED", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",

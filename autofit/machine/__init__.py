@@ -10,6 +10,7 @@ from autofit.machine._device import (
     RATE_NAMES,
     GpuInfo,
     NoCudaDeviceError,
+    card_of_device,
     driver_version,
     first_gpu,
     priced_card,
@@ -30,8 +31,8 @@ from autofit.machine._outdir import PHASE_FILE, PID_FILE, check_folder_private, 
 from autofit.machine._registry import UnknownModelError, needs_own_code, resolve_model
 
 __all__ = [
-    "RATE_NAMES", "GpuInfo", "NoCudaDeviceError", "driver_version", "first_gpu", "priced_card", "resolve_device",
-    "resolve_gpus", "visible_gpu_count",
+    "RATE_NAMES", "GpuInfo", "NoCudaDeviceError", "card_of_device", "driver_version", "first_gpu", "priced_card",
+    "resolve_device", "resolve_gpus", "visible_gpu_count",
     "atomic_write_text", "cache_dir", "cache_entry", "cache_subfolder", "entry_problem", "read_own_file",
     "DISTURBED_RETRY_WAIT_S", "disturbed", "free_bytes", "other_processes", "others_bytes",
     "PHASE_FILE", "PID_FILE", "check_folder_private", "exclusive", "record_probe_process",
