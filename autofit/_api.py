@@ -21,11 +21,11 @@ from autofit.core import (
     SearchSpec,
     clip,
     door_fields,
-    exclusive,
     format_size,
     one_line,
 )
 from autofit.launch import at_door
+from autofit.machine import exclusive
 from autofit.probe import FactoryError, FactoryPayload, ProcessRunner, make_progress, prepare_factory
 from autofit.rungs import Rung, package_of, probe_steps, register, resolve_ladder
 from autofit.search import (

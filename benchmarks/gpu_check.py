@@ -142,7 +142,7 @@ def offline_model(best_path: Path) -> List[str]:
     """A hub id cannot be downloaded on the GPU machines: the replay loads the weightless checkpoint the probes
     loaded (its weights stay zeros there, with no autofit code to fill them: the same memory)."""
     from autofit import probe_kit
-    from autofit.core import resolve_model
+    from autofit.machine import resolve_model
 
     best = json.loads(best_path.read_text())
     name = best["model_args"]["model_name_or_path"]

@@ -18,7 +18,7 @@ from typing import Dict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autofit.core import resolve_model
+from autofit.machine import resolve_model
 
 MICRO_BATCH, LENGTH = 4, 128
 

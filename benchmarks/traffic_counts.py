@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from autofit.core import resolve_model
+from autofit.machine import resolve_model
 
 MICRO_BATCH, LENGTHS = 4, (64, 128)
 EXCLUDED = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product", "embedding", "_efficient_attention",

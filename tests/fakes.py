@@ -194,7 +194,7 @@ class FormulaRunner:
 def process_running(pid: int, start: int) -> bool:
     """The process ``pid`` that started at ``start`` (clock ticks) is there and not a zombie (a dead probe its
     lingering server has not reaped yet)."""
-    from autofit.core._outdir import process_start_ticks
+    from autofit.machine._outdir import process_start_ticks
 
     try:
         state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]

@@ -226,9 +226,10 @@ def search(args: argparse.Namespace) -> Ended:
     """Run ``autofit search``: the progress on stderr, the table and the answer on stdout (on stderr under --json,
     where stdout is the document's)."""
     from autofit._api import no_fit_message, run_search
-    from autofit.core import InputError, UnknownModelError, one_line
+    from autofit.core import InputError, one_line
     from autofit.export import summary_lines, table_text
     from autofit.launch import at_door
+    from autofit.machine import UnknownModelError
     from autofit.probe import FactoryError, prepare_factory
     from autofit.search import InfrastructureError, question
 

@@ -71,7 +71,7 @@ def skills_folder(target: str, scope: str) -> Path:
 
 def install(target: str, scope: str = "global", force: bool = False) -> Tuple[Path, bool]:
     """Write the skill; (its SKILL.md, whether it was written: False where the same skill is there already)."""
-    from autofit.core import atomic_write_text
+    from autofit.machine import atomic_write_text
 
     folder = skills_folder(target, scope) / SKILL
     path, text = folder / "SKILL.md", skill_text()

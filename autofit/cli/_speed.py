@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
-from autofit.core import InputError, SearchSpec, priced_card
+from autofit.core import InputError, SearchSpec
+from autofit.machine import priced_card
 from autofit.memory_model import (
     PRIOR_SPEED_UNCERTAINTY,
     Card,

@@ -14,13 +14,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-from autofit.core._algorithms import ALGORITHMS, Algorithm, algorithm, algorithm_names
+from autofit.core._algorithms import Algorithm, algorithm, algorithm_names
 from autofit.core._knob_table import USE_VLLM
 from autofit.core._knobs import blocks, knob_training_args, late_fields
 from autofit.core._settings import LoraSettings, QuantSettings
 
-# Config field that holds the searched sequence length, per algorithm (RL: the completion length).
-LENGTH_FIELD = {a.name: a.length_field for a in ALGORITHMS.values()}
 RL_ALGOS = algorithm_names(rl=True)
 # Micro-batches per optimizer step that a probe of SFT or a reward model runs: from the second on, the gradients
 # are resident and nothing else grows, so more would cost time and show nothing (a test measures it). RL keeps all:

@@ -9,8 +9,8 @@ is NVLink's (or Infinity Fabric's) total per GPU, or the PCIe rate where the car
 the driver reports (nvidia-smi's MiB, NVML's total). What a training step achieves of each is
 ``autofit.memory_model._throughput``'s coefficients, never folded in here.
 
-On a GPU the card is the one whose ``device_names`` holds the name NVML reports (``card_of_device``), and where one
-name covers parts of different memory (the H100's 80 and 94 GB) the one nearest the reported total.
+On a GPU the card is the one whose ``device_names`` holds the name NVML reports (``autofit.machine.card_of_device``),
+and where one name covers parts of different memory (the H100's 80 and 94 GB) the one nearest the reported total.
 """
 
 from __future__ import annotations
@@ -119,10 +119,6 @@ CARDS = {card.name: card for card in (
     Card("RTX3060", 25.5e12, 360e9, PCIE4, PCIE4, _AMPERE + " (112 tensor cores at 1.78 GHz)", memory_mib=12288,
          device_names=(_GEFORCE + "RTX 3060",)),
 )}
-# A name NVML reports for parts of different memory is told apart by the total: the nearest, within this share of it
-NAME_MEMORY_TOLERANCE = 0.10  # [M: ECC on takes 6% of an RTX 6000 Ada's]
-
-
 def card_key(text: str) -> str:
     """A card's name as compared: any case, spaces, dashes and underscores ignored."""
     return re.sub(r"[\s_-]", "", text).upper()
@@ -138,19 +134,3 @@ def card_named(name: Optional[str]) -> Optional[Card]:
         if key in (card_key(n) for n in (card.name, *card.aliases)):
             return card
     return None
-
-
-def card_of_device(device_name: Optional[str], total_bytes: Optional[int] = None) -> Optional[Card]:
-    """The card of the name NVML reports for a GPU (``NVIDIA H100 80GB HBM3``, ``NVIDIA GeForce RTX 4090``); where
-    the name covers parts of different memory, the one nearest ``total_bytes``. None for a card autofit does not
-    know, or a total more than ``NAME_MEMORY_TOLERANCE`` from every part of that name."""
-    if not device_name:
-        return None
-    wanted = " ".join(device_name.split()).lower()
-    named = [card for card in CARDS.values() if wanted in (n.lower() for n in card.device_names)]
-    if not named or not total_bytes:
-        return named[0] if named else None
-    nearest = min(named, key=lambda card: abs(card.memory_mib * 2**20 - total_bytes))
-    if abs(nearest.memory_mib * 2**20 - total_bytes) > NAME_MEMORY_TOLERANCE * nearest.memory_mib * 2**20:
-        return None
-    return nearest

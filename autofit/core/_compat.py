@@ -6,12 +6,9 @@ from __future__ import annotations
 import importlib.util
 from functools import cache
 from importlib import metadata
-from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Optional
 
 from packaging.version import InvalidVersion, Version
-
-if TYPE_CHECKING:
-    from autofit.core._candidate import Candidate
 
 # transformers 5.23 renamed TrainingArguments.gradient_checkpointing to activation_checkpointing (the old name stays
 # as a deprecated alias there, and setting only it through dataclasses.replace silently keeps checkpointing on);
@@ -46,24 +43,5 @@ def checkpointing_field() -> str:
     return "activation_checkpointing"
 
 
-# vLLM generating for GRPO/RLOO (``--use-vllm``): probed where installed, estimated where not (``autofit.search``).
-GENERATION_PHASES = ("generation",)
-
-
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
-
-
-def exempt_phases(candidate: Candidate) -> Tuple[str, ...]:
-    """Phases a probe measures but does not hold against the budget: generation, when vLLM is estimated."""
-    return GENERATION_PHASES if candidate.vllm and not vllm_installed() else ()
-
-
-def vllm_reserved(candidate: Candidate) -> int:
-    """The bytes of a colocated vLLM's share a probe adds to each phase it measures (its meter holds the trainer's
-    tensors against the rest): where vLLM is estimated, and on the simulated device, whose vLLM (the CPU build) sizes
-    its KV cache in host memory by whole GiB, not by a share of the card. On a GPU with vLLM installed the meter sees
-    vLLM's share itself (one process): nothing is added."""
-    if candidate.vllm != "colocate" or not candidate.vllm_share_bytes:
-        return 0
-    return candidate.vllm_share_bytes if candidate.device == "cpu" or not vllm_installed() else 0

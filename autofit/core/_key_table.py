@@ -14,7 +14,7 @@ mixture is one of:
 A key the table does not know (a field a newer TRL added) is named in a note and gets the wide band, never silence;
 ``tests/core/test_key_table.py`` fails when the installed TRL or transformers has a field the table does not classify.
 The table covers the declared floors too (transformers 4.56's older fields). ``docs/keys.md`` is generated from it
-(``python -m autofit.core._keys_page``, with accelerate's keys).
+(``python -m autofit.launch._keys_page``, with accelerate's keys).
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ def unclassified(keys: Iterable[str]) -> List[str]:
 def markdown() -> str:
     """The table as docs/keys.md shows it."""
     lines = ["# Every key of your TRL config file", "",
-             "Generated from `autofit/core/_key_table.py` and `_accelerate_keys.py` "
-             "(`python -m autofit.core._keys_page > docs/keys.md`).",
+             "Generated from `autofit/core/_key_table.py` and `autofit/launch/_accelerate_keys.py` "
+             "(`python -m autofit.launch._keys_page > docs/keys.md`).",
              "What autofit does with each field of TRL's config classes, ModelConfig, the scripts' arguments and the "
              "data set mixture: `modelled` (the memory model reads it, the probes run it), `probed` (the probes run "
              "it as written; the estimate names it and widens its band), `no-memory` (no peak changes), "

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from autofit import memory_model
-from autofit.core import INIT_KWARGS, Candidate, as_trained, blocks, format_size, one_line, resolve_model
+from autofit.core import INIT_KWARGS, Candidate, as_trained, blocks, format_size, one_line
 from autofit.core import model_args as knob_model_args
 from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
 from autofit.export._user_yaml import user_yaml
 from autofit.export._vllm import vllm_comments, vllm_data
 from autofit.export._words import trades, train_command, usage, was, why
+from autofit.machine import resolve_model
 from autofit.probe.kit import trainable_folder
 from autofit.rungs import ACCELERATE_YAML
 from autofit.search import SearchReport

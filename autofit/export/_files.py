@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
-from autofit.core import atomic_write_text
 from autofit.export._answer import Answer, answer
 from autofit.export._engine import exported_engine
 from autofit.export._json import json_data
 from autofit.export._table import summary_lines
 from autofit.export._write import build_trainable, yaml_text
+from autofit.machine import atomic_write_text
 from autofit.rungs import remove_stale_engine_files, write_engine_files
 from autofit.search import SearchReport
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from autofit.core import RL_ALGOS, first_gpu, installed_versions
+from autofit.core import RL_ALGOS, installed_versions
 from autofit.export._answer import Answer
 from autofit.export._answer import answer as derive
+from autofit.machine import first_gpu
 from autofit.search import STUDY_FILE, SearchReport
 
 PACKAGES = ("trl-autofit", "torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "optuna")

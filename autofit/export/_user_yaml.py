@@ -18,7 +18,8 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.representer import RoundTripRepresenter
 from ruamel.yaml.util import load_yaml_guess_indent
 
-from autofit.core import INIT_KWARGS, Candidate, TrlFile, keys_of, resolve_model
+from autofit.core import INIT_KWARGS, Candidate, TrlFile, keys_of
+from autofit.machine import resolve_model
 from autofit.rungs import rung_named
 
 # How the probes ran on a GPU machine: the user's file is kept. A CPU search writes what its probes ran with

@@ -9,8 +9,9 @@ from typing import Any
 
 import yaml
 
-from autofit.core import one_line, resolve_model
+from autofit.core import one_line
 from autofit.export._answer import Answer
+from autofit.machine import resolve_model
 from autofit.probe.kit import trainable_checkpoint
 from autofit.search import InfrastructureError, SearchReport
 

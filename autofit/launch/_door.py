@@ -7,20 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from autofit.core import (
-    BATCH_KEYS,
-    DEFAULT_ALGO,
-    MAX_EFFECTIVE_BATCH,
-    InputError,
-    Launch,
-    option_file_keys,
-    visible_gpu_count,
-)
+from autofit.core import BATCH_KEYS, DEFAULT_ALGO, MAX_EFFECTIVE_BATCH, InputError, Launch, option_file_keys
 from autofit.launch._accelerate_file import check_deepspeed_argument, read_accelerate_config
 from autofit.launch._engine import launch_engine
 from autofit.launch._run import option_values, passed_through
 from autofit.launch._trl_file import read_trl_file
 from autofit.launch._trl_values import check_trl_values
+from autofit.machine import visible_gpu_count
 
 # The file's key behind each option it sets, for messages that name the user's own key, not a flag they never gave.
 _FILE_KEYS = option_file_keys()

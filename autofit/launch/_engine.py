@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from autofit.core import LaunchEngine, accelerate_notes
+from autofit.core import LaunchEngine
 from autofit.launch._accelerate_file import read_accelerate_config, read_deepspeed_json, zero_settings
+from autofit.launch._accelerate_keys import accelerate_notes
 from autofit.launch._engine_values import (
     COUNT_KEYS,
     PLUGIN_OFFLOADS,

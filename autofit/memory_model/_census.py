@@ -29,7 +29,8 @@ from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-from autofit.core import algorithm, atomic_write_text, cache_subfolder, read_own_file
+from autofit.core import algorithm
+from autofit.machine import atomic_write_text, cache_subfolder, read_own_file
 from autofit.memory_model._census_build import CENSUS_VERSION
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ def ensure_census(model: str, *, trust_remote_code: bool = False) -> Optional[Ce
     """The census of ``model`` (a bundled name, a folder or a hub id), built now if it is not cached; None when the
     configuration's sizes are exact for its family or unreadable (no memory model then), or (logged) when the
     architecture cannot be built here."""
-    from autofit.core import needs_own_code, resolve_model
+    from autofit.machine import needs_own_code, resolve_model
 
     source = resolve_model(model)
     found = cached_census(source.config)

@@ -127,8 +127,8 @@ class ModelShape:
 
     @classmethod
     def from_model(cls, name: str) -> ModelShape:
-        """The shape of a bundled model, a local folder or a cached hub config (see ``autofit.core._registry``)."""
-        from autofit.core import resolve_model
+        """The shape of a bundled model, a local folder or a cached hub config (see ``autofit.machine._registry``)."""
+        from autofit.machine import resolve_model
 
         return cls.from_config(resolve_model(name).config)
 

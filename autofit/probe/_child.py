@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Optional
 
-from autofit.core import BuildTimeout
+from autofit.probe._classify import BuildTimeout
 
 THREADS_ENV = "AUTOFIT_PROBE_THREADS"  # the CPU threads of a probe that shares the host with others
 

@@ -1,11 +1,11 @@
 """A failed probe said for the user: the error in one line, and the frames of their own code in its traceback (runs
-in the probe process; ``classify_exception`` in ``autofit.core`` says what the failure is)."""
+in the probe process; ``classify_exception`` in ``autofit.probe._classify`` says what the failure is)."""
 
 from __future__ import annotations
 
 import traceback
 
-from autofit.core import user_file
+from autofit.probe._classify import user_file
 
 
 def one_line(exc: BaseException) -> str:

@@ -9,11 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from autofit.core import (
-    PHASE_FILE,  # noqa: F401 - re-exported: the file PhaseFile writes, by name
-    Candidate,
-    ProbeSettings,
-)
+from autofit.core import Candidate, ProbeSettings
 
 
 @dataclass

@@ -4,9 +4,28 @@ vLLM, and the peaks and stats of a meter a failure may have broken (runs in the 
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
-from autofit.core import Candidate, exempt_phases, others_bytes, vllm_reserved
+from autofit.core import Candidate, vllm_installed
+from autofit.machine import others_bytes
+
+# vLLM generating for GRPO/RLOO (``--use-vllm``): probed where installed, estimated where not (``autofit.search``).
+GENERATION_PHASES = ("generation",)
+
+
+def exempt_phases(candidate: Candidate) -> Tuple[str, ...]:
+    """Phases a probe measures but does not hold against the budget: generation, when vLLM is estimated."""
+    return GENERATION_PHASES if candidate.vllm and not vllm_installed() else ()
+
+
+def vllm_reserved(candidate: Candidate) -> int:
+    """The bytes of a colocated vLLM's share a probe adds to each phase it measures (its meter holds the trainer's
+    tensors against the rest): where vLLM is estimated, and on the simulated device, whose vLLM (the CPU build) sizes
+    its KV cache in host memory by whole GiB, not by a share of the card. On a GPU with vLLM installed the meter sees
+    vLLM's share itself (one process): nothing is added."""
+    if candidate.vllm != "colocate" or not candidate.vllm_share_bytes:
+        return 0
+    return candidate.vllm_share_bytes if candidate.device == "cpu" or not vllm_installed() else 0
 
 
 def make_meter(candidate: Candidate, budget_bytes: Optional[int]):

@@ -90,7 +90,7 @@ class SimulatedMeter(_PhaseLedger, TorchDispatchMode):
         self._host_events: Set[int] = set()  # allocation events of storages marked as host memory when made
         self._host_now: Set[int] = set()
         self.host_peak_bytes = 0
-        # Memory another process holds on the simulated device (autofit.core._others), read again now and then.
+        # Memory another process holds on the simulated device (autofit.machine._others), read again now and then.
         self._others = others
         self._others_bytes, self._others_read = 0, 0.0
 

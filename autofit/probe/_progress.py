@@ -23,7 +23,8 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.text import Text
 
-from autofit.core import PHASE_FILE, Candidate, format_size, one_line
+from autofit.core import Candidate, format_size, one_line
+from autofit.machine import PHASE_FILE
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

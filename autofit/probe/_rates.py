@@ -10,7 +10,7 @@ import json
 import time
 from typing import Callable, Tuple
 
-from autofit.core import RATE_NAMES
+from autofit.machine import RATE_NAMES
 
 
 def _best_seconds(run: Callable[[], object], repeats: int) -> float:

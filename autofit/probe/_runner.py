@@ -23,23 +23,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Protocol, Sequence, Tuple, Union
 
-from autofit.core import (
-    BAD_FORK,
-    DISTURBED_RETRY_WAIT_S,
-    INFRASTRUCTURE,
-    PHASE_FILE,
-    PID_FILE,
-    Candidate,
-    Outcome,
-    ProbeResult,
-    ProbeSettings,
-    classify_exit,
-    clip,
-    disturbed,
-    format_size,
-)
+from autofit.core import INFRASTRUCTURE, Candidate, Outcome, ProbeResult, ProbeSettings, clip, format_size
+from autofit.machine import DISTURBED_RETRY_WAIT_S, PHASE_FILE, PID_FILE, disturbed
 from autofit.probe import _ranks as ranks
 from autofit.probe._child import THREADS_ENV
+from autofit.probe._classify import BAD_FORK, classify_exit
 from autofit.probe._factory import FactoryPayload, prepare_factory
 from autofit.probe._progress import PlainProgress, ProbeProgress
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, FrozenSet, List, Sequence, Set, Tuple
 
-from autofit.core import PLUGIN, Candidate, FactoryMisuse, Outcome, PluginStepError, classify_exception, one_line
+from autofit.core import PLUGIN, Candidate, FactoryMisuse, Outcome, PluginStepError, one_line
+from autofit.probe._classify import classify_exception
 from autofit.rungs import DEFAULT_LADDER, ProbeStep, hook_problem, package_of, probe_steps
 
 # Steps of no rung's, considered by every probe.

@@ -23,7 +23,7 @@ import struct
 from pathlib import Path
 from typing import Dict, Iterator, Optional
 
-from autofit.core import atomic_write_text
+from autofit.machine import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -20,27 +20,13 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from autofit.core import (
-    BAD_FORK,
-    CANNOT_CREATE_EXIT,
-    INFRASTRUCTURE,
-    PHASE_FILE,
-    USER,
-    Candidate,
-    Outcome,
-    ProbeResult,
-    atomic_write_text,
-    classify_exception,
-    error_origin,
-    exempt_phases,
-    others_bytes,
-    record_probe_process,
-    vllm_reserved,
-)
+from autofit.core import INFRASTRUCTURE, USER, Candidate, Outcome, ProbeResult
+from autofit.machine import PHASE_FILE, atomic_write_text, others_bytes, record_probe_process
 from autofit.probe import _steps as steps
 from autofit.probe import _virtual_checkpoint as virtual_checkpoint
 from autofit.probe import kit as probe_kit
 from autofit.probe._child import THREADS_ENV, build_deadline, detach_into_log, inherited_cuda
+from autofit.probe._classify import BAD_FORK, CANNOT_CREATE_EXIT, classify_exception, error_origin
 from autofit.probe._factory import FactoryPayload
 from autofit.probe._failures import one_line, user_frames
 from autofit.probe._instrument import (
@@ -50,7 +36,7 @@ from autofit.probe._instrument import (
     models_of,
     phase_callback,
 )
-from autofit.probe._metering import make_meter, over_budget, safe_peaks, safe_stats
+from autofit.probe._metering import exempt_phases, make_meter, over_budget, safe_peaks, safe_stats, vllm_reserved
 from autofit.probe._observe import check_trainer, config_defaults, describe_trainer, tokens_per_step
 from autofit.rungs import ProbeStep
 

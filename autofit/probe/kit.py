@@ -23,15 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from autofit.core import (
-    Candidate,
-    cache_entry,
-    cache_subfolder,
-    entry_problem,
-    one_line,
-    resolve_model,
-    user_trusts_code,
-)
+from autofit.core import Candidate, one_line, user_trusts_code
+from autofit.machine import cache_entry, cache_subfolder, entry_problem, resolve_model
 
 log = logging.getLogger(__name__)
 ENTRY_FORMAT = 2  # how a cache entry is laid out (2: a manifest written last); another value builds every entry again
@@ -130,7 +123,7 @@ def checkpoint_folder(config: Dict, name: str) -> Path:
 
 def _entry_key(config: Dict, kind: str) -> str:
     """What a cache entry was built from: the configuration, the kind of checkpoint and the transformers that wrote
-    it. Checked on every use (``autofit.core._files.cache_entry``), with each file's size and digest."""
+    it. Checked on every use (``autofit.machine._files.cache_entry``), with each file's size and digest."""
     try:
         version = metadata.version("transformers")
     except metadata.PackageNotFoundError:
@@ -206,7 +199,7 @@ def trainable_checkpoint(config: Dict, name: str) -> Path:
         if os.path.lexists(folder):
             log.warning("the cache entry %s is damaged (%s): building it again", one_line(folder), problem)
         done = subprocess.run([sys.executable, "-c", "import sys; from autofit.probe import kit as probe_kit; "
-                               "from autofit.core import resolve_model; probe_kit.write_trainable_checkpoint("
+                               "from autofit.machine import resolve_model; probe_kit.write_trainable_checkpoint("
                                "resolve_model(sys.argv[1]).config, sys.argv[1])", name], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"could not write a random-weight checkpoint of {name} to {folder}: "

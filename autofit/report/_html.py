@@ -9,7 +9,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
-from autofit.core import atomic_write_text, format_size
+from autofit.core import format_size
+from autofit.machine import atomic_write_text
 from autofit.memory_model import TERM_GROUPS
 from autofit.report import _plots as plots
 from autofit.report._data import ReportData, gather

@@ -2,7 +2,7 @@
 
 A rung whose machinery fails (the offload engine does not build or start, Liger's kernels do not compile or patch
 nothing) is not the machine's fault and not the search's end: its probe comes back INVALID with a cause
-(``outcome.ENGINE_FAILURE``, ``outcome.KERNEL_FAILURE``), the search notes it once, probes no other candidate of the
+(``ENGINE_FAILURE``, ``KERNEL_FAILURE``, declared here), the search notes it once, probes no other candidate of the
 offload engine, and builds every later candidate without Liger's kernels (a free rung at the foot of the ladder:
 every level above it carries it).
 """
@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-from autofit.core import ENGINE_FAILURE, KERNEL_FAILURE, Candidate, ProbeResult, clip
+from autofit.core import Candidate, ProbeResult, clip
+
+# The cause of a probe that failed under the optimizer-offload engine (DeepSpeed not building or starting): an
+# INVALID result of that rung, so the search leaves the rung and goes on instead of calling the machine broken.
+ENGINE_FAILURE = "engine"
+# The cause of a probe that Liger's kernels broke (Triton not compiling, a model Liger patches nothing of): an
+# INVALID result of that rung too.
+KERNEL_FAILURE = "kernel"
 
 LIGER_RUNG = "liger-kernels"  # the name of the Liger rung (autofit.rungs.liger)
 

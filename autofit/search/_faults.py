@@ -11,7 +11,7 @@
 - A search that ends with no fit although no probe ran out of memory and the memory model ruled nothing out has
   not learnt that nothing fits: ``InfrastructureError`` too.
 
-``classify_exception`` in ``autofit.core._outcome`` decides what a single failure is; this module only watches them.
+``classify_exception`` in ``autofit.probe._classify`` decides what a single failure is; this module only watches them.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ import sys
 import time
 from typing import Dict, Optional, Tuple
 
-from autofit.core import RATE_NAMES, InputError, atomic_write_text, cache_subfolder, one_line, read_own_file
+from autofit.core import InputError, one_line
+from autofit.machine import RATE_NAMES, atomic_write_text, cache_subfolder, read_own_file
 
 log = logging.getLogger(__name__)
 

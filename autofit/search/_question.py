@@ -3,7 +3,7 @@
 ``question`` is the search's (``autofit search`` and ``autofit.fit``): the device present, each GPU's memory (the
 card's unless ``--gpu-memory``), the GPUs that train together, and the trainer's budget: what other processes leave
 on a busy GPU (with ``--allow-busy-gpu``). A colocated vLLM's share is one of the ledger's terms and a part of every
-probe's peak (``autofit.core.vllm_reserved``), so the budget stays the card's.
+probe's peak (``autofit.probe._metering.vllm_reserved``), so the budget stays the card's.
 ``estimate_question`` is the estimate's: a GPU this machine need not have, any number of them. Both refuse a model
 no probe could run (its code, its sizes) before anything starts. Nothing here changes a spec once it is built.
 """
@@ -21,23 +21,25 @@ from autofit.core import (
     RL_ALGOS,
     InputError,
     Launch,
-    NoCudaDeviceError,
     SearchOptions,
     SearchSpec,
-    UnknownModelError,
     algorithm_names,
-    first_gpu,
     format_size,
-    free_bytes,
     one_line,
-    other_processes,
     parse_size,
+    user_trusts_code,
+    vllm_installed,
+)
+from autofit.machine import (
+    NoCudaDeviceError,
+    UnknownModelError,
+    first_gpu,
+    free_bytes,
+    other_processes,
     resolve_device,
     resolve_gpus,
     resolve_model,
-    user_trusts_code,
     visible_gpu_count,
-    vllm_installed,
 )
 from autofit.rungs import ZERO_STAGES, resolve_ladder
 from autofit.search._faults import InfrastructureError
@@ -237,7 +239,7 @@ def check_model_sizes(spec: SearchSpec, config: Dict[str, Any]) -> None:
 def check_model_code(name: str, config: Dict[str, Any], trust_remote_code: bool) -> None:
     """A model whose type the installed transformers does not know runs only with its own code, and only when the
     user says so: refused before any probe, with the type named and the flag."""
-    from autofit.core import needs_own_code
+    from autofit.machine import needs_own_code
 
     model_type = needs_own_code(config)
     if model_type is not None and not trust_remote_code:

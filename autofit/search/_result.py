@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from autofit import memory_model
-from autofit.core import LENGTH_FIELD, Candidate, Outcome, ProbeResult, SearchSpec, clip, format_size
+from autofit.core import ALGORITHMS, Candidate, Outcome, ProbeResult, SearchSpec, clip, format_size
 from autofit.rungs import LadderState
+
+# Config field that holds the searched sequence length, per algorithm (RL: the completion length).
+LENGTH_FIELD = {a.name: a.length_field for a in ALGORITHMS.values()}
 
 
 class ProbeLimitReached(Exception):

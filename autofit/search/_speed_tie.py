@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from autofit.core import ProbeResult, SearchSpec, priced_card
+from autofit.core import ProbeResult, SearchSpec
+from autofit.machine import priced_card
 from autofit.memory_model import (
     Card,
     SpeedCalibration,

@@ -26,20 +26,8 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from autofit.core import (
-    Candidate,
-    InputError,
-    Outcome,
-    ProbeResult,
-    SearchSpec,
-    UnknownModelError,
-    atomic_write_text,
-    driver_version,
-    first_gpu,
-    format_size,
-    installed_versions,
-    resolve_model,
-)
+from autofit.core import Candidate, InputError, Outcome, ProbeResult, SearchSpec, format_size, installed_versions
+from autofit.machine import UnknownModelError, atomic_write_text, driver_version, first_gpu, resolve_model
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from autofit.core import clip, masked, one_line, visible_gpu_count
+from autofit.core import clip, masked, one_line
+from autofit.machine import visible_gpu_count
 from autofit.probe import ProbeCancelled, ProcessRunner
 from autofit.workers._hand_out import ProbeJob
 from autofit.workers._queue import ProbeQueue, QueueUnreadable, Taken

@@ -23,16 +23,8 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from autofit.core import (
-    InputError,
-    check_folder_private,
-    masked,
-    one_line,
-    read_own_file,
-    scrubbed,
-    url_parts,
-    url_secrets,
-)
+from autofit.core import InputError, masked, one_line, scrubbed, url_parts, url_secrets
+from autofit.machine import check_folder_private, read_own_file
 
 log = logging.getLogger(__name__)
 

@@ -121,7 +121,7 @@ def test_non_positive_probe_timeout_is_bad_input(tmp_path, capsys, timeout):
 def test_a_configuration_no_device_could_hold_is_refused(tmp_path, capsys):
     import json
 
-    from autofit.core._registry import BUNDLED_DIR
+    from autofit.machine._registry import BUNDLED_DIR
 
     config = json.loads((BUNDLED_DIR / "tiny-qwen2.json").read_text())
     config["num_hidden_layers"] = 10**9

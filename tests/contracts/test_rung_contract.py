@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from autofit import memory_model as mm
-from autofit.core import KNOBS, Candidate, card_named, keys_of
+from autofit.core import Candidate, card_named, keys_of
+from autofit.core._knob_table import KNOBS
 from autofit.rungs import COSTS, DEFAULT_LADDER, RUNGS, LadderState, ProbeStep, RungBase, hook_problem
 
 PLUGIN = Path(__file__).resolve().parents[1] / "rung_plugin"

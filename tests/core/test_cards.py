@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from autofit import cli
-from autofit.core import CARDS, GpuInfo, _device, card_named, card_of_device, parse_size, priced_card
+from autofit.core import CARDS, card_named, parse_size
+from autofit.machine import GpuInfo, _device, card_of_device, priced_card
 
 MIB = 2**20
 # Names as NVML and nvidia-smi print them, with the totals they report (issue threads and logs; the H100's as

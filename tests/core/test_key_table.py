@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 from autofit.core._key_table import KINDS, TABLE, classify, markdown, unclassified
-from autofit.core._keys_page import page
+from autofit.launch._keys_page import page
 
 ALGOS = ("sft", "grpo", "rloo", "reward", "dpo", "kto")
 
@@ -50,7 +50,7 @@ def test_the_docs_page_is_the_table():
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "docs" / "keys.md"
-    assert path.read_text() == page(), "regenerate: python -m autofit.core._keys_page > docs/keys.md"
+    assert path.read_text() == page(), "regenerate: python -m autofit.launch._keys_page > docs/keys.md"
 
 
 # Issue 39, item 3: accelerate's config keys are classified as a TRL file's are.
@@ -75,7 +75,7 @@ def accelerate_sections():
 
 
 def test_every_key_of_the_installed_accelerate_is_classified():
-    from autofit.core._accelerate_keys import unclassified_accelerate
+    from autofit.launch._accelerate_keys import unclassified_accelerate
 
     sections = accelerate_sections()
     assert len(sections[""]) > 20 and len(sections["fsdp_config"]) > 10 and len(sections["deepspeed_config"]) > 10
@@ -88,7 +88,7 @@ def test_every_key_of_trls_accelerate_configs_is_classified():
 
     import yaml
 
-    from autofit.core._accelerate_keys import unclassified_accelerate
+    from autofit.launch._accelerate_keys import unclassified_accelerate
 
     folder = Path(importlib.import_module("trl").__file__).parent / "accelerate_configs"
     files = sorted(folder.glob("*.yaml"))
@@ -103,7 +103,7 @@ def test_every_key_of_trls_accelerate_configs_is_classified():
 def test_a_key_added_to_accelerates_cluster_config_is_caught():
     from accelerate.commands.config.config_args import ClusterConfig
 
-    from autofit.core._accelerate_keys import unclassified_accelerate
+    from autofit.launch._accelerate_keys import unclassified_accelerate
 
     @dataclasses.dataclass
     class NewerClusterConfig(ClusterConfig):

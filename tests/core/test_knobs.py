@@ -13,11 +13,9 @@ import pytest
 import yaml
 
 from autofit.core import (
-    KNOBS,
     SEARCHED_ARGS,
     Candidate,
     LoraSettings,
-    QuantSettings,
     as_trained,
     blocks,
     classify_key,
@@ -29,6 +27,8 @@ from autofit.core import (
     model_args,
     read_keys,
 )
+from autofit.core._knob_table import KNOBS
+from autofit.core._settings import QuantSettings
 from autofit.launch import MAPPED, read_trl_file
 
 LORA = LoraSettings(r=8, alpha=16, dropout=0.05, target_modules=("q_proj", "v_proj"), modules_to_save=("lm_head",),

@@ -19,14 +19,12 @@ from autofit.core import (
     ProbeSettings,
     SearchOptions,
     SearchSpec,
-    UnknownModelError,
-    classify_exception,
-    classify_exit,
     format_size,
     parse_size,
-    resolve_model,
 )
+from autofit.machine import UnknownModelError, resolve_model
 from autofit.probe import FactoryError, identity, prepare_factory
+from autofit.probe._classify import classify_exception, classify_exit
 from autofit.rungs import (
     ALLOC_ENV,
     DEFAULT_LADDER,
@@ -257,7 +255,7 @@ def test_shorter_length_rung():
 
 # -- candidates -------------------------------------------------------------------------------------------------
 def test_training_args_sets_checkpointing_both_ways():
-    from autofit.core import checkpointing_field
+    from autofit.core._compat import checkpointing_field
 
     field, other = checkpointing_field(), {"activation_checkpointing", "gradient_checkpointing"}
     for ckpt in (False, True):

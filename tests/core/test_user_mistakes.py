@@ -7,8 +7,9 @@ import json
 import pytest
 
 from autofit import cli
-from autofit.core import USER, Outcome, resolve_model
-from autofit.core._outcome import classify_exit
+from autofit.core import USER, Outcome
+from autofit.machine import resolve_model
+from autofit.probe._classify import classify_exit
 
 SEARCH = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "16", "--effective-batch", "2"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autofit import cli
-from autofit.core import atomic_write_text
+from autofit.machine import atomic_write_text
 
 SEARCH = ["search", "--model", "tiny-qwen2", "--device", "cpu", "--max-length", "16", "--effective-batch", "2",
           "--gpu-memory", "1GiB"]
@@ -63,7 +63,7 @@ def under_file_limit(limit: int, code: str) -> subprocess.CompletedProcess:
 def test_a_file_size_limit_names_the_file_written_whole(tmp_path):
     """``f.write`` past ``ulimit -f`` raises EFBIG without a file name: best.json's writer names it."""
     target = tmp_path / "best.json"
-    done = under_file_limit(1000, f"from autofit.core import atomic_write_text\n"
+    done = under_file_limit(1000, f"from autofit.machine import atomic_write_text\n"
                                   f"atomic_write_text({str(target)!r}, 'x' * 5000)\n")
     assert done.returncode != 0 and f"[Errno {errno.EFBIG}] File too large: '{target}'" in done.stderr
     assert not target.exists() and list(tmp_path.iterdir()) == []  # no temporary file left behind
@@ -87,8 +87,8 @@ def test_a_cache_that_cannot_take_the_trainable_checkpoint_leaves_the_answer_wri
     from fakes import FormulaRunner, MiB, spec_of
 
     from autofit import export
-    from autofit.core import resolve_model
     from autofit.export import _write
+    from autofit.machine import resolve_model
     from autofit.probe.kit import trainable_folder
     from autofit.rungs import resolve_ladder
     from autofit.search import InfrastructureError, Search

@@ -5,7 +5,7 @@ The exceptions below are the same word in another vocabulary, each with its reas
 import re
 from pathlib import Path
 
-from autofit.core import KNOBS
+from autofit.core._knob_table import KNOBS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "autofit"
 # Knob keys that are also the names of options, candidate fields or config.json entries: a literal of them is not
@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "autofit"
 SHARED_WORDS = {"dtype", "env", "optim", "max_length", "max_completion_length", "beta", "num_generations",
                 "deepspeed", "fsdp", "fsdp_config", "trust_remote_code", "attn_implementation", "vllm_max_model_length"}
 OTHER_VOCABULARIES = {
-    "core/_accelerate_keys.py": {"gradient_accumulation_steps"},  # accelerate's DeepSpeed plugin key
+    "launch/_accelerate_keys.py": {"gradient_accumulation_steps"},  # accelerate's DeepSpeed plugin key
     "rungs/engines/_files.py": {"gradient_accumulation_steps"},  # DeepSpeed's JSON key
     "launch/_engine.py": {"activation_checkpointing"},  # fsdp_config's own key (FSDP's checkpointing)
     "core/_compat.py": {"activation_checkpointing", "gradient_checkpointing"},  # the field's name by version

@@ -12,16 +12,16 @@ from autofit import memory_model as mm
 from autofit.core import (
     FACTORIES,
     Candidate,
-    FileRun,
     Launch,
     LoraSettings,
     Outcome,
-    QuantSettings,
     TrlFile,
     blocks,
     file_baseline,
     runnable_attention,
 )
+from autofit.core._knob import FileRun
+from autofit.core._settings import QuantSettings
 from autofit.export._answer import model_args, training_args
 from autofit.launch import probe_notes, probed_as_written
 from autofit.probe import ProcessRunner

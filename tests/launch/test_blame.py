@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autofit import cli
-from autofit.core import accelerate_notes
+from autofit.launch._accelerate_keys import accelerate_notes
 
 TRL_FILE = """model_name_or_path: tiny-qwen2
 max_length: 64

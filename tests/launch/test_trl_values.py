@@ -231,7 +231,7 @@ def test_other_counts_are_digits_too(tmp_path, capsys):
 
 def _own_code_model(folder: Path, marker: Path, model_type: str) -> Path:
     sys.path.insert(0, str(Path(__file__).parents[1]))
-    from core.test_files import custom_code_model
+    from machine.test_files import custom_code_model
 
     custom_code_model(folder, marker)
     if model_type != "marker_lm":  # a type transformers knows, with code of its own beside it (auto_map)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from autofit.core import RATE_NAMES, Candidate, LoraSettings
+from autofit.core import Candidate, LoraSettings
+from autofit.machine import RATE_NAMES
 from autofit.memory_model import ModelShape, measured_rates_card, predict_speed
 from autofit.memory_model import _throughput as model
 from autofit.probe._rates import SMALL_ROWS, half_rate_rows

@@ -39,7 +39,7 @@ def family_root(tmp_path_factory) -> Path:
 def prepared(family: str, root: Path) -> str:
     """The family's tiny model folder with its census in the cache, built in this process (faster than the child
     process the search starts, which ``test_mixtral_8x7b_is_counted_from_the_model_in_a_child_process`` covers)."""
-    from autofit.core import resolve_model
+    from autofit.machine import resolve_model
     from autofit.memory_model._census import census_file, store_census
 
     model = write_family(family, root)
@@ -51,7 +51,7 @@ def prepared(family: str, root: Path) -> str:
 
 def counted(model: str) -> Census:
     """The census built in this process (the search builds it in a child process: ``ensure_census``)."""
-    from autofit.core import resolve_model
+    from autofit.machine import resolve_model
 
     source = resolve_model(model)
     folder = Path(source.local_path) if source.local_path else None
@@ -205,7 +205,7 @@ def test_a_multimodal_wrapper_is_counted_whole(tmp_path):
 
 
 def test_a_damaged_census_in_the_cache_is_built_again(family_root):
-    from autofit.core import resolve_model
+    from autofit.machine import resolve_model
     from autofit.memory_model._census import census_file
 
     model = write_family("qwen3_moe", family_root)

@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from autofit.core import CARDS, Candidate, LoraSettings, card_named, resolve_model
+from autofit.core import CARDS, Candidate, LoraSettings, card_named
+from autofit.machine import resolve_model
 from autofit.memory_model._host_time import ACTIVATION_OFFLOAD_TENSORS, HOST_LINK_EFFICIENCY
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._throughput import calibrated_scale, predict_speed

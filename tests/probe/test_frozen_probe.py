@@ -11,8 +11,8 @@ import pytest
 from fakes import FormulaRunner, MiB, spec_of
 
 from autofit.core import INFRASTRUCTURE, Candidate, Outcome
-from autofit.core._outcome import classify_exit
 from autofit.probe import ProcessRunner
+from autofit.probe._classify import classify_exit
 from autofit.probe._runner import _stopped
 from autofit.rungs import resolve_ladder
 from autofit.search import Search

@@ -7,18 +7,11 @@ import os
 
 import pytest
 
-from autofit.core import (
-    ENGINE_FAILURE,
-    INFRASTRUCTURE,
-    KERNEL_FAILURE,
-    Candidate,
-    Outcome,
-    ProbeResult,
-    ProbeSettings,
-)
+from autofit.core import INFRASTRUCTURE, Candidate, Outcome, ProbeResult, ProbeSettings
 from autofit.probe import ProcessRunner
 from autofit.probe import _steps as steps
 from autofit.rungs import DEFAULT_LADDER, RungBase, probe_steps
+from autofit.rungs._failures import ENGINE_FAILURE, KERNEL_FAILURE
 from autofit.rungs.engines import ZERO2_OFFLOAD
 
 CUSTOM = "custom_steps:RecordingStep"

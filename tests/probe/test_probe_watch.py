@@ -17,7 +17,7 @@ SEARCH = textwrap.dedent("""
     from pathlib import Path
 
     def probe(folder):
-        from autofit.core import record_probe_process
+        from autofit.machine import record_probe_process
         record_probe_process(Path(folder))
         time.sleep(300)
 
@@ -62,7 +62,8 @@ def test_a_probe_that_cannot_create_its_log_exits_quietly_and_the_disk_is_named(
     import subprocess
     import sys
 
-    from autofit.core import CANNOT_CREATE_EXIT, INFRASTRUCTURE, classify_exit
+    from autofit.core import INFRASTRUCTURE
+    from autofit.probe._classify import CANNOT_CREATE_EXIT, classify_exit
 
     missing = tmp_path / "gone" / "probe.log"  # as a log no inode is left for: os.open fails
     code = ("from autofit.probe._worker import child_main\n"

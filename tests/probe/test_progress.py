@@ -12,8 +12,9 @@ from fakes import spec_of
 from rich.console import Console
 
 from autofit.core import Candidate, Outcome
+from autofit.machine import PHASE_FILE
 from autofit.probe import LineProgress, LiveProgress, PlainProgress, ProbeProgress, ProcessRunner, make_progress
-from autofit.probe._instrument import PHASE_FILE, PhaseFile
+from autofit.probe._instrument import PhaseFile
 from autofit.rungs import resolve_ladder
 from autofit.search import Search
 

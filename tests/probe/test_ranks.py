@@ -322,7 +322,7 @@ def test_estimate_for_several_machines_is_at_their_world_size():
 
 
 def test_each_rank_watches_its_own_gpu_for_other_processes(monkeypatch):
-    from autofit.core._others import _nvml_index
+    from autofit.machine._others import _nvml_index
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -334,7 +334,7 @@ def test_each_rank_watches_its_own_gpu_for_other_processes(monkeypatch):
 
 
 def test_a_rank_left_running_by_an_earlier_search_is_killed(tmp_path):
-    from autofit.core._outdir import PID_FILE, kill_orphan_probes, process_start_ticks
+    from autofit.machine._outdir import PID_FILE, kill_orphan_probes, process_start_ticks
 
     folder = tmp_path / "probes" / "abc-2" / "rank1"
     folder.mkdir(parents=True)

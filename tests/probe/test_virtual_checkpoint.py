@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, PreTrainedModel
 
-from autofit.core import resolve_model
+from autofit.machine import resolve_model
 from autofit.probe import _virtual_checkpoint as virtual_checkpoint
 
 GiB = 2**30
@@ -46,7 +46,7 @@ import json, resource, sys, time
 from pathlib import Path
 from transformers import AutoConfig
 from autofit.probe import _virtual_checkpoint as virtual_checkpoint
-from autofit.core._registry import resolve_model
+from autofit.machine._registry import resolve_model
 settings = dict(resolve_model(sys.argv[1]).config)
 config = AutoConfig.for_model(settings.pop("model_type"), **settings)
 written = virtual_checkpoint.write(config, Path(sys.argv[2]))

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from autofit import memory_model as mm
-from autofit.core import KERNEL_FAILURE, Candidate, LoraSettings, Outcome, ProbeResult, ProbeSettings
+from autofit.core import Candidate, LoraSettings, Outcome, ProbeResult, ProbeSettings
 from autofit.export import write as export_write
 from autofit.rungs import DEFAULT_LADDER, RUNGS, LadderState, LigerKernels, resolve_ladder, usable_rungs
+from autofit.rungs._failures import KERNEL_FAILURE
 from autofit.search import Search
 
 try:

@@ -15,10 +15,11 @@ from fakes import spec_of
 import autofit.rungs._offload as offload_module
 from autofit import memory_model as mm
 from autofit.cli._estimate import estimate_text
-from autofit.core import ENGINE_FAILURE, Candidate, LoraSettings, Outcome, ProbeResult, ProbeSettings, SearchSpec
+from autofit.core import Candidate, LoraSettings, Outcome, ProbeResult, ProbeSettings, SearchSpec
 from autofit.export import write as export_write
 from autofit.probe._meters import SimulatedMeter
 from autofit.rungs import RUNGS, LadderState, OptimizerOffload, climb, resolve_ladder
+from autofit.rungs._failures import ENGINE_FAILURE
 from autofit.rungs.engines import (
     ACCELERATE_YAML,
     DEEPSPEED_JSON,

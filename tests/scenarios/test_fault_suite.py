@@ -1,6 +1,6 @@
 """Faults of shared, messy machines, as a user meets them: a search killed with SIGKILL, two searches on one folder,
 probes that abort or run the host out of memory, a damaged study, a busy device (the simulated device's "other
-process", autofit.core._others), an ``--out`` that is a file."""
+process", autofit.machine._others), an ``--out`` that is a file."""
 
 import json
 import os
@@ -16,9 +16,10 @@ import pytest
 from fakes import spec_of
 
 from autofit import cli, probe_kit
-from autofit.core import Candidate, InputError, Outcome, cache_dir, resolve_model
-from autofit.core._files import entry_problem
-from autofit.core._outdir import PID_FILE, exclusive, kill_orphan_probes, process_start_ticks
+from autofit.core import Candidate, InputError, Outcome
+from autofit.machine import cache_dir, resolve_model
+from autofit.machine._files import entry_problem
+from autofit.machine._outdir import PID_FILE, exclusive, kill_orphan_probes, process_start_ticks
 from autofit.probe import ProcessRunner
 from autofit.rungs import resolve_ladder
 from autofit.search import STUDY_FILE, Search

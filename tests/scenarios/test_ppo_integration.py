@@ -6,7 +6,8 @@ import json
 import pytest
 
 from autofit import cli
-from autofit.core import Candidate, LoraSettings, Outcome, ppo_available
+from autofit.core import Candidate, LoraSettings, Outcome
+from autofit.core._algorithms import ppo_available
 from autofit.probe import ProcessRunner
 
 pytestmark = [

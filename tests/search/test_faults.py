@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
-from autofit.core import BAD_FORK, Candidate, FactoryMisuse, Outcome, ProbeResult, classify_exception, classify_exit
+from autofit.core import Candidate, FactoryMisuse, Outcome, ProbeResult
 from autofit.probe import FactoryError
+from autofit.probe._classify import BAD_FORK, classify_exception, classify_exit
 from autofit.search import FaultWatch, InfrastructureError, check_no_fit_is_an_answer
 
 
@@ -122,7 +123,7 @@ def test_nothing_fits_only_when_memory_said_so():
 
 
 def test_an_errors_origin_is_named():
-    from autofit.core import error_origin
+    from autofit.probe._classify import error_origin
 
     mine = raised(ValueError("my own check"))
     assert error_origin(mine, "load", user_factory=True) == "your factory"

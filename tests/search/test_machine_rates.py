@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from autofit.core import RATE_NAMES
+from autofit.machine import RATE_NAMES
 from autofit.search import _machine_rates
 
 MEASURED = {"flops": 2e11, "bandwidth": 3e10, "op_seconds": 1e-4, "half_rows": 16.0, "elementwise_seconds": 6e-10}

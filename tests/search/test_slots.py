@@ -247,7 +247,8 @@ def test_indices_are_cudas_under_cuda_visible_devices(tmp_path, monkeypatch):
 
 
 def test_a_copy_that_learns_forking_fails_tells_the_runner_it_came_from(tmp_path, monkeypatch):
-    from autofit.core import BAD_FORK, Candidate, ProbeResult
+    from autofit.core import Candidate, ProbeResult
+    from autofit.probe._classify import BAD_FORK
 
     runner = ProcessRunner("sft", None, tmp_path, start_method="forkserver")
     copy = runner.on_devices(["1"])

@@ -17,7 +17,8 @@ from fakes import FormulaRunner, formula_spec, spec_of
 
 from autofit import export, memory_model
 from autofit import report as report_html
-from autofit.core import Candidate, Outcome, ProbeResult, resolve_model
+from autofit.core import Candidate, Outcome, ProbeResult
+from autofit.machine import resolve_model
 from autofit.rungs import resolve_ladder
 from autofit.search import Search, _speed_tie
 from autofit.search._result import Fit, Record

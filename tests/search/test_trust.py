@@ -9,7 +9,7 @@ import pytest
 from fakes import FormulaRunner, MiB, formula_spec
 
 from autofit.core import INFRASTRUCTURE, Outcome, ProbeResult
-from autofit.core._registry import BUNDLED_DIR
+from autofit.machine._registry import BUNDLED_DIR
 from autofit.rungs import resolve_ladder
 from autofit.search import InfrastructureError, Search, check_no_fit_is_an_answer
 from autofit.search._result import Record

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from autofit.core import SearchOptions, exclusive, masked, masked_argv
+from autofit.core import SearchOptions, masked, masked_argv
+from autofit.machine import exclusive
 from autofit.workers import PASSWORD_ENV, PASSWORD_FILE_ENV
 from autofit.workers._storage import with_password
 

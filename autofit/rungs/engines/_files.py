@@ -17,7 +17,7 @@ import socket
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from autofit.core import atomic_write_text
+from autofit.machine import atomic_write_text
 
 ZERO2_OFFLOAD = "zero2-offload"
 ZERO3_OFFLOAD, FSDP2_OFFLOAD = "zero3-offload", "fsdp2-offload"

@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, ContextManager, Dict, List, Optional, Tuple
 
-from autofit.core import ENGINE_FAILURE, INFRASTRUCTURE, USER, Candidate, FactoryMisuse, Outcome
+from autofit.core import INFRASTRUCTURE, USER, Candidate, FactoryMisuse, Outcome
 from autofit.rungs._contract import ProbeStep
+from autofit.rungs._failures import ENGINE_FAILURE
 from autofit.rungs.engines import _probe_fsdp as simulated_fsdp
 from autofit.rungs.engines._files import FSDP_ENGINES, launch_env, process_env, write_engine_files
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from autofit.core import INFRASTRUCTURE, KERNEL_FAILURE, USE_LIGER, USER, Candidate, FactoryMisuse, Outcome
+from autofit.core import INFRASTRUCTURE, USE_LIGER, USER, Candidate, FactoryMisuse, Outcome
 from autofit.rungs._contract import ProbeStep
+from autofit.rungs._failures import KERNEL_FAILURE
 
 LIGER_PACKAGE = "liger_kernel"
 

@@ -5,7 +5,7 @@ Colocate: vLLM runs inside the trainer's process (TRL's ``external_launcher``). 
 share as it sees everything of the process. On the simulated device vLLM's CPU build keeps its weights and a KV cache
 of ``VLLM_CPU_KVCACHE_SPACE`` whole GiB in host memory, which is no share of the card: its tensors are held apart from
 the trainer's (every call into vLLM runs with the trainer's meter suspended and a meter of vLLM's own counting), the
-trainer's tensors are held against the budget less vLLM's share (``autofit.core.vllm_reserved``), and what vLLM held,
+trainer's tensors are held against the budget less vLLM's share (``probe._metering.vllm_reserved``), and what vLLM held,
 read from vLLM and from its own meter, is reported beside the ledger's figures. The CPU build cannot take TRL's weight
 sync (``load_weights`` on parameters its CPU kernels repacked): the sync goes through vLLM's own ``reload_weights``
 there, which re-runs the packing (the weights synced are exact).

@@ -12,7 +12,7 @@ import pytest
 from fakes import process_running
 
 from autofit.core import InputError
-from autofit.core._outdir import PID_FILE, _descendants, check_owned, kill_orphan_probes, process_start_ticks
+from autofit.machine._outdir import PID_FILE, _descendants, check_owned, kill_orphan_probes, process_start_ticks
 
 
 def probe_folder(tmp_path):

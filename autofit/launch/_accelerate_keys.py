@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from autofit.core._files import clip
-from autofit.core._key_table import NO_MEMORY, NOT_PROBED
-from autofit.core._knob import MODELLED
+from autofit.core import MODELLED, NO_MEMORY, NOT_PROBED, clip
 
 _LAUNCH = "where and how the processes start"
 _TPU = "a TPU setting: a GPU launch ignores it"

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from autofit import cli
-from autofit.core import atomic_write_text, one_line
-from autofit.core._registry import BUNDLED_DIR
+from autofit.core import one_line
+from autofit.machine import atomic_write_text
+from autofit.machine._registry import BUNDLED_DIR
 
 
 def test_one_line_escapes_what_could_start_a_line():
@@ -38,7 +39,7 @@ def safetensors_bytes(data_bytes: int) -> bytes:
 def test_a_cache_entry_is_used_while_it_is_what_was_written_and_built_again_when_not(tmp_path, caplog):
     """Issue 30, item 6: each file's size and digest in a manifest written last, and a safetensors file's length
     against its header (even where the manifest was rewritten to match the damage)."""
-    from autofit.core._files import MANIFEST, cache_entry, entry_problem
+    from autofit.machine._files import MANIFEST, cache_entry, entry_problem
 
     builds = []
 
@@ -70,7 +71,7 @@ def test_a_cache_entry_is_used_while_it_is_what_was_written_and_built_again_when
 
 
 def test_a_cache_entry_build_that_fails_leaves_no_entry_and_no_link_is_followed(tmp_path):
-    from autofit.core._files import cache_entry, entry_problem
+    from autofit.machine._files import cache_entry, entry_problem
 
     victim = tmp_path / "victims-file"
     victim.write_text("precious")

@@ -12,7 +12,7 @@
   to be a probe of this folder: it holds this probe folder's own log open (a copied ``--out`` or a planted pid file
   names a process that does not, and that process is left alone).
 - **The cache**: a cache folder that another user owns or every user may write to is refused here too, before any
-  probe (``autofit.core._files.cache_dir``).
+  probe (``autofit.machine._files.cache_dir``).
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
-from autofit.core._errors import InputError
-from autofit.core._files import atomic_write_text, cache_dir
-from autofit.core._secrets import masked_argv
+from autofit.core import InputError, masked_argv
+from autofit.machine._files import atomic_write_text, cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -7,12 +7,14 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from autofit.core._cards import Card, card_named, card_of_device
+from autofit.core import CARDS, Card, card_named
 
 log = logging.getLogger(__name__)
 
 # The CPU meter's rates, as ``autofit.probe._rates`` measures them and ``memory_model.measured_rates_card`` takes them
 RATE_NAMES = ("flops", "bandwidth", "op_seconds", "half_rows", "elementwise_seconds")
+# A name NVML reports for parts of different memory is told apart by the total: the nearest, within this share of it
+NAME_MEMORY_TOLERANCE = 0.10  # [M: ECC on takes 6% of an RTX 6000 Ada's]
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,22 @@ def first_gpu() -> Optional[GpuInfo]:
     except Exception as exc:  # noqa: BLE001 - NVML raises its own types: no driver, no library, no device
         log.debug("no GPU through NVML: %s", exc)
         return None
+
+
+def card_of_device(device_name: Optional[str], total_bytes: Optional[int] = None) -> Optional[Card]:
+    """The card of the name NVML reports for a GPU (``NVIDIA H100 80GB HBM3``, ``NVIDIA GeForce RTX 4090``); where
+    the name covers parts of different memory, the one nearest ``total_bytes``. None for a card autofit does not
+    know, or a total more than ``NAME_MEMORY_TOLERANCE`` from every part of that name."""
+    if not device_name:
+        return None
+    wanted = " ".join(device_name.split()).lower()
+    named = [card for card in CARDS.values() if wanted in (n.lower() for n in card.device_names)]
+    if not named or not total_bytes:
+        return named[0] if named else None
+    nearest = min(named, key=lambda card: abs(card.memory_mib * 2**20 - total_bytes))
+    if abs(nearest.memory_mib * 2**20 - total_bytes) > NAME_MEMORY_TOLERANCE * nearest.memory_mib * 2**20:
+        return None
+    return nearest
 
 
 def priced_card(given: object, device: str) -> Optional[Card]:

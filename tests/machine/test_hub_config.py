@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from autofit.core import UnknownModelError, resolve_model
+from autofit.machine import UnknownModelError, resolve_model
 
 REPO = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -282,7 +282,7 @@ def test_name_that_is_neither_a_folder_nor_a_hub_id(tmp_path, monkeypatch):
 
 # -- cheap to import ------------------------------------------------------------------------------------------
 def test_importing_the_registry_imports_neither_torch_nor_the_hub_client():
-    code = ("import sys, autofit.core._registry; "
+    code = ("import sys, autofit.machine._registry; "
             "print(sorted(m for m in ('torch', 'transformers', 'huggingface_hub') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -1,7 +1,6 @@
-"""Files a user can trust: written whole or not at all, never through a link someone else put there, and values
-that reach a comment or a log line kept to one line. The cache too: a folder that another user owns or every user
-may write to is refused, and an entry is used only while it is what was written (a manifest written last, checked
-on every use), else built again into a new folder that replaces it."""
+"""Files a user can trust: written whole or not at all, never through a link someone else put there. The cache too:
+a folder that another user owns or every user may write to is refused, and an entry is used only while it is what was
+written (a manifest written last, checked on every use), else built again into a new folder that replaces it."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import stat
@@ -19,31 +17,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional
 
-from autofit.core._errors import InputError
+from autofit.core import InputError, one_line
 
 log = logging.getLogger(__name__)
 
-# Control characters (C0, DEL, C1), line and paragraph separators, the bidirectional overrides and isolates (a name
-# with U+202E shows its text reversed: a line that reads as another), and lone surrogates (no terminal can print one).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 MANIFEST = ".autofit-manifest.json"  # a cache entry's last file: its key, and each file's size and digest
 _HEADER_LIMIT = 100 * 2**20  # a safetensors header longer than this is not one a checkpoint writer wrote
-
-
-def one_line(text: object) -> str:
-    """``text`` with control characters (newlines among them), bidirectional overrides and lone surrogates escaped: it
-    cannot start a line of its own, nor show as other text."""
-    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode(), str(text))
-
-
-def clip(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` characters at a word's end, with "..." where it was cut: a message quotes
-    an error without ending mid-word ("(phase forward_back")."""
-    if len(text) <= limit:
-        return text
-    cut = text[: limit - 3]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "..."
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from autofit.core._sizes import format_size
+from autofit.core import format_size
 
 log = logging.getLogger(__name__)
 
