@@ -265,7 +265,8 @@ bench-parallel: venv
 
 # The memory model against peaks published for the Hugging Face stack (shared/notes/public-measurements.md), each run
 # as its source states it (benchmarks/public/*.yaml, read with --config): the table between the "public" markers of
-# docs/benchmarks.md (part of bench; no probe, no GPU, about a minute).
+# docs/benchmarks.md (part of bench; no probe, no GPU; each row an estimate in a process of its own: 7 minutes on a
+# busy 2-core machine, 2026-12-02).
 bench-public: venv
 	$(BIN)/python -m benchmarks.public $(BENCH_WRITE)
 
