@@ -13,6 +13,7 @@ from fakes import FormulaRunner, MiB, formula_spec
 from ruamel.yaml import YAML
 
 from autofit.core import TrlFile
+from autofit.core._compat import checkpointing_field
 from autofit.export import answer, yaml_text
 from autofit.export._answer import model_args, training_args
 from autofit.export._user_yaml import user_yaml
@@ -33,14 +34,15 @@ LEVELS = {
 def _rung_of(key: str, rungs) -> Optional[str]:
     """The rung that writes ``key`` (independent of the rungs' own ``comment``); "baseline": the search's own start,
     checkpointing off, which no rung decided; None: no rung's (the model)."""
-    if key == "activation_checkpointing" and "checkpointing" not in rungs:
+    checkpointing = checkpointing_field()  # gradient_checkpointing before transformers 5.23 (the floor's)
+    if key == checkpointing and "checkpointing" not in rungs:
         return "baseline"
     if key == "use_peft" or key.startswith("lora_"):
         return "lora" if "lora" in rungs else next(r for r in rungs if r.startswith("quant-"))
     if key.startswith(("load_in_4bit", "bnb_4bit", "use_bnb_")):
         return "quant-4bit"
     return {"per_device_train_batch_size": "micro-batch", "gradient_accumulation_steps": "micro-batch",
-            "activation_checkpointing": "checkpointing", "activation_offloading": "activation-offload",
+            checkpointing: "checkpointing", "activation_offloading": "activation-offload",
             "dtype": "bf16-weights", "model_init_kwargs": "bf16-weights", "optim": "optimizer-8bit",
             "load_in_8bit": "quant-8bit", "max_length": "shorter-length",
             "env.PYTORCH_ALLOC_CONF": "expandable-segments"}.get(key)
