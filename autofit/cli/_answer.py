@@ -154,16 +154,10 @@ def alternatives(facts: CardEstimate, pick: Pick) -> List[Tuple[str, Pick]]:
     return named
 
 
-def answer_pick(facts: CardEstimate) -> Optional[Pick]:
-    """The level the estimate answers with: what a search is expected to choose."""
-    return choose(facts, walked(facts))
-
-
-def answer_lines(facts: CardEstimate, available_host: Optional[int]) -> List[str]:
+def answer_lines(facts: CardEstimate, group: Sequence[Pick], pick: Optional[Pick], available_host: Optional[int]
+                 ) -> List[str]:
     """The answer's lines: "use: ..." with why, then up to three alternatives, then where this machine's RAM
-    would make a search here take another level."""
-    group = walked(facts)
-    pick = choose(facts, group)
+    would make a search here take another level. ``group`` and ``pick``: ``walked(facts)`` and its ``choose``."""
     if pick is None:
         lightest = min(facts.result.levels, key=lambda level: level.ledger.total)
         return [f"use: nothing is predicted to fit {format_size(facts.budget)}; the lightest level, {_name(lightest)}, "

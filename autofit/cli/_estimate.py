@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from autofit.cli._answer import answer_lines, answer_pick
+from autofit.cli._answer import answer_lines, choose, walked
 from autofit.cli._estimate_facts import CardEstimate, card_estimate, parameters_line, phase_label
 from autofit.cli._estimate_json import estimate_json, refused_json
 from autofit.cli._first_step_lines import first_step_line
@@ -121,7 +121,9 @@ def render_text(facts: CardEstimate) -> str:
     ]
     from autofit.search import available_host_bytes
 
-    lines += answer_lines(facts, available_host_bytes())
+    group = walked(facts)
+    pick = choose(facts, group)  # what a search is expected to write: the answer, first
+    lines += answer_lines(facts, group, pick, available_host_bytes())
     if facts.calibration is None:
         lines.append(f"memory model: analytic prior, uncalibrated "
                      f"(±{prior_uncertainty(shape, spec.options.algo):.0%}), "
@@ -175,7 +177,6 @@ def render_text(facts: CardEstimate) -> str:
     if rl:  # the step users report failing: fine at step 1, out of memory at step 2
         lines.append(first_step_line("level 0 (the run as asked)", result.levels[0].candidate, shape, spec.device,
                                      facts.calibration, budget))
-    pick = answer_pick(facts)
     if pick is None:
         return "\n".join(lines)
     chosen = pick.level

@@ -99,3 +99,21 @@ def test_estimate_json_answer_is_the_use_line(capsys):
 def test_no_fit_answers_with_the_lightest(capsys):
     lines = estimate_lines(capsys, *TINY, "--gpu-memory", "20MiB")
     assert lines[1].startswith("use: nothing is predicted to fit 20.00 MiB; the lightest level, level 7")
+
+
+@pytest.mark.parametrize("available_gib, names_another", [(10, True), (1024, False)])
+def test_an_offloading_answer_says_what_a_search_on_this_host_takes(capsys, monkeypatch, available_gib,
+                                                                   names_another):
+    """Qwen2.5-7B SFT on an H100 is answered by the optimizer's offload (130 GiB pinned); where this machine has less
+    RAM, the line after the alternatives names the level a search here takes without it."""
+    import autofit.search
+
+    monkeypatch.setattr(autofit.search, "available_host_bytes", lambda: available_gib * 2**30)
+    lines = estimate_lines(capsys, "--model", "Qwen/Qwen2.5-7B", "--gpu-memory", "H100")
+    assert lines[1].startswith("use: level 5 (+optimizer-offload) ") and "of host RAM pinned" in lines[1]
+    here = [line for line in lines if line.startswith("  on this machine (")]
+    if names_another:
+        assert len(here) == 1 and f"({available_gib}.00 GiB of RAM available, " in here[0]
+        assert "a search leaves that offloading out and takes level 6 (+bf16-weights), " in here[0]
+    else:
+        assert here == []
