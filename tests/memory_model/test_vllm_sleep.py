@@ -86,7 +86,8 @@ def test_the_seeds_case_offers_sleep_with_its_speed_and_no_host_memory():
     rows = {line.split()[1]: line.split() for line in text.splitlines() if line[:3].strip().isdigit()}
     sleep, share = rows["+vllm-sleep"], rows["+vllm-share"]
     assert float(sleep[4]) < float(share[4]) and sleep[-2] == "-" and sleep[-1].replace(",", "").isdigit()
-    assert "/sleep" in text.splitlines()[1] or "vllm-sleep" in text
+    use = text.splitlines()[1]
+    assert use.startswith("use: level ") and "/ctx640/sleep" in use  # the answer sleeps, its context sized
     candidate = colocated(vllm_sleep=True, ranks=4, vllm_share_bytes=int(0.7 * 24 * GIB))
     speed = mm.predict_speed(candidate, mm.ModelShape.from_model(SHAPE_7B), card_named("RTX3090"))
     assert speed.terms["vLLM wake-up"] > 0
