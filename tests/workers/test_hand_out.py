@@ -18,6 +18,7 @@ from autofit.rungs import resolve_ladder
 from autofit.search import Search, SlotRunner
 from autofit.workers import HandOutRunner, ProbeQueue, open_storage, serve
 from autofit.workers._queue import BEAT, CLOSED, REASON, WORKER
+from autofit.workers._signing import queue_key
 
 try:
     from fakes import FormulaRunner, MiB
@@ -26,6 +27,14 @@ except ImportError:  # tests/ became a package
 
 BUDGET = 620 * MiB  # the default ladder walks a level, then checkpointing fits (as tests/search/test_slots.py)
 CANDIDATE = Candidate(algo="sft", model="tiny-qwen2", device="cuda", micro_batch=1, grad_accum=8, max_length=64)
+
+
+@pytest.fixture(autouse=True)
+def _the_searchs_queue_key():
+    """The queue key a search with --workers writes before it puts a probe: this module's tests put probes through
+    ProbeQueue without a search, so the key is made here (it was there only when an earlier test of the same pytest
+    worker had run a search: under -n 2 the read-back test once ran first and found no key)."""
+    queue_key(create=True)
 
 
 class SlowFormulaRunner(FormulaRunner):
