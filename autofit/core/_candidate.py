@@ -82,8 +82,8 @@ class Candidate:
     # its weights, its profiling peak and its KV cache, and holds them through every phase of the step
     vllm_share_bytes: Optional[int] = None
     vllm_max_model_length: Optional[int] = None  # vLLM's max_model_len; None: TRL's, the model's whole context
-    # colocate: TRL's vllm_enable_sleep_mode, vLLM's weights and KV cache released (sleep level 2) outside generation
-    vllm_sleep: bool = False
+    vllm_sleep: bool = False  # colocate: TRL's vllm_enable_sleep_mode (sleep level 2 outside generation)
+    vllm_server_gpus: int = 0  # server: the node's GPUs trl vllm-serve runs on (tensor parallel); 0: the user's own
     env: Tuple[Tuple[str, str], ...] = ()
     rungs: Tuple[str, ...] = ()
     # The engine of the user's launch that a rung's engine replaced, in words (``autofit.rungs._ladder``); None: none
@@ -236,7 +236,7 @@ class Candidate:
         if self.vllm:
             parts.append(f"vllm-{self.vllm}" + (f"@{self.vllm_utilization:g}" if self.vllm_utilization else "")
                          + (f"/ctx{self.vllm_max_model_length}" if self.vllm_max_model_length else "")
-                         + ("/sleep" if self.vllm_sleep else ""))
+                         + "/sleep" * self.vllm_sleep + f"/{self.vllm_server_gpus}gpu" * bool(self.vllm_server_gpus))
         if self.liger:
             parts.append("liger")
         if self.checkpointing:

@@ -207,8 +207,8 @@ def _vllm_words(key: str, candidate: Candidate, context: Mapping[str, Any]) -> s
 
 
 VLLM = Knob(
-    "vllm", fields=("vllm", "vllm_utilization", "vllm_share_bytes", "vllm_max_model_length"),
-    late=("vllm", "vllm_utilization", "vllm_share_bytes", "vllm_max_model_length"),
+    "vllm", fields=("vllm", "vllm_utilization", "vllm_share_bytes", "vllm_max_model_length", "vllm_server_gpus"),
+    late=("vllm", "vllm_utilization", "vllm_share_bytes", "vllm_max_model_length", "vllm_server_gpus"),
     reads=("use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_max_model_length"),
     training_keys={"use_vllm": "vLLM's share of the card", "vllm_mode": "vLLM's share of the card",
                    "vllm_gpu_memory_utilization": "vLLM's share of the card",

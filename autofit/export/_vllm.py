@@ -49,18 +49,39 @@ def vllm_data(report: SearchReport, candidate: Candidate, model: str) -> Optiona
                             "space; the share is held in every phase's peak")
     if candidate.vllm == "server":
         data["server_command"] = server_command(candidate, model)
+        if candidate.vllm_server_gpus:
+            data.update(server_gpus=candidate.vllm_server_gpus, trainer_gpus=candidate.ranks,
+                        trainer_devices=trainer_devices(candidate))
     return data
 
 
 def server_command(candidate: Candidate, model: str) -> str:
-    """The ``trl vllm-serve`` line for server mode: the model and the context the probes served it with."""
+    """The ``trl vllm-serve`` line for server mode: the model and the context the probes served it with; where the
+    vllm-server rung placed it, on the node's last GPUs (the trainer's ranks take the first), tensor parallel."""
     context = candidate.vllm_max_model_length or (candidate.prompt_length or 0) + candidate.max_length
-    return (f"trl vllm-serve --model {model} --max_model_len {context} "
-            "--gpu_memory_utilization 0.9  # on GPUs of its own, beside the training")
+    gpus = candidate.vllm_server_gpus
+    if not gpus:
+        return (f"trl vllm-serve --model {model} --max_model_len {context} "
+                "--gpu_memory_utilization 0.9  # on GPUs of its own, beside the training")
+    devices = ",".join(str(candidate.ranks + i) for i in range(gpus))
+    return (f"CUDA_VISIBLE_DEVICES={devices} trl vllm-serve --model {model} --tensor_parallel_size {gpus} "
+            f"--max_model_len {context} --gpu_memory_utilization 0.9")
+
+
+def trainer_devices(candidate: Candidate) -> str:
+    """The GPUs the trainer's ranks run on beside a placed server: the node's first ``ranks``."""
+    return ",".join(str(i) for i in range(candidate.ranks))
 
 
 def vllm_comments(report: SearchReport, candidate: Candidate, model: str) -> List[str]:
     """best.yaml's comment lines on vLLM."""
+    if candidate.vllm == "server" and candidate.vllm_server_gpus:
+        return [f"# vLLM server mode on {candidate.vllm_server_gpus} of the node's "
+                f"{candidate.ranks + candidate.vllm_server_gpus} GPUs (vllm-server): start it first, "
+                f"{server_command(candidate, model)}",
+                f"# then the training on the other {candidate.ranks}: "
+                f"CUDA_VISIBLE_DEVICES={trainer_devices(candidate)} before the launch line "
+                f"({candidate.ranks} process{'es' if candidate.ranks > 1 else ''})"]
     if candidate.vllm == "server":
         return [f"# vLLM server mode: start it first, {server_command(candidate, model)}"]
     if candidate.vllm != "colocate" or not candidate.vllm_share_bytes:

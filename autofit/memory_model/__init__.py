@@ -109,6 +109,8 @@ from autofit.memory_model._vllm import (
     capture_sizes,
     equivalent_utilization,
     graph_counts,
+    server_fits,
+    server_share,
     vllm_need,
     vllm_share,
     vllm_term,
@@ -135,6 +137,7 @@ __all__ = [
     "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict", "predict_calibrated", "prior_uncertainty",
     "rung_band", "rung_notes", "sequence_length", "shape_or_none", "sizes_are_exact", "train_tokens",
     "trainable_tensors", "unchecked_reason",
-    "vllm_lines", "vllm_share", "VllmMeasured", "capture_sizes", "equivalent_utilization", "graph_counts",
+    "vllm_lines", "vllm_share", "server_fits", "server_share",
+    "VllmMeasured", "capture_sizes", "equivalent_utilization", "graph_counts",
     "VLLM_RECORDS", "VLLM_UNMODELLED_BAND", "level_vllm_line", "parse_vllm_log",
 ]

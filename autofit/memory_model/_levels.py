@@ -11,7 +11,7 @@ from autofit.core import RL_ALGOS, Candidate, SearchSpec
 from autofit.memory_model._calibration import Calibration, predict_calibrated
 from autofit.memory_model._ledger import Ledger
 from autofit.memory_model._shape import ModelShape
-from autofit.memory_model._vllm import vllm_need
+from autofit.memory_model._vllm import server_fits, vllm_need
 
 OFFLOAD_ENGINES = ("zero2-offload",)  # the optimizer-offload engine (``Candidate.offload``), not a sharding
 
@@ -74,13 +74,18 @@ def start_state(spec: SearchSpec, shape: Optional[ModelShape] = None) -> LadderS
     vLLM needs of its share (the vllm-share rung sizes it). ``shape``: the model's, where it is known."""
     from autofit.rungs import LadderState
 
-    need = None
+    need = fits = None
     if spec.options.use_vllm == "colocate" and shape is not None:
         def need(candidate: Candidate) -> int:
             return int(vllm_need(candidate, shape))
 
+        gpu_bytes = spec.gpu_bytes
+        if gpu_bytes and spec.options.nodes == 1:  # the server on GPUs of this one node
+            def fits(candidate: Candidate, gpus: int) -> bool:
+                return server_fits(candidate, shape, gpu_bytes, gpus)
+
     return LadderState(base_candidate(spec), min_length=spec.min_length, maximize=spec.options.maximize,
-                       vllm_need=need)
+                       vllm_need=need, vllm_server_fits=fits)
 
 
 @dataclass
@@ -126,7 +131,7 @@ def _predictor(calibration: Optional[Calibration], shape: ModelShape) -> Callabl
 
 def _best_at_level(state: LadderState, spec: SearchSpec, budget: int, predict_at: Callable[[Candidate], Ledger]
                    ) -> Tuple[Candidate, Ledger, bool]:
-    effective = spec.rank_batch
+    effective = state.per_rank(spec.rank_batch)
     batches = divisors(effective) if state.vary_batch else [state.candidate.micro_batch]  # the level's own
     min_length = spec.min_length
     maximize = spec.options.maximize
@@ -174,7 +179,7 @@ def expected_rung(spec: SearchSpec, budget_bytes: Optional[int] = None, *, calib
     levels = []
     for index, state in enumerate(climb(start, rungs)):
         candidate, ledger, fits = _best_at_level(state, spec, budget, predict_at)
-        largest = spec.rank_batch if state.vary_batch else state.candidate.micro_batch
+        largest = state.per_rank(spec.rank_batch) if state.vary_batch else state.candidate.micro_batch
         top = fits and candidate.max_length == spec.max_length and (
             spec.options.maximize == "length" or candidate.micro_batch == largest)
         levels.append(LevelEstimate(index, tuple(state.rungs), state.cost, candidate, ledger, fits, top))

@@ -266,12 +266,15 @@ def _rl_terms(candidate: Candidate, shape: ModelShape, card: Card, params: float
     (``VLLM_STEP_SECONDS`` of host time a step [A]) and takes the trainer's weights at every step (the sync: the
     weights read and written on the card, colocated; sent over the GPU link to the server's GPUs)."""
     batch = candidate.micro_batch * candidate.grad_accum  # the generation batch of one rank
+    split = 1  # a server of autofit's placing: every rank's batch at once, over its tensor-parallel GPUs
+    if candidate.vllm == "server" and candidate.vllm_server_gpus:
+        batch, split = batch * candidate.ranks, candidate.vllm_server_gpus
     prompt = seq - candidate.max_length
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2  # bf16 keys and values
     context = prompt + candidate.max_length / 2  # on average over the decode
     decode_bytes = weights + batch * context * kv_per_token
-    decode = _pass_seconds(2 * params * batch, decode_bytes, None, card)
-    prefill = _pass_seconds(2 * params * batch * prompt, weights, batch * prompt, card)
+    decode = _pass_seconds(2 * params * batch / split, decode_bytes / split, None, card)
+    prefill = _pass_seconds(2 * params * batch * prompt / split, weights / split, batch * prompt / split, card)
     if candidate.vllm:
         sync = (2 * weights / (card.bandwidth * BANDWIDTH_EFFICIENCY) if candidate.vllm == "colocate"
                 else weights / card.gpu_link)

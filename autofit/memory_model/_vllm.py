@@ -218,6 +218,50 @@ def beyond_share(device: str) -> float:
     return float(UNMODELLED_BAND[1]) if device == "cuda" else 0.0
 
 
+# ``trl vllm-serve``'s own settings [S: trl/scripts/vllm_serve.py, ScriptArguments: gpu_memory_utilization 0.9,
+# no enforce_eager; data parallel 1], and vLLM's server defaults it leaves unset [A: vLLM's engine defaults for its
+# OpenAI server, EngineArgs._set_default_args: max_num_seqs 256, max_num_batched_tokens 2048 (8192 from 70 GiB);
+# recalled, not read in this tree]
+SERVER_UTILIZATION = 0.9
+SERVER_MAX_NUM_SEQS = 256
+SERVER_BATCHED_TOKENS = (2048, 8192)
+LARGE_CARD_BYTES = 70 * 2**30
+
+
+def server_share(candidate: Candidate, shape: ModelShape, gpu_bytes: int, gpus: int) -> Optional[VllmShare]:
+    """What ``trl vllm-serve`` holds of each of its ``gpus`` GPUs (tensor parallel ``gpus``) serving the candidate's
+    model, bf16, for the whole generation batch of the trainer's ranks at once; None where vLLM does not take that
+    tensor parallel size for the model: the attention heads split evenly, and the KV heads split or are replicated
+    [S: vllm/config/model.py, ModelConfig.verify_with_parallel_config; vllm/model_executor/layers/linear.py,
+    QKVParallelLinear]."""
+    if shape.heads % gpus or (shape.kv_heads % gpus and gpus % shape.kv_heads):
+        return None
+    counts = param_counts(shape, candidate.algo)
+    batched = SERVER_BATCHED_TOKENS[gpu_bytes >= LARGE_CARD_BYTES]
+    graphs = graph_counts(SERVER_MAX_NUM_SEQS) if candidate.device == "cuda" else (0, 0)
+    kv_heads_here = max(shape.kv_heads // gpus, 1)
+    kv_per_token = 2 * shape.layers * kv_heads_here * shape.head_dim * KV_BYTES
+    share = float(math.ceil(SERVER_UTILIZATION * gpu_bytes))
+    weights = counts.total * VLLM_WEIGHT_BYTES / gpus
+    profile = profile_peak(shape, batched, SERVER_MAX_NUM_SEQS, tensor_parallel=gpus)
+    non_torch = NON_TORCH_BYTES if candidate.device == "cuda" else 0.0
+    cuda_graphs = float(sum(graphs) * GRAPH_BYTES_PER_CAPTURE)
+    sequence = (candidate.prompt_length or 0) + candidate.max_length
+    model_len = candidate.vllm_max_model_length or shape.max_positions or sequence
+    sequences = candidate.micro_batch * candidate.grad_accum * candidate.ranks  # every rank's, sent at once
+    return VllmShare(share=share, weights=weights, profile_peak=profile, non_torch=non_torch, cuda_graphs=cuda_graphs,
+                     graphs=graphs, kv_cache=share - weights - profile - non_torch - cuda_graphs,
+                     kv_per_token=kv_per_token, max_model_len=model_len,
+                     max_num_seqs=SERVER_MAX_NUM_SEQS, start_tokens=model_len,
+                     batch_tokens=min(sequences, SERVER_MAX_NUM_SEQS) * sequence)
+
+
+def server_fits(candidate: Candidate, shape: ModelShape, gpu_bytes: int, gpus: int) -> bool:
+    """Whether ``trl vllm-serve`` on ``gpus`` GPUs of ``gpu_bytes`` starts and holds the trainer's batch at once."""
+    share = server_share(candidate, shape, gpu_bytes, gpus)
+    return share is not None and share.starts and share.holds_the_batch
+
+
 def equivalent_utilization(utilization: float, cuda_graphs: float, total_bytes: float) -> float:
     """The share without the CUDA-graph estimate, as vLLM's log says it ("The current --gpu-memory-utilization=U is
     equivalent to --gpu-memory-utilization=E without CUDA graph memory profiling") [S: vllm/v1/worker/gpu_worker.py,

@@ -25,7 +25,7 @@ from autofit.rungs._sharding import OFFLOADING as SHARDING_OFFLOAD
 from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
 from autofit.rungs.activation_offload import ActivationOffload
 from autofit.rungs.liger import LigerKernels
-from autofit.rungs.vllm import VllmContext, VllmShare, VllmSleep
+from autofit.rungs.vllm import VllmContext, VllmServer, VllmShare, VllmSleep
 
 DEFAULT_LADDER: Tuple[Rung, ...] = (
     ExpandableSegments(),  # free
@@ -40,6 +40,7 @@ DEFAULT_LADDER: Tuple[Rung, ...] = (
     ActivationOffload(),  # speed; also tried without checkpointing
     OptimizerOffload(),  # speed; taken off again by the quality rungs
     *(Sharding(name) for name in SHARDING_OFFLOAD),  # speed; several GPUs, shards in host memory
+    VllmServer(),  # speed; a colocated vLLM on several GPUs: served on some, taken off again by the quality rungs
     Bf16Weights(),  # quality, from here on
     EightBitOptimizer(),
     Lora(),

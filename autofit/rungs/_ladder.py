@@ -31,6 +31,7 @@ SPEED = "speed"  # same math, slower
 QUALITY = "quality"  # different training
 COSTS = (FREE, SPEED, QUALITY)
 OFFLOAD_RUNG = "optimizer-offload"  # autofit.rungs._offload: taken off again by the quality rungs
+SERVER_RUNG = "vllm-server"  # autofit.rungs.vllm: taken off again by the quality rungs, vLLM colocated as before it
 # Rungs a fit is never tried without (they only widen the search), and one that costs nothing under adapters (they
 # train in float32 whatever the base's dtype): autofit.search._pruning and the estimate's expected configuration.
 NEVER_DROPPED = ("micro-batch", "expandable-segments")
@@ -58,9 +59,23 @@ class LadderState:
     # What a colocated vLLM needs of its share to start and hold the batch, in bytes, for a candidate: the memory
     # model's (set where it knows the model; the vllm-share rung reads it), None where it is not known
     vllm_need: Optional[Callable[[Candidate], int]] = None
+    # Whether ``trl vllm-serve`` starts on that many of the node's GPUs (tensor parallel) and holds TRL's batch: the
+    # memory model's (the vllm-server rung asks it), None where it is not known
+    vllm_server_fits: Optional[Callable[[Candidate, int], bool]] = None
+    # The sequences each rank trains per optimizer step where a rung changed the ranks (vllm-server: the node's
+    # effective batch over fewer ranks); None: the question's (``SearchSpec.rank_batch``)
+    rank_batch: Optional[int] = None
+    # The level the vllm-server rung climbed from (vLLM colocated): the quality rungs climb on from it
+    colocated: Optional[LadderState] = None
+
+    def per_rank(self, asked: int) -> int:
+        """The sequences each rank trains per optimizer step at this level; ``asked``: the question's."""
+        return self.rank_batch or asked
 
     def with_rung(self, rung: Rung, **state_changes) -> LadderState:
         candidate_changes = state_changes.pop("candidate_changes", {})
+        if rung.cost == QUALITY and SERVER_RUNG in self.candidate.rungs and self.colocated is not None:
+            return self.colocated.with_rung(rung, **state_changes, candidate_changes=candidate_changes)
         candidate = self.candidate
         # quality rungs shrink the level without the optimizer offload a rung added (the user's engine is kept)
         if rung.cost == QUALITY and candidate.offload and OFFLOAD_RUNG in candidate.rungs:

@@ -126,7 +126,8 @@ class ReadAhead:
             after = pruned_levels(levels[level], self.rungs, self.start)[:1] + after
         states = self.next + after
         for state in states:
-            values = divisors(self.spec.rank_batch) if state.vary_batch else [state.candidate.micro_batch]
+            per_rank = state.per_rank(self.spec.rank_batch)
+            values = divisors(per_rank) if state.vary_batch else [state.candidate.micro_batch]
 
             def make(batch: int, state: LadderState = state) -> Candidate:
                 return self.grid.at(state, batch, self.spec.max_length)

@@ -20,7 +20,7 @@ class Grid:
 
     def at(self, state: LadderState, batch: int, length: int) -> Candidate:
         """The level's candidate at micro-batch ``batch`` and ``length``."""
-        per_rank = self.spec.rank_batch
+        per_rank = state.per_rank(self.spec.rank_batch)
         candidate = state.candidate.replace(micro_batch=batch, grad_accum=per_rank // batch, max_length=length)
         return self.failed_rungs.runnable(candidate)
 
@@ -39,5 +39,5 @@ class Grid:
         if self.spec.options.maximize == "length":
             return fit.candidate.max_length == self.spec.max_length
         state = self.levels[fit.level]
-        largest = self.spec.rank_batch if state.vary_batch else state.candidate.micro_batch
+        largest = state.per_rank(self.spec.rank_batch) if state.vary_batch else state.candidate.micro_batch
         return fit.candidate.micro_batch == largest and fit.candidate.max_length == self.spec.max_length

@@ -34,7 +34,7 @@ def _lightest(report: SearchReport, length: int) -> Optional[float]:
     if shape is None:
         return None
     state = report.levels[(report.ladder_len or len(report.levels)) - 1]
-    per_rank = spec.rank_batch
+    per_rank = state.per_rank(spec.rank_batch)
     batches = divisors(per_rank) if state.vary_batch else [state.candidate.micro_batch]
     peaks: List[float] = []
     for batch in batches:

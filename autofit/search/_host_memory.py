@@ -99,7 +99,7 @@ def predicted_first_probe(spec: SearchSpec) -> Optional[Tuple[Candidate, Ledger]
         levels = climb(start, rungs)
     except (KeyError, ValueError, TypeError):  # an architecture (or a ladder) the memory model does not describe
         return None
-    budget, per_rank = spec.budget_bytes, spec.rank_batch
+    budget = spec.budget_bytes
     limit = budget * (1 - spec.headroom) if budget is not None else None
 
     def ledger(candidate: Candidate) -> Optional[Ledger]:
@@ -110,12 +110,13 @@ def predicted_first_probe(spec: SearchSpec) -> Optional[Tuple[Candidate, Ledger]
 
     def sized(state: LadderState, sizes: Sequence[Tuple[int, int]]) -> List[Tuple[Candidate, Optional[Ledger]]]:
         """The level's candidates at (micro-batch, length) ``sizes``, with their ledgers."""
+        per_rank = state.per_rank(spec.rank_batch)
         made = [state.candidate.replace(micro_batch=b, grad_accum=per_rank // b, max_length=n) for b, n in sizes]
         return [(candidate, ledger(candidate)) for candidate in made]
 
     for state in levels if spec.options.predict else levels[:1]:
         # the level's candidates in the walk's order of size, smallest first (``Walk.search_level``)
-        batches = divisors(per_rank) if state.vary_batch else [state.candidate.micro_batch]
+        batches = divisors(state.per_rank(spec.rank_batch)) if state.vary_batch else [state.candidate.micro_batch]
         if spec.options.maximize == "length":
             made = sized(state, [(batches[0], n) for n in length_grid(spec.min_length, spec.max_length)])
         else:

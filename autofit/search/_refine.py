@@ -99,7 +99,8 @@ class Refinement:
         space = {}
         for level in levels:
             state = grid.levels[level]
-            for batch in divisors(spec.rank_batch) if state.vary_batch else [spec.rank_batch]:
+            per_rank = state.per_rank(spec.rank_batch)
+            for batch in divisors(per_rank) if state.vary_batch else [per_rank]:
                 space[(level, batch)] = grid.at(state, batch, best.candidate.max_length)
         known = {}
         for r in report.records:

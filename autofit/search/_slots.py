@@ -178,7 +178,10 @@ class SlotRunner:
     # -- the slots' side ----------------------------------------------------------------------------------------
     def _start(self, candidate: Candidate, plan: Plan, wait: bool) -> Optional[Future[ProbeResult]]:
         host = self.host_need(candidate)
-        devices = self.slots.take(candidate.ranks if self.per_rank else 1, wait=wait, host=host)
+        # a server the vllm-server rung placed takes GPUs of its own beside the ranks (the simulated device's is a
+        # process on the host)
+        served = candidate.vllm_server_gpus if candidate.device == "cuda" else 0
+        devices = self.slots.take(candidate.ranks + served if self.per_rank else 1, wait=wait, host=host)
         if devices is None:
             return None
         with self._lock:

@@ -58,7 +58,7 @@ class Walk:
     def search_level(self, level: int, state: LadderState) -> List[Fit]:
         """The fits found at one level, the largest first (a pass rebuilding a level searches it the same way)."""
         spec = self.spec
-        per_rank = spec.rank_batch
+        per_rank = state.per_rank(spec.rank_batch)
         batches = divisors(per_rank) if state.vary_batch else [state.candidate.micro_batch]  # the level's own
 
         def at(batch: int, length: int) -> Candidate:

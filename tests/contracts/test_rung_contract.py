@@ -29,9 +29,9 @@ def _plugin():
 
 ALL = {**{rung.name: rung for rung in DEFAULT_LADDER}, **RUNGS, "adafactor (tests/rung_plugin)": _plugin()}
 BASE = Candidate("sft", "tiny-qwen2", "cuda", micro_batch=8, grad_accum=1, max_length=128, ranks=2)
-# GRPO with a colocated vLLM at TRL's share of an 80 GB card: the vLLM rungs' first level
+# GRPO with a colocated vLLM at TRL's share of two 80 GB cards: the vLLM rungs' first level
 VLLM = Candidate("grpo", "tiny-qwen2", "cuda", micro_batch=8, grad_accum=1, max_length=128, prompt_length=32,
-                 num_generations=4, vllm="colocate", vllm_utilization=0.3, vllm_share_bytes=int(0.3 * 80e9))
+                 num_generations=4, vllm="colocate", vllm_utilization=0.3, vllm_share_bytes=int(0.3 * 80e9), ranks=2)
 
 
 def _first(rung) -> Candidate:
@@ -44,7 +44,8 @@ def _first(rung) -> Candidate:
 def _applied(rung):
     """The rung applied to the ladder's first level (None where it does not apply there)."""
     shape = mm.ModelShape.from_model("tiny-qwen2")
-    return rung.apply(LadderState(_first(rung), min_length=16, vllm_need=lambda c: int(mm.vllm_need(c, shape))))
+    return rung.apply(LadderState(_first(rung), min_length=16, vllm_need=lambda c: int(mm.vllm_need(c, shape)),
+                                  vllm_server_fits=lambda c, gpus: mm.server_fits(c, shape, int(80e9), gpus)))
 
 
 @pytest.fixture(params=sorted(ALL), ids=str)

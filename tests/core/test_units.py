@@ -48,8 +48,8 @@ DEFAULT_NAMES = [
     "expandable-segments", "liger-kernels", "vllm-context", "vllm-share", "precompute-ref", "vllm-sleep", "micro-batch",
     "zero1",
     "zero2", "fsdp2", "zero3", "checkpointing",
-    "activation-offload", "optimizer-offload", "fsdp2-offload", "zero3-offload", "bf16-weights", "optimizer-8bit",
-    "lora", "quant-8bit", "quant-4bit", "shorter-length",
+    "activation-offload", "optimizer-offload", "fsdp2-offload", "zero3-offload", "vllm-server", "bf16-weights",
+    "optimizer-8bit", "lora", "quant-8bit", "quant-4bit", "shorter-length",
 ]
 
 
@@ -164,7 +164,7 @@ def test_resolve_ladder_default_and_order():
     assert [r.name for r in resolve_ladder(None)] == DEFAULT_NAMES
     assert list(RUNGS) == DEFAULT_NAMES
     assert [r.name for r in resolve_ladder(["lora", "micro-batch"])] == ["lora", "micro-batch"]
-    assert [r.cost for r in DEFAULT_LADDER] == [FREE] * 5 + [SPEED] * 11 + [QUALITY] * 6
+    assert [r.cost for r in DEFAULT_LADDER] == [FREE] * 5 + [SPEED] * 12 + [QUALITY] * 6
 
 
 def test_resolve_ladder_unknown_name():

@@ -24,8 +24,10 @@ def _bases() -> List[LadderState]:
     shape = mm.ModelShape.from_model(MODEL)
     vllm = LadderState(Candidate(algo="grpo", model=MODEL, device="cuda", micro_batch=4, grad_accum=2, max_length=ASKED,
                                  prompt_length=64, vllm="colocate", vllm_utilization=0.3,
-                                 vllm_share_bytes=int(0.3 * 80e9)),
-                       vllm_need=lambda c: int(mm.vllm_need(c, shape)))  # GRPO with a colocated vLLM
+                                 vllm_share_bytes=int(0.3 * 80e9), ranks=2),
+                       vllm_need=lambda c: int(mm.vllm_need(c, shape)),
+                       # GRPO with a colocated vLLM, on two GPUs (the server rung's)
+                       vllm_server_fits=lambda c, gpus: mm.server_fits(c, shape, int(80e9), gpus))
     dpo = LadderState(Candidate(**{**plain, "algo": "dpo"}, device="cuda"))  # type: ignore[arg-type]
     return [LadderState(Candidate(device=device, ranks=ranks, **plain), min_length=64)  # type: ignore[arg-type]
             for device in ("cuda", "cpu") for ranks in (1, 2)] + [vllm, dpo]

@@ -219,6 +219,8 @@ def _server_command(candidate: Candidate, model: str, port: int) -> List[str]:
             "--log_level", "warning"]
     if candidate.device == "cpu":
         args += ["--dtype", "float32", "--enforce_eager", "True"]
+    elif candidate.vllm_server_gpus:
+        args += ["--tensor_parallel_size", str(candidate.vllm_server_gpus)]
     script, extra = make_parser().parse_args_and_config(args=args, return_remaining_strings=True)
     command = build_command(script, extra)
     if _cpu_build() and command[1:3] == ["-m", "vllm.entrypoints.cli.main"]:
@@ -232,6 +234,9 @@ def _server(candidate: Candidate, model: str, figures: Dict[str, Any]) -> Iterat
     url = f"http://127.0.0.1:{port}"
     folder = candidate.probe.output_dir if candidate.probe is not None else "."
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    if candidate.device == "cuda" and candidate.vllm_server_gpus and len(visible) > candidate.ranks:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[candidate.ranks:])  # the slot's last GPUs: the server's
     started = time.perf_counter()
     with open(os.path.join(folder, "vllm-serve.log"), "w") as log:
         server = subprocess.Popen(supervised(_server_command(candidate, model, port)), env=env, stdout=log,
