@@ -25,6 +25,7 @@ from autofit.core import (
     SearchSpec,
     algorithm_names,
     format_size,
+    keys_of,
     one_line,
     parse_size,
     user_trusts_code,
@@ -76,6 +77,11 @@ def question(options: SearchOptions, factory: Optional[str] = None, launch: Opti
     if spec.device == "cpu" and spec.gpu_bytes is None:
         raise InputError("--gpu-memory is required on the CPU: it is the budget of the simulated device")
     check_engine_installed(launch)
+    if spec.device == "cpu" and options.use_vllm == "colocate" and vllm_installed() \
+            and spec.user_args.get(keys_of("vllm_sleep")[0]) is True:
+        # the CPU build raises "Sleep mode is not supported on current platform" at start: every probe fails
+        raise InputError(f"{keys_of('vllm_sleep')[0]}: true: vLLM's CPU build has no sleep mode, so no probe could "
+                         "start it on the simulated device; set it false (or leave it out) here, or search on a GPU")
     if options.use_vllm is not None and not vllm_installed():
         spec = dataclasses.replace(spec, notes=spec.notes + tuple(_vllm_notes(spec)))
     elif options.algo in GROUP_ALGOS and not vllm_installed():
