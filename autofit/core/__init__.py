@@ -1,6 +1,6 @@
 """The vocabulary both processes share, torch-free: the options every door declares once (``SearchOptions``), the
 question they resolve to (``SearchSpec``), one configuration to probe (``Candidate``) and the knobs it turns, what a
-probe found (``ProbeResult``, ``Outcome``), the cards, sizes, text kept to one line and the one input error. The
+probe found (``ProbeResult``, ``Outcome``), the cards and engines, sizes, text kept to one line, the input error. The
 machine itself (the device, files, ``--out``, where a model's configuration is found) is ``autofit.machine``.
 
 Nothing here imports another part of autofit: every other package builds on it.
@@ -20,6 +20,7 @@ from autofit.core._compat import (
     installed_versions,
     vllm_installed,
 )
+from autofit.core._engines import DDP, ENGINES, engine_for, engine_of
 from autofit.core._errors import InputError
 from autofit.core._key_table import NO_MEMORY, NOT_PROBED, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
 from autofit.core._key_table import markdown as key_table_markdown
@@ -82,6 +83,7 @@ __all__ = [
     "RL_ALGOS", "Candidate", "ProbeSettings",
     "CARDS", "Card", "card_named",
     "installed_versions", "vllm_installed",
+    "DDP", "ENGINES", "engine_for", "engine_of",
     "InputError",
     "NO_MEMORY", "NOT_PROBED", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
     "key_table_markdown",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 from autofit.core._algorithms import Algorithm, algorithm, algorithm_names
+from autofit.core._engines import DDP, engine_of
 from autofit.core._knob_table import USE_VLLM
 from autofit.core._knobs import blocks, knob_training_args, late_fields
 from autofit.core._settings import LoraSettings, QuantSettings
@@ -63,7 +64,7 @@ class Candidate:
     # The dtype the weights are loaded in (``model_init_kwargs["dtype"]``): None is TRL's default, float32.
     dtype: Optional[str] = None
     trust_remote_code: bool = False  # the model's own code runs (``--trust-remote-code``)
-    # The engine that offloads optimizer states to host memory (``autofit.rungs.engines``), None: plain TRL.
+    # The engine that offloads optimizer states to host memory (``autofit.core._engines``), None: plain TRL.
     offload: Optional[str] = None
     # TRL's ``activation_offloading`` (SFT, reward): saved activations wait in host memory for the backward pass.
     activation_offload: bool = False
@@ -72,7 +73,7 @@ class Candidate:
     # The reference model's log-probs computed before training (``precompute_ref_log_probs``): no reference model held
     precompute_ref: bool = False
     # Processes (one per GPU) that train together, and the engine that shards the training state across them
-    # (``autofit.rungs.engines``: "zero1", "zero2", "zero3", "fsdp2"; None: plain data parallel with several ranks).
+    # (a sharding rung's engine, ``autofit.core._engines``; None: plain data parallel with several ranks).
     ranks: int = 1
     sharding: Optional[str] = None
     # RL: vLLM generates ("colocate": in the training process, "server": elsewhere); the trainer does not.
@@ -108,7 +109,7 @@ class Candidate:
             return self.offload
         if self.sharding:
             return self.sharding
-        return "ddp" if self.ranks > 1 else None
+        return DDP if self.ranks > 1 else None
 
     @property
     def tokens_per_step(self) -> int:
@@ -144,7 +145,8 @@ class Candidate:
         if self.device == "cpu":
             # DeepSpeed runs only where accelerate is not told use_cpu (the probe hides GPUs instead).
             args.update(bf16=False)
-            if not self.offload and not (self.sharding or "").startswith("zero"):
+            sharded = engine_of(self.sharding)
+            if not self.offload and not (sharded is not None and sharded.deepspeed):
                 args["use_cpu"] = True
         if self.probe is not None:
             args.update(
@@ -230,7 +232,7 @@ class Candidate:
         parts = [f"mb={self.micro_batch}x{self.grad_accum}" + (f"x{self.ranks}" if self.ranks > 1 else ""),
                  f"len={self.max_length}"]
         if self.ranks > 1 and not self.offload:
-            parts.append(self.sharding or "ddp")
+            parts.append(self.sharding or DDP)
         if self.num_generations is not None:
             parts.append(f"gen={self.num_generations}")
         if self.vllm:

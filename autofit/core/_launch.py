@@ -47,7 +47,7 @@ class TrlFile:
 
 @dataclass(frozen=True)
 class LaunchEngine:
-    sharding: Optional[str] = None  # the candidate's engine: "fsdp2", "fsdp2-offload", "zero1".."zero3", ...
+    sharding: Optional[str] = None  # the candidate's engine (``autofit.core._engines``); None: data parallel
     processes: Optional[int] = None  # num_processes of the launch (GPUs per machine)
     machines: Optional[int] = None
     source: str = ""  # where it came from, in the user's words

@@ -53,8 +53,8 @@ class Baseline:
     settings: Tuple[Tuple[str, Any], ...] = ()
     micro_batch: Optional[int] = None  # per rank, with ``grad_accum``: the user's split of the effective batch
     grad_accum: Optional[int] = None
-    # the engine of the user's launch (``fsdp:``/``fsdp_config:``, ``accelerate_config:``): a sharding of
-    # ``autofit.rungs.engines`` ("fsdp2", "zero3", ...; "zero2-offload" is the optimizer-offload engine)
+    # the engine of the user's launch (``fsdp:``/``fsdp_config:``, ``accelerate_config:``): an engine of
+    # ``autofit.core._engines`` (a sharding rung's, or the optimizer-offload engine)
     sharding: Optional[str] = None
     source: str = ""  # the file, for messages
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from autofit import memory_model
-from autofit.core import Candidate, format_size
-from autofit.rungs import ACCELERATE_YAML, DDP, DEEPSPEED_JSON, ZERO_STAGES, launch_line, replacement_trade
+from autofit.core import DDP, Candidate, format_size
+from autofit.rungs import ACCELERATE_YAML, DEEPSPEED_JSON, ZERO_STAGES, launch_line, replacement_trade
 from autofit.search import SearchReport
 
 

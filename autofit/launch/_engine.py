@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from autofit.core import LaunchEngine
+from autofit.core import LaunchEngine, engine_for
 from autofit.launch._accelerate_file import read_accelerate_config, read_deepspeed_json, zero_settings
 from autofit.launch._accelerate_keys import accelerate_notes
 from autofit.launch._engine_values import (
@@ -68,7 +68,7 @@ def _fsdp_from_args(training: Dict[str, Any], written: Dict[str, Any]) -> Option
     offload = "offload" in items or _truthy(config.get("cpu_offload", False)) \
         or _truthy(config.get("offload_params", False))
     notes = _fsdp_notes(config.get("version", 2), items, config.get("reshard_after_forward", True))
-    return LaunchEngine(sharding="fsdp2-offload" if offload else "fsdp2", source="fsdp: " + " ".join(items),
+    return LaunchEngine(sharding=engine_for(fsdp=True, parameters=offload), source="fsdp: " + " ".join(items),
                         notes=notes, checkpointing=_truthy(config.get("activation_checkpointing", False)))
 
 
@@ -93,7 +93,7 @@ def _fsdp_plugin(fsdp: Dict[str, Any], name: str) -> LaunchEngine:
     offload = _truthy(fsdp.get("fsdp_offload_params", False))
     notes = _fsdp_notes(fsdp.get("fsdp_version", 1), [strategy], fsdp.get("fsdp_reshard_after_forward", True),
                         fsdp.get("fsdp_auto_wrap_policy"))
-    return LaunchEngine(sharding="fsdp2-offload" if offload else "fsdp2", source=name, notes=notes,
+    return LaunchEngine(sharding=engine_for(fsdp=True, parameters=offload), source=name, notes=notes,
                         checkpointing=checkpointing)
 
 
@@ -111,11 +111,7 @@ def _deepspeed_plugin(ds: Dict[str, Any], name: str) -> LaunchEngine:
         return LaunchEngine(source=name, notes=(f"the DeepSpeed plugin of {name} (ZeRO stage 0: no ZeRO) is "
                                                 "modelled as data parallel",))
     offloads = [str(device).lower() not in ("none", "") for device in (optimizer, param)]
-    sharding = f"zero{stage}"
-    if stage == 3 and all(offloads):
-        sharding = "zero3-offload"
-    elif stage in (1, 2) and offloads[0]:
-        sharding = "zero2-offload"
+    sharding = engine_for(stage, optimizer=offloads[0], parameters=offloads[1])
     notes: Tuple[str, ...] = ()
     if stage == 3 and any(offloads) and not all(offloads):
         notes = (f"ZeRO-3 offloading only the {'optimizer' if offloads[0] else 'parameters'} modelled without "

@@ -23,7 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Dict, NamedTuple, Optional
 
-from autofit.core import Candidate
+from autofit.core import ENGINES, Candidate, engine_for, engine_of
 from autofit.memory_model._shape import ModelShape
 
 # DeepSpeed's defaults for the keys a configuration leaves out [D: DeepSpeed 0.19 runtime/zero/config.py]
@@ -36,7 +36,6 @@ AUTO_PREFETCH_H2 = 0.9
 # about 1 GB per communicator on 8 x H100 over NVLink after its first collectives (NVIDIA/nccl#1685: "NV 1.06 GB"
 # excluding PyTorch), linear in its channels (NVIDIA/nccl#986). One communicator: the data-parallel group [M].
 NCCL_BYTES_PER_GPU = 1.0e9
-ZERO_ENGINES = {"zero1": 1, "zero2": 2, "zero3": 3}
 # The first DeepSpeed whose ZeRO-1/2 allocate their reduce buckets at the first gradient of the backward (its
 # gradient hook's ``backward_prologue``, ``setup_buckets`` from 0.18.3) rather than in ``backward()`` before the
 # loss's backward [D: DeepSpeed v0.17.1 against v0.17.2 ``stage_1_and_2.py``]
@@ -101,23 +100,30 @@ def user_zero_stage(candidate: Candidate) -> Optional[int]:
 
 def zero_engine(candidate: Candidate) -> Optional[str]:
     """The ZeRO engine the candidate trains under: its sharding rung, else the user's own configuration's stage."""
-    if candidate.sharding in ZERO_ENGINES or candidate.sharding == "zero3-offload":
-        return candidate.sharding
+    sharding = engine_of(candidate.sharding)
+    if sharding is not None and sharding.deepspeed and sharding.sharding:
+        return sharding.name
     if candidate.sharding is None and not candidate.offload:
         stage = user_zero_stage(candidate)
-        return f"zero{stage}" if stage else None
+        return engine_for(stage) if stage else None
     return None
+
+
+def shards_parameters(engine: Optional[str]) -> bool:
+    """Whether ``engine`` shards the parameters, each module's gathered for its pass (ZeRO-3, FSDP2, their offloads)."""
+    found = engine_of(engine)
+    return found is not None and found.shards_parameters
 
 
 def zero_settings(candidate: Candidate, shape: ModelShape) -> ZeroSettings:
     """The buffers of the candidate's ZeRO engine, from the configuration it runs with."""
     from autofit.rungs import deepspeed_config
 
-    engine = zero_engine(candidate) or "zero2"
+    engine = zero_engine(candidate) or engine_for(2)
     user = user_deepspeed(candidate)
     zero = _zero_section(user if user is not None and candidate.sharding is None else deepspeed_config("cuda", engine))
     written = zero.get("stage")
-    stage = int(written) if written in (1, 2, 3) else ZERO_ENGINES.get(engine, 3)
+    stage = int(written) if written in (1, 2, 3) else ENGINES[engine].stage
     h2 = float(shape.hidden) ** 2
     overlap = zero.get("overlap_comm")
     overlap = stage == 3 if overlap in (None, "auto") else bool(overlap)
@@ -157,9 +163,9 @@ def user_offload_engine(config: Optional[Dict[str, Any]]) -> Optional[str]:
     zero = _zero_section(config) if config else {}
     optimizer, param = _offload_device(zero, "offload_optimizer"), _offload_device(zero, "offload_param")
     if zero.get("stage") in (1, 2) and optimizer == "cpu" and param is None:
-        return "zero2-offload"
+        return engine_for(2, optimizer=True)
     if zero.get("stage") == 3 and optimizer == "cpu" and param == "cpu":
-        return "zero3-offload"
+        return engine_for(3, optimizer=True, parameters=True)
     return None
 
 
@@ -176,10 +182,9 @@ def host_offload(candidate: Candidate) -> HostOffload:
     configuration (``offload_optimizer``, ZeRO-3's ``offload_param``): one reading for every door."""
     if candidate.offload:
         return HostOffload("deepspeed", False)
-    if candidate.sharding == "zero3-offload":
-        return HostOffload("deepspeed", True)
-    if candidate.sharding == "fsdp2-offload":
-        return HostOffload("torch", True)
+    sharding = engine_of(candidate.sharding)
+    if sharding is not None and sharding.offloads_parameters:
+        return HostOffload("deepspeed" if sharding.deepspeed else "torch", True)
     if candidate.sharding is not None:
         return HostOffload(None, False)
     config = user_deepspeed(candidate)
@@ -193,11 +198,11 @@ def as_launched(candidate: Candidate) -> Candidate:
     configuration as written: only the ledger reads it this way)."""
     if candidate.sharding or candidate.offload:
         return candidate
-    engine = user_offload_engine(user_deepspeed(candidate))
-    if engine == "zero2-offload":
-        return candidate.replace(offload=engine)
-    if engine == "zero3-offload" and candidate.ranks > 1:
-        return candidate.replace(sharding=engine)
+    engine = engine_of(user_offload_engine(user_deepspeed(candidate)))
+    if engine is not None and engine.optimizer_offload:
+        return candidate.replace(offload=engine.name)
+    if engine is not None and candidate.ranks > 1:
+        return candidate.replace(sharding=engine.name)
     return candidate
 
 

@@ -22,7 +22,7 @@ from autofit.core import PRECOMPUTE, Candidate
 from autofit.memory_model._activations import activation_bytes, offloaded_activation_bytes
 from autofit.memory_model._allocator import context_bytes, reserved_factor
 from autofit.memory_model._checked import CHECKED_UNCERTAINTY, UNCHECKED_UNCERTAINTY, prior_uncertainty, unmodelled
-from autofit.memory_model._engine_settings import as_launched, nccl_bytes, zero_engine
+from autofit.memory_model._engine_settings import as_launched, nccl_bytes, shards_parameters, zero_engine
 from autofit.memory_model._logits import generation_bytes, logit_bytes
 from autofit.memory_model._offload import (
     engine_setup_bytes,
@@ -216,7 +216,7 @@ def _with_vllm(phases: List[_Phase], candidate: Candidate, shape: ModelShape, de
     held = vllm_asleep_bytes(candidate, shape) if sleeping else reserved
     phases = [_Phase(p.name, {**p.terms, "generation": p.terms.get("generation", 0.0) + held}) for p in phases]
     gathered = resident["weights"] * (candidate.ranks - 1) if candidate.lora is not None and \
-        zero_engine(candidate) in ("zero3", "zero3-offload") else 0.0
+        shards_parameters(zero_engine(candidate)) else 0.0
     if sleeping:
         phases.append(_Phase("generation", {**resident, "generation": reserved}))
     if sleeping or gathered:

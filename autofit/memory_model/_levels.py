@@ -7,13 +7,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from autofit.core import RL_ALGOS, Candidate, SearchSpec
+from autofit.core import RL_ALGOS, Candidate, SearchSpec, engine_of
 from autofit.memory_model._calibration import Calibration, predict_calibrated
 from autofit.memory_model._ledger import Ledger
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._vllm import server_fits, vllm_need
-
-OFFLOAD_ENGINES = ("zero2-offload",)  # the optimizer-offload engine (``Candidate.offload``), not a sharding
 
 if TYPE_CHECKING:
     from autofit.rungs import LadderState
@@ -60,7 +58,8 @@ def base_candidate(spec: SearchSpec) -> Candidate:
     if user is None:
         return candidate
     changes: Dict[str, Any] = user.candidate_changes(spec.device)
-    if user.sharding in OFFLOAD_ENGINES:
+    engine = engine_of(user.sharding)
+    if engine is not None and engine.optimizer_offload:
         changes["offload"] = user.sharding
     elif user.sharding:
         changes["sharding"] = user.sharding

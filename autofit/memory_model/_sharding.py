@@ -40,12 +40,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict
 
-from autofit.core import Candidate
+from autofit.core import DDP, ENGINES, Candidate
 from autofit.memory_model._engine_settings import ZeroSettings, buckets_before_backward, zero_engine, zero_settings
 from autofit.memory_model._parameters import StateBytes, compute_bytes, param_counts, trainable_tensors, weight_bytes
 from autofit.memory_model._shape import ModelShape
 
-OFFLOADED = ("fsdp2-offload", "zero3-offload")
+OFFLOADED = tuple(name for name, engine in ENGINES.items() if engine.sharding and engine.offloads_parameters)
+FSDP_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.fsdp)
 ZERO_HOST_FP32_BYTES = 4 + 4 + 8  # fp32 master weight, its gradient, Adam's two states
 DDP_BUCKET_COPIES = 1  # a flat copy of every gradient
 ZERO_MASTER_AND_ADAM_BYTES = 4 + 8  # fp32 master weight, exp_avg, exp_avg_sq
@@ -65,19 +66,19 @@ def _layer_params(shape: ModelShape, candidate: Candidate) -> float:
 def sharded_state(state: StateBytes, candidate: Candidate, shape: ModelShape, device: str) -> StateBytes:
     """One rank's share of ``state`` (a single GPU's) under the candidate's engine across ``candidate.ranks``."""
     ranks = candidate.ranks
-    strategy = candidate.sharding or zero_engine(candidate) or "ddp"
-    if (ranks < 2 and strategy == "ddp") or candidate.offload:  # a named engine on one GPU is its own
+    strategy = candidate.sharding or zero_engine(candidate) or DDP
+    if (ranks < 2 and strategy == DDP) or candidate.offload:  # a named engine on one GPU is its own
         return state
     if strategy in OFFLOADED:
         return _offloaded(state, candidate, shape, device, strategy)
-    if strategy == "ddp":
+    if strategy == DDP:
         return dataclasses.replace(state, gradients=state.gradients * (1 + DDP_BUCKET_COPIES))
     trainable = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))
     frozen_weights = max(state.weights - trainable * state.trainable_bytes, 0.0)
     c_bytes = compute_bytes(candidate, shape, device)
     layer = _layer_params(shape, candidate)
     reference = state.reference
-    if strategy == "fsdp2":
+    if strategy in FSDP_ENGINES:
         w_bytes = weight_bytes(candidate, shape)
         unsharded = UNSHARDED_LAYERS * layer * c_bytes
         gradients = trainable * (c_bytes if candidate.grad_accum >= 2 else w_bytes / ranks) + layer * c_bytes
@@ -113,7 +114,7 @@ def _offloaded(state: StateBytes, candidate: Candidate, shape: ModelShape, devic
     """The GPU's share under the offloading shardings: the gathered layers and their transients only."""
     c_bytes = compute_bytes(candidate, shape, device)
     layer = _layer_params(shape, candidate)
-    if strategy == "fsdp2-offload":
+    if strategy in FSDP_ENGINES:
         return dataclasses.replace(state, weights=UNSHARDED_LAYERS * layer * c_bytes, autocast_copy=0.0,
                                    gradients=layer * c_bytes, optimizer=0.0, step_temporaries=0.0,
                                    embedding_temporaries=0.0, reference=state.reference / candidate.ranks)
@@ -158,7 +159,7 @@ def sharding_host_bytes(candidate: Candidate, shape: ModelShape, device: str) ->
         return 0.0
     total = param_counts(shape, candidate.algo).total
     trainable = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))
-    if candidate.sharding == "fsdp2-offload":
+    if candidate.sharding in FSDP_ENGINES:
         w_bytes = weight_bytes(candidate, shape)
         return total * w_bytes + trainable * w_bytes * (1 + ADAMW_STATE_COPIES)
     engine = compute_bytes(candidate, shape, device) if device == "cuda" else weight_bytes(candidate, shape)

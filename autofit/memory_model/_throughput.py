@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from autofit.core import Candidate, Card
 from autofit.memory_model._activations import sequence_length, sequences_per_micro_batch
-from autofit.memory_model._engine_settings import zero_engine
+from autofit.memory_model._engine_settings import shards_parameters, zero_engine
 from autofit.memory_model._host_time import activation_offload_seconds, host_terms
 from autofit.memory_model._logits import logit_tokens
 from autofit.memory_model._parameters import (
@@ -229,7 +229,7 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
         link = card.gpu_link * GPU_LINK_EFFICIENCY
         share = (candidate.ranks - 1) / candidate.ranks
         terms["gradient reduction"] = 2 * share * trainable * 2 / link
-        if (candidate.sharding or zero_engine(candidate)) in ("zero3", "fsdp2", "zero3-offload", "fsdp2-offload"):
+        if shards_parameters(candidate.sharding or zero_engine(candidate)):
             # every parameter is gathered for its module's pass, every expert's too
             stored_bytes = (counts.linear * stored + (counts.total - counts.linear) * bytes_per_weight if stored
                             else counts.total * bytes_per_weight)

@@ -50,7 +50,6 @@ from autofit.rungs._sharding import SHARDING_RUNGS, Sharding
 from autofit.rungs.activation_offload import ActivationOffload
 from autofit.rungs.engines import (
     ACCELERATE_YAML,
-    DDP,
     DEEPSPEED_JSON,
     FSDP_ENGINES,
     ZERO_STAGES,
@@ -74,7 +73,7 @@ PLUGIN_API = ("Candidate", "FREE", "FactoryMisuse", "LadderState", "ModelFacts",
 
 __all__ = [
     "PLUGIN_API", "hook_problem", "Candidate", "FactoryMisuse", "ModelFacts", "Outcome", "keys_of", "knob",
-    "ACCELERATE_YAML", "ALLOC_ENV", "COSTS", "DDP", "DEEPSPEED_JSON", "DEFAULT_LADDER", "ENTRY_POINT_GROUP", "FREE",
+    "ACCELERATE_YAML", "ALLOC_ENV", "COSTS", "DEEPSPEED_JSON", "DEFAULT_LADDER", "ENTRY_POINT_GROUP", "FREE",
     "FREE_UNDER_ADAPTERS", "FSDP_ENGINES", "NEVER_DROPPED", "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS",
     "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments",
     "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload",

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
-from autofit.core import Candidate, keys_of
+from autofit.core import ENGINES, Candidate, engine_for, keys_of
 from autofit.rungs.engines import deepspeed_engine
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,8 @@ SERVER_RUNG = "vllm-server"  # autofit.rungs.vllm: taken off again by the qualit
 NEVER_DROPPED = ("micro-batch", "expandable-segments")
 FREE_UNDER_ADAPTERS = ("bf16-weights",)
 # autofit.rungs._sharding's offloading variants: the quality rungs shrink the level with the shards on the GPU
-SHARDS_BACK_ON_GPU = {"zero3-offload": "zero3", "fsdp2-offload": "fsdp2"}
+SHARDS_BACK_ON_GPU = {name: engine_for(engine.stage, fsdp=engine.fsdp) for name, engine in ENGINES.items()
+                      if engine.sharding and engine.offloads_parameters}
 # The training arguments that run an engine of the user's own: a rung that replaces it takes them out of the candidate
 ENGINE_ARGS = keys_of("engine")
 
@@ -159,7 +160,9 @@ def own_engine(candidate: Candidate) -> Optional[Tuple[str, str]]:
         return candidate.sharding or "", f"FSDP ({keys})"
     if args.get("deepspeed"):
         engine = deepspeed_engine(args["deepspeed"]) or ""
-        words = engine.replace("zero", "ZeRO-").replace("-offload", " with optimizer offload") or "configuration"
+        facts = ENGINES.get(engine)
+        words = (f"ZeRO-{facts.stage}" + (" with optimizer offload" if facts.offloads_optimizer else "")
+                 if facts else "configuration")
         return engine, f"DeepSpeed {words} (deepspeed:)"
     launched = candidate.offload or candidate.sharding
     if launched and not candidate.rungs:  # the launch's (accelerate_config:, --accelerate-config, accelerate launch)

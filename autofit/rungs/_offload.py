@@ -9,12 +9,12 @@ the level without offload is what the quality rungs shrink.
 
 from typing import Any, Mapping, Optional
 
-from autofit.core import Candidate
+from autofit.core import ENGINES, Candidate
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState, replacement_words
-from autofit.rungs.engines import FSDP2_OFFLOAD, ZERO2_OFFLOAD, ZERO3_OFFLOAD, deepspeed_missing
+from autofit.rungs.engines import ZERO2_OFFLOAD, deepspeed_missing
 
-OFFLOADING_ENGINES = (ZERO2_OFFLOAD, ZERO3_OFFLOAD, FSDP2_OFFLOAD)
+OFFLOADING_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.offloads_optimizer)
 
 
 class OptimizerOffload(RungBase):

@@ -14,21 +14,16 @@ do not apply. Where the user's launch runs its own engine, one that shards more 
 import dataclasses
 from typing import Any, Mapping, Optional
 
-from autofit.core import Candidate
+from autofit.core import ENGINES, Candidate, engine_for
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState, replacement_words
-from autofit.rungs.engines import FSDP2_OFFLOAD, ZERO2_OFFLOAD, ZERO3_OFFLOAD, ZERO_STAGES, deepspeed_missing
+from autofit.rungs.engines import ZERO2_OFFLOAD, ZERO_STAGES, deepspeed_missing
 
-SHARDING_RUNGS = ("zero1", "zero2", "fsdp2", "zero3", FSDP2_OFFLOAD, ZERO3_OFFLOAD)
-OFFLOADING = (FSDP2_OFFLOAD, ZERO3_OFFLOAD)
-HELP = {
-    "zero1": "DeepSpeed ZeRO-1 across the GPUs: optimizer states sharded",
-    "zero2": "DeepSpeed ZeRO-2 across the GPUs: optimizer states and gradients sharded",
-    "fsdp2": "FSDP2 full shard across the GPUs: weights, gradients and optimizer states sharded",
-    "zero3": "DeepSpeed ZeRO-3 across the GPUs: weights, gradients and optimizer states sharded",
-    FSDP2_OFFLOAD: "FSDP2 full shard with the shards in host memory (fsdp_offload_params)",
-    ZERO3_OFFLOAD: "DeepSpeed ZeRO-3 with weights and optimizer states in host memory (offload_param/_optimizer)",
-}
+# the registry's sharding engines, in the ladder's order (the more a rung shards, the later)
+SHARDING_RUNGS = tuple(engine.name for engine in sorted((e for e in ENGINES.values() if e.sharding),
+                                                        key=lambda e: e.rung))
+OFFLOADING = tuple(name for name in SHARDING_RUNGS if ENGINES[name].offloads_parameters)
+HELP = {name: ENGINES[name].help for name in SHARDING_RUNGS}
 # what the user trades (best.json's trades): the same math, and the time the GPUs spend exchanging shards
 COSTS = {name: "the same math, slower steps (the GPUs exchange the shards"
          + (", copied to and from the host), and pinned host RAM" if name in OFFLOADING else ")")
@@ -37,6 +32,7 @@ TRADES = {name: f"{HELP[name]}; {COSTS[name]}" for name in SHARDING_RUNGS}
 # accelerate sets up DeepSpeed and FSDP with several processes only on an accelerator: on a CPU-only machine its
 # state counts one process under DeepSpeed (the batch checks fail) and keeps FSDP's ranks data parallel. FSDP2 full
 # shard runs there under autofit.rungs.engines._probe_fsdp; its host offload (pinned shards) and DeepSpeed do not.
+ON_THE_CPU = engine_for(fsdp=True)
 CPU_REASON = ("accelerate runs DeepSpeed and FSDP's offload across several processes only on GPUs (on the CPU: data "
               "parallel and FSDP2)")
 
@@ -56,7 +52,7 @@ class Sharding(RungBase):
         self.host_memory = "offloaded shards" if name in OFFLOADING else ""
 
     def unavailable(self, device: str) -> Optional[str]:
-        if device == "cpu" and self.name != "fsdp2":
+        if device == "cpu" and self.name != ON_THE_CPU:
             return CPU_REASON
         return deepspeed_missing() if self.name in ZERO_STAGES else None
 

@@ -7,8 +7,10 @@ from pathlib import Path
 import autofit.core
 
 CORE = Path(__file__).resolve().parents[2] / "autofit" / "core"
-MAX_FACADE_NAMES = 82
-MAX_CORE_LINES = 2710  # 2,690 after the move, and the vllm_sleep knob (20 lines) since
+MAX_FACADE_NAMES = 86  # 82 after the move, and the engine registry's four (item 3: ENGINES, DDP, engine_of, engine_for)
+# 2,690 after the move, the vllm_sleep knob (20 lines) since, and the engine registry (item 3: 83 lines, less what the
+# candidate no longer spells)
+MAX_CORE_LINES = 2797
 
 
 def test_cores_facade_only_shrinks():

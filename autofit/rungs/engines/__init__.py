@@ -5,17 +5,13 @@ the offloaded state read back)."""
 
 from autofit.rungs.engines._files import (
     ACCELERATE_YAML,
-    DDP,
     DEEPSPEED_JSON,
     ENGINES,
-    FSDP2,
-    FSDP2_OFFLOAD,
     FSDP_ENGINES,
     MAIN_NODE_PLACEHOLDER,
     MARKER,
     RANK_VARIABLES,
     ZERO2_OFFLOAD,
-    ZERO3_OFFLOAD,
     ZERO_STAGES,
     accelerate_config,
     deepspeed_config,
@@ -32,8 +28,8 @@ from autofit.rungs.engines._files import (
 )
 
 __all__ = [
-    "ACCELERATE_YAML", "DDP", "DEEPSPEED_JSON", "ENGINES", "FSDP2", "FSDP2_OFFLOAD", "FSDP_ENGINES",
-    "MAIN_NODE_PLACEHOLDER", "MARKER", "RANK_VARIABLES", "ZERO2_OFFLOAD", "ZERO3_OFFLOAD", "ZERO_STAGES",
+    "ACCELERATE_YAML", "DEEPSPEED_JSON", "ENGINES", "FSDP_ENGINES", "MAIN_NODE_PLACEHOLDER", "MARKER",
+    "RANK_VARIABLES", "ZERO2_OFFLOAD", "ZERO_STAGES",
     "accelerate_config", "deepspeed_config", "deepspeed_engine", "deepspeed_missing", "free_port", "fsdp2_config",
     "launch_env", "launch_line", "process_env", "rank_env", "remove_stale_engine_files", "write_engine_files",
 ]

@@ -17,14 +17,12 @@ import socket
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from autofit.core import ENGINES, engine_for
 from autofit.machine import atomic_write_text
 
-ZERO2_OFFLOAD = "zero2-offload"
-ZERO3_OFFLOAD, FSDP2_OFFLOAD = "zero3-offload", "fsdp2-offload"
-ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3, ZERO2_OFFLOAD: 2, ZERO3_OFFLOAD: 3}
-FSDP2, DDP = "fsdp2", "ddp"
-FSDP_ENGINES = (FSDP2, FSDP2_OFFLOAD)
-ENGINES = (ZERO2_OFFLOAD, "zero1", "zero2", "zero3", ZERO3_OFFLOAD, FSDP2, FSDP2_OFFLOAD, DDP)
+ZERO2_OFFLOAD = engine_for(2, optimizer=True)  # the optimizer-offload engine (``Candidate.offload``)
+ZERO_STAGES = {name: engine.stage for name, engine in ENGINES.items() if engine.deepspeed}
+FSDP_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.fsdp)
 DEEPSPEED_JSON = "deepspeed.json"
 ACCELERATE_YAML = "accelerate.yaml"
 MARKER = "# written by autofit:"
@@ -54,9 +52,7 @@ def deepspeed_engine(given: Any) -> Optional[str]:
     assert isinstance(zero, dict)
     offloads = [isinstance(zero.get(key), dict) and zero[key].get("device") not in (None, "none")
                 for key in ("offload_optimizer", "offload_param")]
-    if stage < 3 and offloads[0]:
-        return ZERO2_OFFLOAD
-    return ZERO3_OFFLOAD if stage == 3 and all(offloads) else f"zero{stage}"
+    return engine_for(stage, optimizer=offloads[0], parameters=offloads[1])
 
 
 def deepspeed_config(device: str = "cuda", engine: str = ZERO2_OFFLOAD) -> Dict:
@@ -69,9 +65,9 @@ def deepspeed_config(device: str = "cuda", engine: str = ZERO2_OFFLOAD) -> Dict:
     speed means nothing there."""
     zero = {"stage": ZERO_STAGES[engine], "contiguous_gradients": True, "overlap_comm": False,
             "reduce_bucket_size": "auto"}
-    if engine in (ZERO2_OFFLOAD, ZERO3_OFFLOAD):
+    if ENGINES[engine].offloads_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if engine == ZERO3_OFFLOAD:  # the weights' partitions too (ZeRO-Infinity to CPU)
+    if ENGINES[engine].offloads_parameters:  # the weights' partitions too (ZeRO-Infinity to CPU)
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if ZERO_STAGES[engine] == 3:  # the Trainer fills these from the model's hidden size
         zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto",
@@ -113,7 +109,7 @@ def accelerate_config(engine: str, deepspeed_json: Optional[Path] = None, ranks:
         config.update(distributed_type="DEEPSPEED", deepspeed_config={
             "deepspeed_config_file": str(deepspeed_json), "zero3_init_flag": ZERO_STAGES[engine] == 3})
     elif engine in FSDP_ENGINES:
-        config.update(distributed_type="FSDP", fsdp_config=fsdp2_config(offload=engine == FSDP2_OFFLOAD))
+        config.update(distributed_type="FSDP", fsdp_config=fsdp2_config(offload=ENGINES[engine].offloads_parameters))
     else:
         config.update(distributed_type="MULTI_CPU" if device == "cpu" else "MULTI_GPU", use_cpu=device == "cpu")
     return dict(sorted(config.items()))
