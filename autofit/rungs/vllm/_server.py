@@ -23,10 +23,10 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 from autofit.core import Candidate, keys_of
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState
+from autofit.rungs._sharding import SHARDING_RUNGS
 
 TENSOR_PARALLEL = (1, 2, 4, 8)  # the server's sizes tried, from the fewest GPUs up
 COLOCATED_RUNGS = ("vllm-share", "vllm-sleep")  # what a colocated share needed, gone with it
-SHARDINGS = ("zero1", "zero2", "fsdp2", "zero3", "fsdp2-offload", "zero3-offload")
 
 
 def placements(candidate: Candidate, rank_batch: int) -> Iterator[Tuple[int, int, int]]:
@@ -76,7 +76,7 @@ class VllmServer(RungBase):
                                        grad_accum=per_rank // micro)
         if trainers == 1 and candidate.sharding:  # one rank shards nothing
             changes["sharding"] = None
-            changes["rungs"] = tuple(r for r in candidate.rungs if r not in SHARDINGS and r != OFFLOAD_RUNG)
+            changes["rungs"] = tuple(r for r in candidate.rungs if r not in SHARDING_RUNGS and r != OFFLOAD_RUNG)
             changes["offload"] = None if OFFLOAD_RUNG in candidate.rungs else candidate.offload
         return candidate.replace(**changes)
 
