@@ -66,6 +66,7 @@ class Row:
     card: str = "A100-80GB"
     trainer: str = "sft"
     peak: Optional[int] = None  # bytes: the source's PyTorch peak (max_memory_allocated, rank 0), where it gives one
+    host_cores: Optional[int] = None  # --host-cores: the source's host, where it names one
 
 
 def _rows(key: str, what: str, config: str, model: str, published: Dict[Tuple[int, int], Tuple[float, int]],
@@ -113,7 +114,8 @@ def command(row: Row) -> Tuple[str, ...]:
         "accelerate", "launch", "--config_file", f"{row.folder}/accelerate-fsdp.yaml", f"--num_processes={row.gpus}",
         "-m", *trl)
     model = ("--model", row.model) if row.model else ()
-    return ("autofit", "estimate", "--gpu-memory", row.card, *model, "--json", "--", *launch)
+    host = ("--host-cores", str(row.host_cores)) if row.host_cores else ()
+    return ("autofit", "estimate", "--gpu-memory", row.card, *model, *host, "--json", "--", *launch)
 
 
 def autofit_cli(*args: str) -> str:

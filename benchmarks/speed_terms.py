@@ -41,8 +41,8 @@ TORCHAO = ("[torchao README @ 03cf0ad](https://github.com/pytorch/ao/blob/03cf0a
 VITG_TOKENS = 32 * 257  # a step of the ViT's: 32 images of 257 tokens
 VITG = ("a ViT priced as the decoder of its widths (its bidirectional attention, LayerNorm and patch embedding are "
         "not a decoder's, so the baseline's own time is not what the pair checks)")
-DESKTOP_HOST = ("the host, a desktop's six cores (Ryzen 5600, DDR4), where the CPU Adam rate assumed is a server's; "
-                "\"DeepSpeed is untuned\" (the source)")
+DESKTOP_HOST = ("the host, a desktop's six cores (Ryzen 5600, DDR4: `--host-cores 6`), priced at this machine's CPU "
+                "Adam rate a core and a server's memory bandwidth; \"DeepSpeed is untuned\" (the source)")
 
 
 def _row(key: str, what: str, config: str, tokens: float, not_expressed: str = "") -> Row:
@@ -65,7 +65,8 @@ LORA = _row("LoRA", "the same with LoRA r64 (all linear layers but k_proj, no dr
 
 def _vitg(key: str, what: str, config: str, seconds: float) -> Row:
     """A row of torchao's pair: its seconds a step as tokens/s."""
-    return Row(key, what, config, None, 1, None, VITG_TOKENS / seconds, "", FOLDER, card="RTX4070TiSuper")
+    return Row(key, what, config, None, 1, None, VITG_TOKENS / seconds, "", FOLDER, card="RTX4070TiSuper",
+               host_cores=6)  # a Ryzen 5600
 
 
 VITG_ON_DEVICE = _vitg("ViT-g AdamW", "fused AdamW on the GPU", "vitg-adamw.yaml", 1.27)

@@ -14,7 +14,14 @@ from autofit.cli._estimate_facts import CardEstimate, parameters_line, phase_lab
 from autofit.cli._exit import EXIT_BAD_INPUT, EXIT_OK, exit_block
 from autofit.cli._speed import estimate_card
 from autofit.core import RL_ALGOS, Candidate
-from autofit.memory_model import PRIOR_SPEED_UNCERTAINTY, TERMS, Ledger, SpeedEstimate, prior_uncertainty
+from autofit.memory_model import (
+    PRIOR_SPEED_UNCERTAINTY,
+    TERMS,
+    Ledger,
+    SpeedEstimate,
+    host_figures,
+    prior_uncertainty,
+)
 from autofit.rungs import replacement_trade
 
 SCHEMA = 1
@@ -169,6 +176,7 @@ def _speed(facts: CardEstimate) -> Optional[Dict[str, Any]]:
         "card": card.name, "source": card.source, "flops": card.flops, "bandwidth": card.bandwidth,
         "uncertainty": facts.speeds[0].uncertainty if facts.speeds else PRIOR_SPEED_UNCERTAINTY,
         "fastest": [{"level": level.level, **(_speed_of(speed) or {})} for speed, level in fitting[:2]],
+        "host": host_figures(card, facts.spec.ranks),  # what a level that offloads its optimizer is priced at
     }
 
 

@@ -18,9 +18,12 @@ from autofit.memory_model import (
     SpeedCalibration,
     SpeedEstimate,
     base_candidate,
+    host_line,
     predict_speed,
+    steps_on_host,
 )
 from autofit.rungs import rung_named
+from autofit.search import host_card
 
 SPEED_MODEL_KEY = "speed_model"  # best.json key of the calibrated throughput model (SpeedCalibration.to_dict())
 # Levels predicted within this of the fastest are named in ladder order: a level that trades more (8-bit states, LoRA)
@@ -72,8 +75,10 @@ def load_speed_calibration(spec: SearchSpec) -> Tuple[Optional[SpeedCalibration]
 
 def estimate_card(spec: SearchSpec) -> Optional[Card]:
     """The card whose peaks the speed is predicted on: the one ``--gpu-memory`` names (H100, L4, ...), else the GPU
-    NVML reports where autofit knows it; None for a size elsewhere, or the CPU."""
-    return priced_card(spec.options.gpu_memory, spec.device)
+    NVML reports where autofit knows it, with the host its ranks share (``autofit.search.host_card``: measured once
+    per process); None for a size elsewhere, or the CPU."""
+    card = priced_card(spec.options.gpu_memory, spec.device)
+    return host_card(card, spec) if card is not None else None
 
 
 def level_speeds(spec: SearchSpec, shape: ModelShape, levels: Sequence[Any]) -> Optional[List[SpeedEstimate]]:
@@ -128,6 +133,8 @@ def speed_lines(spec: SearchSpec, levels: Sequence[Any], speeds: Optional[List[S
     lines = [f"speed on one {card.name} ({_rates(card)}): tok/s predicted ± {speeds[0].uncertainty:.0%}, "
              + ("calibrated" if calibration is not None else "uncalibrated")]
     lines += [f"note: {note}" for note in (*notes, *speeds[0].notes)]
+    if any(steps_on_host(level.candidate) for level in levels):
+        lines.append(host_line(card, spec.ranks))
     if not fitting:
         return lines
     best, level = fitting[0]

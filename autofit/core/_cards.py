@@ -1,16 +1,11 @@
-"""The cards autofit knows, each declared once: its memory (what ``--gpu-memory CARD`` plans for), its peak dense
-bf16/fp16 tensor FLOP rate, its memory bandwidth, its host link and its GPU-to-GPU link. ``parse_size`` takes a card's
-name for its memory (``autofit.core._sizes``); the throughput model prices a step on it (``autofit.memory_model``).
-
-Each figure is the vendor's published peak (datasheets and architecture whitepapers) [M: as NVIDIA and AMD publish
-them; dense, without sparsity; bf16 with fp32 accumulate, which GeForce cards run at half their fp16-accumulate rate;
-the SXM part where a name covers two]. The host link is the PCIe generation's x16 rate in one direction; the GPU link
-is NVLink's (or Infinity Fabric's) total per GPU, or the PCIe rate where the card has none. The memory is the total
-the driver reports (nvidia-smi's MiB, NVML's total). What a training step achieves of each is
-``autofit.memory_model._throughput``'s coefficients, never folded in here.
-
-On a GPU the card is the one whose ``device_names`` holds the name NVML reports (``autofit.machine.card_of_device``),
-and where one name covers parts of different memory (the H100's 80 and 94 GB) the one nearest the reported total.
+"""The cards autofit knows, each declared once: its memory (what ``--gpu-memory CARD`` plans for, ``parse_size``), its
+peak dense bf16/fp16 tensor FLOP rate, memory bandwidth, host link and GPU-to-GPU link, on which the throughput model
+prices a step. Each figure is the vendor's published peak [M: datasheets and whitepapers; dense, without sparsity;
+bf16 with fp32 accumulate, which GeForce cards run at half their fp16-accumulate rate; the SXM part where a name covers
+two]: the host link is PCIe's x16 rate one way, the GPU link NVLink's (or Infinity Fabric's) total per GPU or else
+PCIe's, the memory the total the driver reports (nvidia-smi's MiB). What a step achieves of each is the throughput
+model's coefficients, never folded in here. On a GPU the card is the one whose ``device_names`` holds NVML's name
+(``autofit.machine.card_of_device``), the nearest in memory where a name covers several (the H100's 80 and 94 GB).
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ class Card:
     half_rows: float = 256.0
     # Host time per dispatched operator [M: PyTorch's per-operator overhead with a CUDA launch, 5-20 us; 10 assumed]
     op_seconds: float = 10e-6
-    # The CPU meter: no Triton (TRL's fused LM head runs its torch fallback) and torch's optimizers loop over the
-    # tensors one at a time (foreach is their default on CUDA only [V code: torch.optim.optimizer
-    # _default_to_fused_or_foreach])
+    # The CPU meter: no Triton (TRL's fused LM head runs its torch fallback), torch's optimizers loop over the tensors
+    # one at a time (foreach is their default on CUDA only [V code: torch.optim.optimizer _default_to_fused_or_foreach])
     cpu: bool = False
     # Seconds per element of a whole-tensor fp32 pass (the CPU meter, measured), which TRL's fused head's torch
     # fallback is made of; 0: its Triton kernel's fused passes at the card's bandwidth
@@ -50,6 +44,13 @@ class Card:
     # The names NVML (nvidia-smi, torch.cuda.get_device_name) reports for the card, and other names a user types
     device_names: Tuple[str, ...] = ()
     aliases: Tuple[str, ...] = ()
+    # The host the ranks share (issue 60, item 3): its AdamW in parameters a second per core (torch's, DeepSpeed's
+    # CPUAdam), its cores and memory bandwidth, with where they come from; 0: ``memory_model._host_time``'s assumptions
+    host_torch_adam: float = 0.0
+    host_cpu_adam: float = 0.0
+    host_cores: float = 0.0
+    host_bandwidth: float = 0.0
+    host_source: str = ""
 
 
 _AMPERE = "NVIDIA Ampere GA102 whitepaper (bf16 tensor, fp32 accumulate)"

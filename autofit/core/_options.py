@@ -1,13 +1,9 @@
 """Every option of a search, declared once: its name, help text, type, default and check live in one field of
-``SearchOptions``. ``autofit search``, ``autofit estimate`` and ``autofit.fit`` are derived from it (``options_parser``
-adds a door's arguments to an argparse parser; ``fit``'s keywords are the fields its door takes), and best.json
-records the request as these fields. TRL's config dataclasses, whose fields carry ``metadata={"help": ...}``, are
-the model.
-
-A field's kind both parses the command line's text (argparse errors, one line) and checks a Python value (the
-``fit`` door, and the command line once more after parsing): the two doors cannot accept different things. Checks
-across fields that hold at every door are ``SearchOptions.check``; what needs the machine (the device, the card's
-memory, the GPUs present) or the ladder is resolved later, into a ``SearchSpec``.
+``SearchOptions``, from which ``autofit search``, ``autofit estimate`` and ``autofit.fit`` are derived
+(``options_parser``; ``fit``'s keywords are the fields its door takes); best.json records the request as these fields,
+after TRL's config dataclasses. A field's kind both parses the command line's text and checks a Python value, so the
+two doors cannot accept different things. Checks across fields at every door are ``SearchOptions.check``; what needs
+the machine (the device, the card's memory, the GPUs) or the ladder is resolved later, into a ``SearchSpec``.
 """
 
 from __future__ import annotations
@@ -128,6 +124,9 @@ class SearchOptions:
                                 "accelerate config is written for all of them, with the ledger's per-GPU figure",
                         kind=POSITIVE_INT, doors=DOORS,
                         estimate_help="machines, each with --gpus GPUs: the ledger at world size GPUs x nodes")
+    host_cores: Optional[int] = option(help="CPU cores of each machine, which its ranks share for an offloaded "
+                                            "optimizer step (default: this machine's on a GPU, else 8 a GPU)",
+                                       kind=POSITIVE_INT, doors=DOORS)
     gpus_for_probes: Optional[Sequence[int]] = option(
         help="run probes side by side, one per GPU of these (e.g. 0,1,2,3; a candidate of --gpus k takes k of them): "
              "the probes the walk may ask for next start on free GPUs, the answer is the one-at-a-time search's, "

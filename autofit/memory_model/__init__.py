@@ -56,6 +56,7 @@ from autofit.memory_model._checked import (
     unmodelled_args,
 )
 from autofit.memory_model._first_step import StepPeaks, step_peaks
+from autofit.memory_model._host_time import host_figures, host_line, host_of, steps_on_host
 from autofit.memory_model._ledger import (
     PRIOR_UNCERTAINTY,
     TERM_GROUPS,
@@ -123,7 +124,7 @@ from autofit.memory_model._vllm_recorded import parse_log as parse_vllm_log
 __all__ = [
     "StepPeaks", "step_peaks",
     "CARDS", "Card", "PRIOR_SPEED_UNCERTAINTY", "SpeedEstimate", "card_named", "measured_rates_card",
-    "predict_speed",
+    "predict_speed", "host_figures", "host_line", "host_of", "steps_on_host",
     "SpeedCalibration", "calibrate_speed",
     "UNMODELLED_ARGS", "optimizer_known", "unmodelled", "unmodelled_args",
     "ACT_OUTSIDE_LAYERS_BYTES_PER_H", "CALIBRATED_UNCERTAINTY_FLOOR", "CHECKED", "Calibration", "Census",

@@ -11,6 +11,7 @@ from autofit.memory_model import divisors, length_grid  # the search's grids, sh
 from autofit.search._faults import FaultWatch, InfrastructureError, check_no_fit_is_an_answer
 from autofit.search._hints import no_fit_hints
 from autofit.search._host_memory import available_host_bytes
+from autofit.search._machine_rates import host_card
 from autofit.search._margin import over_margin
 from autofit.search._question import check_model_code, check_model_sizes, estimate_question, question
 from autofit.search._result import Fit, Record, SearchReport, Skip, undominated
@@ -21,6 +22,6 @@ from autofit.search._store import STUDY_FILE, ProbeStore, quiet_optuna
 __all__ = [
     "STUDY_FILE", "FaultWatch", "Fit", "InfrastructureError", "ProbeStore", "Record", "Search", "SearchReport",
     "Skip", "SlotRunner", "available_host_bytes", "check_model_code", "check_model_sizes", "check_no_fit_is_an_answer",
-    "divisors", "estimate_question", "length_grid", "no_fit_hints", "over_margin", "probe_slots", "question",
-    "quiet_optuna", "slot_runner", "undominated",
+    "divisors", "estimate_question", "host_card", "length_grid", "no_fit_hints", "over_margin", "probe_slots",
+    "question", "quiet_optuna", "slot_runner", "undominated",
 ]

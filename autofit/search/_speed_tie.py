@@ -24,7 +24,7 @@ from autofit.memory_model import (
 )
 from autofit.rungs import QUALITY, RUNGS
 from autofit.search._guide import MemoryGuide
-from autofit.search._machine_rates import machine_rates
+from autofit.search._machine_rates import host_card, machine_rates
 from autofit.search._result import Fit, Record
 from autofit.search._slots import beside
 
@@ -74,7 +74,8 @@ class SpeedJudge:
             self._card_known = True
             given = self.spec.options.gpu_memory
             if self.spec.device == "cuda":
-                self._card = priced_card(given, self.spec.device)
+                card = priced_card(given, self.spec.device)
+                self._card = host_card(card, self.spec) if card is not None else None
             else:
                 rates = machine_rates()
                 self._card = measured_rates_card(*rates) if rates else None

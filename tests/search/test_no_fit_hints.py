@@ -26,11 +26,11 @@ class NoRunner:
 def no_rates(monkeypatch):
     """The machine's rates are measured for the throughput model of timed probes only: here, never."""
 
-    def measured():
+    def measured(*args):
         raise AssertionError("the machine's rates were measured for a search that probed nothing")
 
     monkeypatch.setattr(_machine_rates, "_measured", measured)
-    monkeypatch.setattr(_machine_rates, "_kept", lambda: None)
+    monkeypatch.setattr(_machine_rates, "_kept", lambda *args: None)
     monkeypatch.setattr(_machine_rates, "_RATES", {})
 
 
@@ -70,8 +70,10 @@ def test_the_rates_measurement_is_bounded_to_seconds_and_its_failure_names_no_co
         raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
 
     monkeypatch.setattr(_machine_rates.subprocess, "run", run)
+    monkeypatch.setattr(_machine_rates, "_RATES", {})
+    monkeypatch.setattr(_machine_rates, "_kept", lambda *args: None)
     with caplog.at_level("DEBUG", logger="autofit"):
-        assert _machine_rates._measured() is None
+        assert _machine_rates.machine_rates() is None
     assert seen["timeout"] <= 30
     text = " ".join(r.getMessage() for r in caplog.records)
     assert "rates" in text and "[" not in text and sys.executable not in text
