@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # The terms a phase has; a rung's ``ledger`` may change these, other keys are ignored.
 PHASE_TERMS = ("weights", "gradients", "optimizer", "activations", "logits", "generation", "reference")
 _BROKEN: Set[str] = set()  # rungs whose ledger raised: not modelled from then on (said once)
+_BROKEN_SPEED: Set[str] = set()  # rungs whose speed raised: said once
 
 
 class Facts:
@@ -128,6 +129,24 @@ def with_rungs(terms: Dict[str, float], candidate: Candidate, rungs: Iterable[An
             log.warning("the ledger of the rung %s failed (%s: %s): it is treated as not modelled (±%.0f%%)",
                         rung.name, type(exc).__name__, one_line(exc), 100 * UNCHECKED_UNCERTAINTY)
     return terms
+
+
+def with_rung_speeds(seconds: Dict[str, float], candidate: Candidate, shape: ModelShape) -> Dict[str, float]:
+    """A step's seconds by part with the effect of each of the candidate's rungs that are not built in and have a
+    ``speed`` of their own, in the ladder's order; one that fails is said once and leaves the seconds as they were."""
+    for rung in custom_rungs(candidate):
+        own = getattr(type(rung), "speed", None)
+        if not callable(own) or own is RungBase.speed:
+            continue
+        try:
+            changed = dict(rung.speed(dict(seconds), candidate, Facts(shape, candidate)))
+            seconds = {name: max(0.0, float(value)) for name, value in changed.items()}
+        except Exception as exc:  # noqa: BLE001 - another package's code: one line, and its effect left out
+            if rung.name not in _BROKEN_SPEED:
+                _BROKEN_SPEED.add(rung.name)
+                log.warning("the speed of the rung %s failed (%s: %s): its effect on the step is left out", rung.name,
+                            type(exc).__name__, one_line(exc))
+    return seconds
 
 
 def widest_band(rungs: Iterable[Any]) -> Tuple[float, List[str]]:

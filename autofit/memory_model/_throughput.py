@@ -33,6 +33,7 @@ from autofit.memory_model._parameters import (
     trainable_tensors,
     weight_bytes,
 )
+from autofit.memory_model._rungs import with_rung_speeds
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._speed_band import PRIOR_SPEED_UNCERTAINTY, speed_band
 from autofit.memory_model._traffic import elementwise_bytes
@@ -240,6 +241,7 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
         terms["reference forward"] = micro * _pass_seconds(layers_forward + 2 * head * rows, weights, rows, card)
     elif candidate.precompute_ref:  # the same forward, once per row before training: its share of one step
         terms["reference precompute"] = micro * _pass_seconds(layers_forward + 2 * head * rows, weights, rows, card)
+    terms = with_rung_speeds(terms, candidate, shape)  # a plugin rung's own effect (``RungBase.speed``)
     tokens = sequences_per_micro_batch(candidate) * seq * micro * candidate.ranks
     band, notes = speed_band(candidate)
     return SpeedEstimate(sum(terms.values()), tokens, band, terms, candidate.ranks, notes)

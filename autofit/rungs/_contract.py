@@ -10,7 +10,8 @@ optional with a default in ``RungBase``:
   imports (what the child does before the trainer is built, around training, and what it reads back);
 - its ledger effect: ``ledger(terms, candidate, model)`` over the memory model's terms (``model``: the facts of the
   candidate's model a ledger may need, ``ModelFacts``), or ``band``, the error band of a rung the memory model does
-  not describe;
+  not describe; its speed effect: ``speed(seconds, candidate, model)`` over the throughput model's seconds of a step
+  by part (``"forward"``, ``"optimizer"``, ...; a part of its own by a name of its own);
 - what it needs to run: ``unavailable(device)``, the reason it is left out on this machine, said once; and
   ``host_memory``, what it keeps in host memory in words ("offloaded states"), with ``host_bytes(candidate, model)``,
   how much: the search checks the machine's available RAM against it before any probe.
@@ -82,6 +83,11 @@ class RungBase:
     def ledger(self, terms: Dict[str, int], candidate: Candidate, model: ModelFacts) -> Dict[str, int]:
         """The memory model's terms with this rung's effect (built-ins are read from the candidate's fields)."""
         return terms
+
+    def speed(self, seconds: Dict[str, float], candidate: Candidate, model: ModelFacts) -> Dict[str, float]:
+        """The throughput model's seconds of an optimizer step by part, with this rung's effect (built-ins are read
+        from the candidate's fields)."""
+        return seconds
 
     def host_bytes(self, candidate: Candidate, model: ModelFacts) -> int:
         """Host memory the rung's candidate keeps (with ``host_memory``'s words; built-ins are the memory model's)."""

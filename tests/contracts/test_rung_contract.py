@@ -34,18 +34,25 @@ VLLM = Candidate("grpo", "tiny-qwen2", "cuda", micro_batch=8, grad_accum=1, max_
                  num_generations=4, vllm="colocate", vllm_utilization=0.3, vllm_share_bytes=int(0.3 * 80e9), ranks=2)
 
 
+# The first levels a rung is tried on, in order: SFT, DPO (a reference model) and GRPO with vLLM; each rung applies to
+# one of them, and the contract holds it there (no rung is named here).
+FIRST_LEVELS = (BASE, BASE.replace(algo="dpo"), VLLM)
+
+
+def _state(candidate: Candidate) -> LadderState:
+    shape = mm.ModelShape.from_model("tiny-qwen2")
+    return LadderState(candidate, min_length=16, vllm_need=lambda c: int(mm.vllm_need(c, shape)),
+                       vllm_server_fits=lambda c, gpus: mm.server_fits(c, shape, int(80e9), gpus))
+
+
 def _first(rung) -> Candidate:
-    """The ladder's first level the rung is applied to here."""
-    if rung.name == "precompute-ref":  # DPO's reference model
-        return BASE.replace(algo="dpo")
-    return VLLM if rung.name.startswith("vllm") else BASE
+    """The first of ``FIRST_LEVELS`` the rung applies to (the first of all where none: the tests then fail there)."""
+    return next((level for level in FIRST_LEVELS if rung.apply(_state(level)) is not None), BASE)
 
 
 def _applied(rung):
-    """The rung applied to the ladder's first level (None where it does not apply there)."""
-    shape = mm.ModelShape.from_model("tiny-qwen2")
-    return rung.apply(LadderState(_first(rung), min_length=16, vllm_need=lambda c: int(mm.vllm_need(c, shape)),
-                                  vllm_server_fits=lambda c, gpus: mm.server_fits(c, shape, int(80e9), gpus)))
+    """The rung applied to its first level (None where it applies to none)."""
+    return rung.apply(_state(_first(rung)))
 
 
 @pytest.fixture(params=sorted(ALL), ids=str)
@@ -62,10 +69,11 @@ def test_it_says_who_it_is_and_has_no_misspelled_hook(rung):
 
 def test_apply_adds_its_name_and_never_lowers_the_cost(rung):
     state = _applied(rung)
-    assert state is not None  # every rung applies to this first level (two GPUs, a batch to split, on CUDA)
+    assert state is not None  # every rung applies to one first level (two GPUs, a batch to split, on CUDA)
     assert state.candidate.rungs[-1] == rung.name
     assert COSTS.index(state.cost) >= COSTS.index(rung.cost) or getattr(rung, "runs_an_engine", False)
-    assert rung.apply(state) is None or rung.name in ("micro-batch",)  # a rung applies once
+    again = rung.apply(state)  # a rung applies once, or steps on (a smaller micro-batch) under its one name
+    assert again is None or (again.candidate != state.candidate and again.candidate.rungs.count(rung.name) == 1)
 
 
 def test_its_words_are_sentences_or_nothing(rung):
@@ -81,15 +89,13 @@ def test_its_probe_step_loads_in_the_child_with_the_steps_hooks(rung):
     path = getattr(rung, "probe_step", None)
     if path is None:
         return
-    if "adafactor" in rung.name:
-        sys.path.insert(0, str(PLUGIN))
+    sys.path.insert(0, str(PLUGIN))  # where the other package's rung lives; a built-in's step loads as well
     try:
         from autofit.probe import _steps as steps
 
         step = steps.load(path, frozenset({rung.name}))
     finally:
-        if "adafactor" in rung.name:
-            sys.path.remove(str(PLUGIN))
+        sys.path.remove(str(PLUGIN))
     assert isinstance(step, ProbeStep) and hook_problem(step, ProbeStep) is None and rung.name in step.rungs
 
 
@@ -107,7 +113,7 @@ def test_its_memory_is_the_ledgers_or_a_band(rung):
     assert ledger.total > 0 and ledger.uncertainty > 0
     shape = mm.ModelShape.from_model("tiny-qwen2")
     assert mm.host_bytes(state.candidate, shape, "cpu") >= 0
-    if getattr(rung, "host_memory", "") and rung.name not in ("zero1", "zero2", "zero3", "fsdp2"):
+    if getattr(rung, "host_memory", ""):
         assert mm.host_bytes(state.candidate, shape, "cuda") > 0, rung.name
 
 
@@ -161,5 +167,42 @@ def test_a_rung_whose_ledger_forgets_its_term_fails_the_effect_check(rung_class,
     register(rung)  # known by its name to the stages, as fit(ladder=[...]) makes a rung object known
     try:
         assert priced(BASE, rung.apply(LadderState(BASE, min_length=16)).candidate) is is_priced
+    finally:
+        _default._REGISTERED.pop(rung.name, None)
+
+
+class _Slower(RungBase):
+    """A rung of a package's: its kernels add a tenth of a second to every step (an effect only its ``speed`` says)."""
+
+    name = "slower-kernels (test)"
+    cost = "speed"
+    help = "a kernel of its own"
+
+    def apply(self, state):
+        return state.with_rung(self, candidate_changes={"env": (("SLOWER_KERNELS", "1"),)})
+
+    def speed(self, seconds, candidate, model):
+        return {**seconds, "its kernels": 0.1}
+
+
+class _ForgetsItsSpeed(_Slower):
+    name = "forgets-its-speed (test)"
+
+    def speed(self, seconds, candidate, model):
+        return seconds  # the part forgotten
+
+
+@pytest.mark.parametrize("rung_class, is_priced", [(_Slower, True), (_ForgetsItsSpeed, False)],
+                         ids=["priced", "forgot"])
+def test_a_rung_whose_speed_forgets_its_part_fails_the_effect_check(rung_class, is_priced):
+    from autofit.rungs import _default, register
+
+    rung = rung_class()
+    register(rung)
+    try:
+        after = rung.apply(LadderState(BASE, min_length=16)).candidate
+        assert priced(BASE, after) is is_priced
+        seconds = mm.predict_speed(after, mm.ModelShape.from_model("tiny-qwen2"), card_named("H100")).terms
+        assert ("its kernels" in seconds) is is_priced and seconds.get("its kernels", 0.1) == 0.1
     finally:
         _default._REGISTERED.pop(rung.name, None)
