@@ -10,9 +10,13 @@ docs/benchmarks.md, under the table). Its loop is torchtune's, not the Trainer's
 batch, length, precision and optimizer. Its tokens/s counts label tokens that are not padding.
 
 What a pair checks depends on how the estimate prices its term: a term priced from its mechanism (checkpointing,
-activation offloading, LoRA) by the ratio of the two predictions against the measured ratio; ``torch_compile``, which
-only widens the band, by whether the compiled run's measurement falls inside it; ``packing: false``, priced as full
-rows and called a bound, by whether the measurement stays under it.
+activation offloading, LoRA, ``torch_compile``'s fused decoder layers since issue 60, 8-bit AdamW) by the ratio of the
+two predictions against the measured ratio; ``packing: false``, priced as full rows and called a bound, by whether
+the measurement stays under it.
+
+8-bit AdamW has a second pair (issue 60): bitsandbytes' own optimizer benchmark (its benchmarking/README.md), a plain
+loop as TRL's is, where torchtune's steps the optimizer inside the backward; it publishes speeds relative to torch's
+AdamW, not tokens/s, so its rows hold those ratios.
 
 The optimizer's offload has its own source, the one published pair found with its batch, precision, card and host
 stated: torchao's README, "Optimizer CPU offload" (pytorch/ao @ 03cf0ad), a 1.1B ViT on one RTX 4070 Ti SUPER with
@@ -61,6 +65,22 @@ OFFLOADED = _row("+ activation offloading", "packed, compiled, checkpointing, ac
                  "llama32-3b-full-ac.yaml", 7301.0, OPTIMIZER_IN_BACKWARD)
 LORA = _row("LoRA", "the same with LoRA r64 (all linear layers but k_proj, no dropout), AdamW unfused",
             "llama32-3b-lora-ac.yaml", 8210.0)
+EIGHT_BIT = _row("+ 8-bit AdamW", "packed, compiled, checkpointing, activations offloaded, 8-bit AdamW",
+                 "llama32-3b-full-ac-8bit.yaml", 6960.0,
+                 "the table's \"AdamW8bit\" written as the recipe's own PagedAdamW8bit; "
+                 "its optimizer steps inside the backward, where the 8-bit one synchronizes per parameter")
+BNB_SOURCE = ("[bitsandbytes benchmarking/README.md @ 1b7b9bb](https://github.com/bitsandbytes-foundation/bitsandbytes/"
+              "blob/1b7b9bb4dadc5255f9edb81b4eb95457023d5880/benchmarking/README.md), \"8-bit Optimizers\"")
+BNB_LOOP = "its plain loop and the model's own loss over full logits (TRL 1.16's chunked head is modelled)"
+
+
+def _bnb(key: str, what: str, config: str, speed: float) -> Row:
+    """A row of bitsandbytes' optimizer benchmark: its speed relative to torch's AdamW (no tokens/s published)."""
+    return Row(key, what, config, "benchmarks/models/Qwen3-0.6B", 1, None, speed, BNB_LOOP, FOLDER)
+
+
+BNB_ADAMW = _bnb("PyTorch AdamW", "Qwen3-0.6B full fp32, 2 x 128 tokens, torch's AdamW", "bnb-qwen3-adamw.yaml", 1.0)
+BNB_8BIT = _bnb("AdamW8bit", "the same with bitsandbytes' AdamW8bit", "bnb-qwen3-adamw8bit.yaml", 0.95)
 
 
 def _vitg(key: str, what: str, config: str, seconds: float) -> Row:
@@ -86,7 +106,8 @@ class Pair:
 
 PAIRS = (
     Pair("packing", UNPACKED, PACKED, "bound", "the dataset's row lengths (Alpaca's, padded to each batch's longest)"),
-    Pair("torch_compile", PACKED, COMPILED, "band", "compiled kernels (priced as eager, with a wider band)"),
+    Pair("torch_compile", PACKED, COMPILED, "ratio",
+         "the compiled graph's own kernels (inductor's fusion counted on a decoder layer; the band stays wide)"),
     Pair("checkpointing", CHUNKED, CHECKPOINTED, "ratio"),
     Pair("activation offloading", FUSED_STEP, OFFLOADED, "ratio"),
     Pair("LoRA", OFFLOADED, LORA, "ratio",
@@ -94,6 +115,8 @@ PAIRS = (
          "output as separate kernels, which the estimate prices (the fms rows above are peft's LoRA: there LoRA is "
          "the faster, as published); compile fuses them (priced as eager)"),
     Pair("optimizer offload", VITG_ON_DEVICE, VITG_OFFLOADED, "seconds", f"{VITG}; {DESKTOP_HOST}", VITG_TOKENS),
+    Pair("8-bit AdamW", OFFLOADED, EIGHT_BIT, "ratio"),
+    Pair("8-bit AdamW (bitsandbytes' benchmark)", BNB_ADAMW, BNB_8BIT, "ratio"),
 )
 
 
@@ -126,6 +149,11 @@ def _verdict(pair: Pair, before: Tuple[float, float, bool], after: Tuple[float, 
     return f"ratio {error:+.0%}{'' if abs(error) <= GOAL else ' ✗'}"
 
 
+def _measured(row: Row) -> str:
+    """A row's measurement: its tokens/s, or its speed relative to its pair's baseline where only that is published."""
+    return f"{row.published:.2f}x" if row.published < 10 else f"{row.published:,.0f}"
+
+
 def table() -> str:
     cache: Dict[str, Tuple[float, float, bool]] = {}
     lines = ["| term | before → after (the source's rows) | measured tok/s | measured ratio | predicted tok/s | "
@@ -138,7 +166,7 @@ def table() -> str:
                                                        pair.after.not_expressed))))
         lines.append(
             f"| {pair.term} | {pair.before.key} → {pair.after.key} (`{pair.before.config}` → `{pair.after.config}`) | "
-            f"{pair.before.published:,.0f} → {pair.after.published:,.0f} | {measured_ratio:.2f} | "
+            f"{_measured(pair.before)} → {_measured(pair.after)} | {measured_ratio:.2f} | "
             f"{before[0]:,.0f} → {after[0]:,.0f} | {predicted_ratio:.2f} | "
             f"{_verdict(pair, before, after)} | {named or '-'} |")
     lines += ["", f"Source: {SOURCE}: Llama 3.2 3B, one A100, batch 2, 4,096 tokens, pure bf16, AdamW; measured: "
@@ -150,7 +178,10 @@ def table() -> str:
                   "RTX 4070 Ti SUPER; its seconds a step as tokens/s at 257 tokens an image; no published pair of one "
                   "LLM run with and without it, its batch and precision stated, was found (the sources searched are "
                   "named below the table). Predicted there: `your_run.speed` on the RTX 4070 Ti SUPER's published "
-                  f"peaks, `{' '.join(command(VITG_OFFLOADED))}`."]
+                  f"peaks, `{' '.join(command(VITG_OFFLOADED))}`. 8-bit AdamW's second pair: {BNB_SOURCE}, "
+                  "Qwen3-0.6B full fp32, batch 2 x 128 tokens on an A100 80GB, speeds relative to torch's AdamW (its "
+                  "configuration from the model's published config.json, `benchmarks/models/Qwen3-0.6B`); not "
+                  f"expressed: {BNB_LOOP}."]
     return "\n".join(lines)
 
 

@@ -74,6 +74,8 @@ EIGHT_BIT_OPTIMS = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adamw_t
                     "paged_lion_8bit", "ademamix_8bit", "paged_ademamix_8bit", "rmsprop_bnb_8bit")
 ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "paged_adamw_32bit", "adamw_apex_fused",
                 "adamw_anyprecision", "adamw_torch_xla", "adamw_torch_npu_fused", "stable_adamw", "ademamix")
+# transformers' names of bitsandbytes' 32-bit optimizers beside the 8-bit ones (``adamw_torch_8bit`` is torchao's)
+BNB_32BIT_OPTIMS = ("lion_32bit", "ademamix", "rmsprop_bnb", "rmsprop_bnb_32bit")
 UNKNOWN_OPTIM_BYTES_PER_PARAM = 8.0  # an optimizer this table does not know: two fp32 states, conservative [A]
 # 2.6 / trl-facts table: GRPOConfig.beta defaults to 0.0 (no reference model), RLOOConfig.beta to 0.05 (a reference
 # model is loaded): the registry's ``default_beta``. This module cannot import trl to read them: keep in step with the
@@ -304,3 +306,13 @@ def state_bytes(candidate: Candidate, shape: ModelShape, device: str) -> StateBy
         + optimizer_step_temporary_bytes(saved, candidate.optim, s_bytes),
         embedding_temporaries=embedding_temporaries, reference=reference, trainable_bytes=t_bytes,
     )
+
+
+def synchronized_optimizer(optim: Optional[str]) -> bool:
+    """bitsandbytes' optimizers (8-bit, paged and their 32-bit ones), which step one tensor at a time and synchronize
+    the device after each [V code: bitsandbytes optim/optimizer.py ``Optimizer8bit.step``: ``sync_gpu(p)``, a
+    ``torch.cuda.synchronize``, after every parameter's ``update_step``]."""
+    name = optim or ""
+    if name == "adamw_torch_8bit":
+        return False
+    return name in EIGHT_BIT_OPTIMS or name in BNB_32BIT_OPTIMS or "bnb" in name or name.startswith("paged_")

@@ -9,8 +9,9 @@ from typing import List, Tuple
 from autofit.core import Candidate
 
 PRIOR_SPEED_UNCERTAINTY = 0.40  # the band before the search has timed a step [A]
-# ``torch_compile`` fuses a step's elementwise passes and cuts its launches; how much depends on its graph breaks
-# (peft's adapters, checkpointing), so it widens the band rather than moving the point [M: PyTorch 2.0's release
+# ``torch_compile`` fuses a step's elementwise passes and cuts its launches: the decoder layers' are priced as
+# inductor compiles them (``_traffic.COMPILED``, ``_throughput.KERNELS_COMPILED_*``); what else it does (graph breaks
+# at peft's adapters or TRL's head, autotuned matmuls, the compile itself) widens the band [M: PyTorch 2.0's release
 # notes, training on an A100 across 163 open-source models: 21% faster in float32, 51% under AMP; about a quarter for
 # a fine-tune's step]
 COMPILE_BAND = 0.25
@@ -23,6 +24,11 @@ def _set(value: object) -> bool:
     return value not in (None, False, "", "false", "False", 0)
 
 
+def compiled(candidate: Candidate) -> bool:
+    """Whether the user's file compiles the model (``torch_compile``)."""
+    return _set(dict(candidate.user_args).get("torch_compile"))
+
+
 def speed_band(candidate: Candidate) -> Tuple[float, Tuple[str, ...]]:
     """The prior's band for ``candidate`` and, in words, what widened it."""
     args = dict(candidate.user_args)
@@ -30,8 +36,9 @@ def speed_band(candidate: Candidate) -> Tuple[float, Tuple[str, ...]]:
     notes: List[str] = []
     if _set(args.get("torch_compile")):
         band += COMPILE_BAND
-        notes.append(f"torch_compile: the step is priced as eager PyTorch runs it; compiled, fused kernels often run "
-                     f"it about a quarter faster (the band is widened by {COMPILE_BAND:.0%})")
+        notes.append(f"torch_compile: the decoder layers are priced as inductor fuses them (fewer bytes and "
+                     f"kernels), the rest of the step as eager; graph breaks and the compile itself are not priced "
+                     f"(the band is widened by {COMPILE_BAND:.0%})")
     if candidate.algo == "sft" and not (_set(args.get("packing")) or _set(args.get("padding_free"))):
         band = max(band, UNPACKED_BAND)
         notes.append(f"packing is off: every row is priced at its full {candidate.max_length} tokens, a bound (your "

@@ -30,12 +30,13 @@ from autofit.memory_model._parameters import (
     head_trained,
     holds_reference,
     param_counts,
+    synchronized_optimizer,
     trainable_tensors,
     weight_bytes,
 )
 from autofit.memory_model._rungs import with_rung_speeds
 from autofit.memory_model._shape import ModelShape
-from autofit.memory_model._speed_band import PRIOR_SPEED_UNCERTAINTY, speed_band
+from autofit.memory_model._speed_band import PRIOR_SPEED_UNCERTAINTY, compiled, speed_band
 from autofit.memory_model._traffic import elementwise_bytes
 
 # What a large matmul achieves of the card's peak tensor FLOP rate [M: Dao 2023, FlashAttention-2 (arXiv 2307.08691),
@@ -75,6 +76,18 @@ OPS_LORA_FORWARD_PER_MODULE = 10  # and as many again in a recompute
 OPS_LORA_BACKWARD_PER_MODULE = 13
 OPS_OPTIMIZER_PER_TENSOR = 10
 OPS_OPTIMIZER_FOREACH = 30  # [A: a few foreach kernels per state and group]
+# bitsandbytes' optimizers synchronize after each tensor (``synchronized_optimizer``): each costs its update kernel's
+# dispatch and the synchronization's round trip in series with the kernel [A: two operators of host time], and a
+# paged one's two prefetches of its states (``prefetch_state``, cudaMemPrefetchAsync through ctypes) [V code:
+# bitsandbytes optim/optimizer.py; an operator each]
+OPS_PER_TENSOR_SYNCED = 2
+OPS_PAGED_PREFETCH = 2
+# Kernels a decoder layer launches compiled (``torch_compile``): inductor's generated kernels and its extern ones (the
+# matmuls, the attention) per layer, forward and backward [M: counted with ``_traffic.COMPILED``'s bytes, tiny-qwen2,
+# torch 2.13's inductor on the CPU, ``benchmarks.compile_counts``: 13 + 10 forward, 12 + 18 backward]; a recompute
+# launches a forward's
+KERNELS_COMPILED_FORWARD_PER_LAYER = 23
+KERNELS_COMPILED_BACKWARD_PER_LAYER = 30
 # TRL's fused LM head with Triton reads the logits tile once in its forward and reads and writes it in its backward,
 # in the compute dtype [V code: trl 1.16 kernels/chunked_logprob.py]; without Triton (the CPU) its torch fallback
 # makes about 24 whole-tile fp32 passes, 10 in the forward (scale, temperature, the top-1 mask, max, exp, the
@@ -211,7 +224,7 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     if dequantize:
         terms["dequantize"] = micro * passes * dequantize / (card.bandwidth * BANDWIDTH_EFFICIENCY)
     trained = trainable_tensors(shape, candidate)
-    terms["launch"] = micro * _pass_operators(candidate, shape, trained) * card.op_seconds
+    terms["launch"] = micro * _pass_operators(candidate, shape, trained, card) * card.op_seconds
     trainable = sum(t.numel * t.count for t in trained)
     param_bytes = weight_bytes(candidate, shape)
     offloaded = host_terms(candidate, card, trainable, counts.total, passes)
@@ -220,7 +233,9 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
             card.bandwidth * BANDWIDTH_EFFICIENCY)
     terms.update(offloaded)
     tensors = sum(t.count for t in trained)
-    terms["optimizer launch"] = (OPS_OPTIMIZER_PER_TENSOR * tensors if card.cpu else OPS_OPTIMIZER_FOREACH
+    synced = OPS_PER_TENSOR_SYNCED + (OPS_PAGED_PREFETCH if (candidate.optim or "").startswith("paged_") else 0)
+    terms["optimizer launch"] = (OPS_OPTIMIZER_PER_TENSOR * tensors if card.cpu else synced * tensors
+                                 if synchronized_optimizer(candidate.optim) else OPS_OPTIMIZER_FOREACH
                                  ) * card.op_seconds
     if candidate.activation_offload:
         terms["activation offload"] = activation_offload_seconds(
@@ -247,10 +262,14 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     return SpeedEstimate(sum(terms.values()), tokens, band, terms, candidate.ranks, notes)
 
 
-def _pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensors]) -> float:
-    """Operators one micro-batch dispatches: its forward, backward and checkpointing's recompute."""
-    per_layer = OPS_FORWARD_PER_LAYER + OPS_BACKWARD_PER_LAYER + (
-        OPS_RECOMPUTE_PER_LAYER if candidate.checkpointing else 0)
+def _pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensors], card: Card) -> float:
+    """Operators one micro-batch dispatches: its forward, backward and checkpointing's recompute (compiled on a GPU:
+    inductor's kernels for each decoder layer)."""
+    forward, backward, recompute = OPS_FORWARD_PER_LAYER, OPS_BACKWARD_PER_LAYER, OPS_RECOMPUTE_PER_LAYER
+    if compiled(candidate) and not card.cpu:
+        forward = recompute = KERNELS_COMPILED_FORWARD_PER_LAYER
+        backward = KERNELS_COMPILED_BACKWARD_PER_LAYER
+    per_layer = forward + backward + (recompute if candidate.checkpointing else 0)
     adapters = 0.0
     if candidate.lora is not None:  # A and B per adapted module
         modules = sum(t.count for t in trained) / 2

@@ -17,6 +17,7 @@ from typing import Dict, NamedTuple
 from autofit.core import Candidate
 from autofit.memory_model._parameters import census_for, weight_bytes
 from autofit.memory_model._shape import ModelShape
+from autofit.memory_model._speed_band import compiled
 
 
 class LayerTraffic(NamedTuple):
@@ -57,6 +58,15 @@ TRAFFIC: Dict[str, ModeTraffic] = {
                             AdapterTraffic(43.4, 4.8), AdapterTraffic(30.0, 0.0),
                             AdapterTraffic(15.4, 4.8), AdapterTraffic(18.0, 0.0)),
 }
+# A decoder layer as ``torch.compile`` (inductor) runs it, bf16 weights: its norms, rotary, the MLP's activation and
+# product and the residual adds fused into a few kernels that read their inputs and write their outputs once, the
+# backward likewise (AOTAutograd's partition) [M: inductor's own byte count of every kernel it generates
+# (``GraphLowering.count_bytes``; its extern kernels, the matmuls and the attention, left out) over tiny-qwen2's
+# decoder at 2 and 4 layers, two lengths and two MLP widths, torch 2.13's inductor on the CPU
+# (``python -m benchmarks.compile_counts``, 2026-12-02); a GPU's Triton fusion may keep a few more passes apart].
+# Checkpointing's recompute is a compiled forward. Other ways of holding the weights are scaled by the same ratio to
+# their eager counts; LoRA's adapters stay as eager.
+COMPILED = (LayerTraffic(35.0, 6.0), LayerTraffic(50.2, 10.0))
 # LoRA's dropout on a GPU: torch runs it as one fused kernel (``native_dropout``: the input read, the output written
 # and a one-byte mask) where the CPU composes it of a float noise tensor, its scaling and a product, which the counts
 # above measured [V code: torch aten/src/ATen/native/Dropout.cpp, ``is_fused_kernel_acceptable`` (CUDA, XPU) against
@@ -95,6 +105,11 @@ def elementwise_bytes(candidate: Candidate, shape: ModelShape, tokens: float, cp
         return tokens * (shape.layers * shape.hidden * traffic.hidden + intermediate * traffic.intermediate)
 
     forward, backward, recompute = layers(mode.forward), layers(mode.backward), layers(mode.recompute)
+    if compiled(candidate) and not cpu:  # the CPU meter's rates were measured eager
+        eager = TRAFFIC["bf16"]
+        forward *= layers(COMPILED[0]) / layers(eager.forward)
+        backward *= layers(COMPILED[1]) / layers(eager.backward)
+        recompute *= layers(COMPILED[0]) / layers(eager.recompute)
     if shape.moe_layers:
         routed = tokens * shape.moe_layers * shape.hidden * shape.experts_per_token
         forward += routed * MOE_ROUTING_FORWARD
