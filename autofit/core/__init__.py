@@ -6,20 +6,12 @@ machine itself (the device, files, ``--out``, where a model's configuration is f
 Nothing here imports another part of autofit: every other package builds on it.
 """
 
-from autofit.core._algorithms import (
-    ALGORITHMS,
-    DEFAULT_ALGO,
-    PRECOMPUTE,
-    algorithm,
-    algorithm_names,
-)
+from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, PRECOMPUTE, algorithm, algorithm_names
 from autofit.core._allocator_env import ALLOC_ENV, allocator_options
-from autofit.core._candidate import RL_ALGOS, Candidate, ProbeSettings
+from autofit.core._candidate import RL_ALGOS, Candidate
+from autofit.core._candidate_fields import ProbeSettings
 from autofit.core._cards import CARDS, Card, card_named
-from autofit.core._compat import (
-    installed_versions,
-    vllm_installed,
-)
+from autofit.core._compat import installed_versions, vllm_installed
 from autofit.core._engines import DDP, ENGINES, engine_for, engine_of
 from autofit.core._errors import InputError
 from autofit.core._key_table import NO_MEMORY, NOT_PROBED, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
@@ -62,15 +54,7 @@ from autofit.core._options import (
     given_values,
     ladder_names,
 )
-from autofit.core._outcome import (
-    INFRASTRUCTURE,
-    PLUGIN,
-    USER,
-    FactoryMisuse,
-    Outcome,
-    PluginStepError,
-    ProbeResult,
-)
+from autofit.core._outcome import INFRASTRUCTURE, PLUGIN, USER, FactoryMisuse, Outcome, PluginStepError, ProbeResult
 from autofit.core._secrets import masked, masked_argv, scrubbed, url_parts, url_secrets
 from autofit.core._settings import LoraSettings, runnable_attention
 from autofit.core._sizes import format_size, parse_size

@@ -5,13 +5,11 @@ the candidate's study key were added late."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from autofit.core._candidate_fields import CandidateFields, Fields
 from autofit.core._knob import FileRun, Knob, merged
 from autofit.core._knob_table import KNOBS
-
-if TYPE_CHECKING:
-    from autofit.core._candidate import Candidate
 
 
 def _table() -> Tuple[Knob, ...]:
@@ -33,7 +31,7 @@ def keys_of(*names: str) -> Tuple[str, ...]:
 
 
 # -- written -------------------------------------------------------------------------------------------------------
-def knob_training_args(candidate: Candidate) -> Dict[str, Any]:
+def knob_training_args(candidate: CandidateFields) -> Dict[str, Any]:
     """The knobs' keyword arguments for the candidate's config class, in the table's order, over its user_args."""
     args: Dict[str, Any] = dict(candidate.user_args)
     for k in _table():
@@ -41,7 +39,7 @@ def knob_training_args(candidate: Candidate) -> Dict[str, Any]:
     return args
 
 
-def model_args(candidate: Candidate, observed: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+def model_args(candidate: CandidateFields, observed: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """ModelConfig's arguments of the candidate (best.yaml's; ``observed``: what the probes' trainer ran)."""
     args: Dict[str, Any] = {}
     for k in _table():
@@ -49,7 +47,7 @@ def model_args(candidate: Candidate, observed: Optional[Mapping[str, Any]] = Non
     return args
 
 
-def blocks(candidate: Candidate) -> Dict[str, Optional[Dict[str, Any]]]:
+def blocks(candidate: CandidateFields) -> Dict[str, Optional[Dict[str, Any]]]:
     """best.json's structured blocks (``peft``, ``quantization``) in their libraries' own names."""
     return {k.block[0]: k.block[1](candidate) for k in _table() if k.block is not None}
 
@@ -92,7 +90,7 @@ def observe_trainer(trainer: Any) -> Dict[str, Any]:
     return seen
 
 
-def as_trained(candidate: Candidate, observed: Optional[Mapping[str, Any]]) -> Candidate:
+def as_trained(candidate: Fields, observed: Optional[Mapping[str, Any]]) -> Fields:
     """The candidate with what the user's own trainer adds (read back in the probe): its LoRA, its quantized base,
     its number of generations. Predicted and exported as measured: a best.yaml without the user's LoRA would
     describe a full fine-tune that does not fit."""
