@@ -17,11 +17,12 @@ from autofit.core._errors import InputError
 from autofit.core._key_table import NO_MEMORY, NOT_PROBED, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
 from autofit.core._key_table import markdown as key_table_markdown
 from autofit.core._kinds import DEVICE_IDS, SECONDS, Kind
-from autofit.core._knob import MODELLED
+from autofit.core._knob import MODELLED, FileRun
 from autofit.core._knob_table import (
     ACTIVATION_OFFLOADING,
     BATCH_KEYS,
     INIT_KWARGS,
+    KNOBS,
     USE_LIGER,
     VLLM_CONTEXT_KEY,
     VLLM_SHARE_KEY,
@@ -31,15 +32,11 @@ from autofit.core._knob_table import (
 from autofit.core._knobs import (
     as_trained,
     blocks,
-    file_baseline,
-    file_options,
     keys_of,
     knob,
     knob_of_key,
     model_args,
     observe_trainer,
-    option_file_keys,
-    read_keys,
 )
 from autofit.core._launch import Launch, LaunchEngine, TrlFile
 from autofit.core._options import (
@@ -72,11 +69,10 @@ __all__ = [
     "NO_MEMORY", "NOT_PROBED", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
     "key_table_markdown",
     "DEVICE_IDS", "SECONDS", "Kind",
-    "MODELLED",
-    "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
+    "MODELLED", "FileRun",
+    "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "KNOBS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "user_dtype", "user_trusts_code",
-    "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob", "knob_of_key", "model_args",
-    "observe_trainer", "option_file_keys", "read_keys",
+    "as_trained", "blocks", "keys_of", "knob", "knob_of_key", "model_args", "observe_trainer",
     "Launch", "LaunchEngine", "TrlFile",
     "ESTIMATE", "FIELDS", "FIT", "GROUP_ALGOS", "SEARCH", "SearchOptions", "add_options", "door_fields", "given_values",
     "ladder_names",

@@ -1,14 +1,14 @@
-"""What every stage derives from the knob table (``autofit.core._knob_table``): the training arguments, ModelConfig's
-arguments, best.json's blocks, the baseline's settings and options a TRL file sets, the candidate as its trainer built
-it, the key table's modelled rows, the keys autofit searches and those the file's reading consumes, and which fields of
-the candidate's study key were added late."""
+"""What more than one stage derives from the knob table (``autofit.core._knob_table``): the training arguments,
+ModelConfig's arguments, best.json's blocks, the candidate as its trainer built it, the key table's modelled rows, the
+keys autofit searches, and which fields of the candidate's study key were added late. What the launch alone reads of a
+TRL file through the table is ``autofit.launch._file_knobs``'s."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from autofit.core._candidate_fields import CandidateFields, Fields
-from autofit.core._knob import FileRun, Knob, merged
+from autofit.core._knob import Knob, merged
 from autofit.core._knob_table import KNOBS
 
 
@@ -57,24 +57,6 @@ def model_keys() -> Tuple[str, ...]:
 
 
 # -- read back -----------------------------------------------------------------------------------------------------
-def file_options(run: FileRun) -> Dict[str, Any]:
-    """The search's options a TRL file sets, by ``SearchOptions`` field name."""
-    values: Dict[str, Any] = {}
-    for k in _table():
-        if k.options is not None:
-            values.update(k.options(run))
-    return values
-
-
-def file_baseline(run: FileRun) -> Tuple[Tuple[str, Any], ...]:
-    """The candidate's fields the file's run starts from (the ladder's first level), as (field, value)."""
-    settings: Dict[str, Any] = {}
-    for k in _table():
-        if k.baseline is not None:
-            settings.update(k.baseline(run))
-    return tuple(settings.items())
-
-
 def on_device(field_name: str, value: Any, device: str) -> Any:
     """A baseline's value as the probes on ``device`` run it (the attention kernel this machine has)."""
     owner = next((k for k in _table() if field_name in k.fields), None)
@@ -111,15 +93,6 @@ def searched_keys(length_fields: Iterable[str]) -> Tuple[str, ...]:
     searched knobs' keys, and every algorithm's length field."""
     keys: List[str] = [key for k in _table() if k.searched for key in k.training_keys]
     return tuple(keys + [name for name in length_fields if name not in keys])
-
-
-def read_keys() -> Tuple[str, ...]:
-    """The file's keys the knobs' readers consume."""
-    return tuple(key for k in _table() for key in k.reads)
-
-
-def option_file_keys() -> Dict[str, str]:
-    return {option: key for k in _table() for option, key in k.option_keys.items()}
 
 
 def key_rows() -> Dict[str, Tuple[str, str]]:
