@@ -17,7 +17,7 @@ from autofit.core._errors import InputError
 from autofit.core._key_table import NO_MEMORY, NOT_PROBED, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
 from autofit.core._key_table import markdown as key_table_markdown
 from autofit.core._kinds import DEVICE_IDS, SECONDS, Kind
-from autofit.core._knob import MODELLED, FileRun
+from autofit.core._knob import MODELLED, FileRun, Knob
 from autofit.core._knob_table import (
     ACTIVATION_OFFLOADING,
     BATCH_KEYS,
@@ -33,9 +33,6 @@ from autofit.core._knobs import (
     as_trained,
     blocks,
     keys_of,
-    knob,
-    knob_of_key,
-    model_args,
     observe_trainer,
 )
 from autofit.core._launch import Launch, LaunchEngine, TrlFile
@@ -69,10 +66,10 @@ __all__ = [
     "NO_MEMORY", "NOT_PROBED", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
     "key_table_markdown",
     "DEVICE_IDS", "SECONDS", "Kind",
-    "MODELLED", "FileRun",
+    "MODELLED", "FileRun", "Knob",
     "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "KNOBS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "user_dtype", "user_trusts_code",
-    "as_trained", "blocks", "keys_of", "knob", "knob_of_key", "model_args", "observe_trainer",
+    "as_trained", "blocks", "keys_of", "observe_trainer",
     "Launch", "LaunchEngine", "TrlFile",
     "ESTIMATE", "FIELDS", "FIT", "GROUP_ALGOS", "SEARCH", "SearchOptions", "add_options", "door_fields", "given_values",
     "ladder_names",

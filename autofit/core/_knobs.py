@@ -1,5 +1,5 @@
 """What more than one stage derives from the knob table (``autofit.core._knob_table``): the training arguments,
-ModelConfig's arguments, best.json's blocks, the candidate as its trainer built it, the key table's modelled rows, the
+best.json's blocks, the candidate as its trainer built it, the key table's modelled rows, the
 keys autofit searches, and which fields of the candidate's study key were added late. What the launch alone reads of a
 TRL file through the table is ``autofit.launch._file_knobs``'s."""
 
@@ -16,15 +16,6 @@ def _table() -> Tuple[Knob, ...]:
     return KNOBS
 
 
-def knob(name: str) -> Knob:
-    return next(k for k in _table() if k.name == name)
-
-
-def knob_of_key(key: str) -> Optional[Knob]:
-    """The knob that owns a TRL or ModelConfig key; None for a key no knob owns."""
-    return next((k for k in _table() if k.owns(key)), None)
-
-
 def keys_of(*names: str) -> Tuple[str, ...]:
     """The keys the named knobs own, in the table's order."""
     return tuple(key for k in _table() if k.name in names for key in k.keys)
@@ -36,14 +27,6 @@ def knob_training_args(candidate: CandidateFields) -> Dict[str, Any]:
     args: Dict[str, Any] = dict(candidate.user_args)
     for k in _table():
         merged(args, k.training(candidate))
-    return args
-
-
-def model_args(candidate: CandidateFields, observed: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """ModelConfig's arguments of the candidate (best.yaml's; ``observed``: what the probes' trainer ran)."""
-    args: Dict[str, Any] = {}
-    for k in _table():
-        args.update(k.model(candidate, observed or {}))
     return args
 
 
