@@ -6,30 +6,23 @@ machine itself (the device, files, ``--out``, where a model's configuration is f
 Nothing here imports another part of autofit: every other package builds on it.
 """
 
-from autofit.core._algorithms import (
-    ALGORITHMS,
-    DEFAULT_ALGO,
-    PRECOMPUTE,
-    algorithm,
-    algorithm_names,
-)
+from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, PRECOMPUTE, algorithm, algorithm_names
 from autofit.core._allocator_env import ALLOC_ENV, allocator_options
-from autofit.core._candidate import RL_ALGOS, Candidate, ProbeSettings
+from autofit.core._candidate import RL_ALGOS, Candidate
+from autofit.core._candidate_fields import ProbeSettings
 from autofit.core._cards import CARDS, Card, card_named
-from autofit.core._compat import (
-    installed_versions,
-    vllm_installed,
-)
+from autofit.core._compat import installed_versions, vllm_installed
 from autofit.core._engines import DDP, ENGINES, engine_for, engine_of
 from autofit.core._errors import InputError
 from autofit.core._key_table import NO_MEMORY, NOT_PROBED, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
 from autofit.core._key_table import markdown as key_table_markdown
 from autofit.core._kinds import DEVICE_IDS, SECONDS, Kind
-from autofit.core._knob import MODELLED
+from autofit.core._knob import MODELLED, FileRun, Knob
 from autofit.core._knob_table import (
     ACTIVATION_OFFLOADING,
     BATCH_KEYS,
     INIT_KWARGS,
+    KNOBS,
     USE_LIGER,
     VLLM_CONTEXT_KEY,
     VLLM_SHARE_KEY,
@@ -39,15 +32,8 @@ from autofit.core._knob_table import (
 from autofit.core._knobs import (
     as_trained,
     blocks,
-    file_baseline,
-    file_options,
     keys_of,
-    knob,
-    knob_of_key,
-    model_args,
     observe_trainer,
-    option_file_keys,
-    read_keys,
 )
 from autofit.core._launch import Launch, LaunchEngine, TrlFile
 from autofit.core._options import (
@@ -62,15 +48,7 @@ from autofit.core._options import (
     given_values,
     ladder_names,
 )
-from autofit.core._outcome import (
-    INFRASTRUCTURE,
-    PLUGIN,
-    USER,
-    FactoryMisuse,
-    Outcome,
-    PluginStepError,
-    ProbeResult,
-)
+from autofit.core._outcome import INFRASTRUCTURE, PLUGIN, USER, FactoryMisuse, Outcome, PluginStepError, ProbeResult
 from autofit.core._secrets import masked, masked_argv, scrubbed, url_parts, url_secrets
 from autofit.core._settings import LoraSettings, runnable_attention
 from autofit.core._sizes import format_size, parse_size
@@ -88,11 +66,10 @@ __all__ = [
     "NO_MEMORY", "NOT_PROBED", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
     "key_table_markdown",
     "DEVICE_IDS", "SECONDS", "Kind",
-    "MODELLED",
-    "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
+    "MODELLED", "FileRun", "Knob",
+    "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "KNOBS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "user_dtype", "user_trusts_code",
-    "as_trained", "blocks", "file_baseline", "file_options", "keys_of", "knob", "knob_of_key", "model_args",
-    "observe_trainer", "option_file_keys", "read_keys",
+    "as_trained", "blocks", "keys_of", "observe_trainer",
     "Launch", "LaunchEngine", "TrlFile",
     "ESTIMATE", "FIELDS", "FIT", "GROUP_ALGOS", "SEARCH", "SearchOptions", "add_options", "door_fields", "given_values",
     "ladder_names",

@@ -17,10 +17,9 @@ The table is ``autofit.core._knob_table``; ``autofit.core._knobs`` derives what 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
-if TYPE_CHECKING:
-    from autofit.core._candidate import Candidate
+from autofit.core._candidate_fields import CandidateFields
 
 MODELLED = "modelled"
 PROBED = "probed"
@@ -52,17 +51,17 @@ class Knob:
     # the file's key behind each option it reads (for messages that name the user's own key)
     option_keys: Mapping[str, str] = field(default_factory=dict)
     late: Tuple[str, ...] = ()  # fields added after studies were stored: left out of the study key at their default
-    training: Callable[[Candidate], Dict[str, Any]] = _nothing
-    model: Callable[[Candidate, Mapping[str, Any]], Dict[str, Any]] = _nothing  # (candidate, observed)
-    block: Optional[Tuple[str, Callable[[Candidate], Optional[Dict[str, Any]]]]] = None
+    training: Callable[[CandidateFields], Dict[str, Any]] = _nothing
+    model: Callable[[CandidateFields, Mapping[str, Any]], Dict[str, Any]] = _nothing  # (candidate, observed)
+    block: Optional[Tuple[str, Callable[[CandidateFields], Optional[Dict[str, Any]]]]] = None
     options: Optional[Callable[[FileRun], Dict[str, Any]]] = None
     baseline: Optional[Callable[[FileRun], Dict[str, Any]]] = None
     for_device: Optional[Callable[[Any, str], Any]] = None  # the baseline's value as a probe on that device runs it
     observe: Optional[Callable[[Any], Dict[str, Any]]] = None  # a built trainer -> observed entries (plain data)
-    trained: Optional[Callable[[Candidate, Mapping[str, Any]], Dict[str, Any]]] = None
+    trained: Optional[Callable[[CandidateFields, Mapping[str, Any]], Dict[str, Any]]] = None
     # best.yaml's comment on one of its keys: before the rungs have theirs (a flag's), or after (what no rung set)
-    said_before: Optional[Callable[[str, Candidate, Mapping[str, Any]], Optional[str]]] = None
-    said_after: Optional[Callable[[str, Candidate], Optional[str]]] = None
+    said_before: Optional[Callable[[str, CandidateFields, Mapping[str, Any]], Optional[str]]] = None
+    said_after: Optional[Callable[[str, CandidateFields], Optional[str]]] = None
 
     @property
     def keys(self) -> Tuple[str, ...]:

@@ -5,18 +5,16 @@ and as the built model's quantization config reads back."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
+from autofit.core._candidate_fields import CandidateFields
 from autofit.core._knob import FileRun, Knob
 from autofit.core._settings import LORA_TARGETS, LoraSettings, QuantSettings
-
-if TYPE_CHECKING:
-    from autofit.core._candidate import Candidate
 
 BNB_KEYS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")  # ModelConfig's 4-bit keys
 
 
-def _lora_model(candidate: Candidate, observed: Mapping[str, Any]) -> Dict[str, Any]:
+def _lora_model(candidate: CandidateFields, observed: Mapping[str, Any]) -> Dict[str, Any]:
     lora = candidate.lora
     if lora is None:
         return {}
@@ -29,7 +27,7 @@ def _lora_model(candidate: Candidate, observed: Mapping[str, Any]) -> Dict[str, 
     return args
 
 
-def _peft_block(candidate: Candidate) -> Optional[Dict[str, Any]]:
+def _peft_block(candidate: CandidateFields) -> Optional[Dict[str, Any]]:
     """peft's ``LoraConfig`` arguments (best.json's ``peft``; ``Candidate.peft_config`` builds it from them)."""
     lora = candidate.lora
     if lora is None:
@@ -73,7 +71,7 @@ def _peft_of(trainer: Any) -> Dict[str, Any]:
                      "use_rslora": bool(getattr(config, "use_rslora", False))}}
 
 
-def _lora_trained(candidate: Candidate, observed: Mapping[str, Any]) -> Dict[str, Any]:
+def _lora_trained(candidate: CandidateFields, observed: Mapping[str, Any]) -> Dict[str, Any]:
     peft = observed.get("peft")
     if not peft or candidate.lora is not None:
         return {}
@@ -94,7 +92,7 @@ LORA = Knob(
     model=_lora_model, block=("peft", _peft_block), baseline=_lora_of, observe=_peft_of, trained=_lora_trained,
     said_after=lambda key, c: "your trainer's own LoRA (measured)")
 
-def _quantization_model(candidate: Candidate, observed: Mapping[str, Any]) -> Dict[str, Any]:
+def _quantization_model(candidate: CandidateFields, observed: Mapping[str, Any]) -> Dict[str, Any]:
     if candidate.quantization == "8bit":
         return {"load_in_8bit": True}
     if candidate.quantization != "4bit":
@@ -106,7 +104,7 @@ def _quantization_model(candidate: Candidate, observed: Mapping[str, Any]) -> Di
     return args
 
 
-def _bnb_block(candidate: Candidate) -> Optional[Dict[str, Any]]:
+def _bnb_block(candidate: CandidateFields) -> Optional[Dict[str, Any]]:
     """transformers' ``BitsAndBytesConfig`` arguments but the compute dtype (best.json's ``quantization``)."""
     if candidate.quantization == "8bit":
         return {"load_in_8bit": True}
@@ -140,7 +138,7 @@ def _bnb_of(trainer: Any) -> Dict[str, Any]:
     return {"quantization": {key: _plain(data[key]) for key in keys if key in data}}
 
 
-def _quantization_trained(candidate: Candidate, observed: Mapping[str, Any]) -> Dict[str, Any]:
+def _quantization_trained(candidate: CandidateFields, observed: Mapping[str, Any]) -> Dict[str, Any]:
     found = observed.get("quantization") or {}
     if candidate.quantization is not None or not (found.get("load_in_4bit") or found.get("load_in_8bit")):
         return {}

@@ -8,16 +8,14 @@ spelled: a rung names its knob (``knob("checkpointing").keys``), the export and 
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from autofit.core._algorithms import algorithm
+from autofit.core._candidate_fields import CandidateFields
 from autofit.core._compat import checkpointing_field, vllm_installed
 from autofit.core._knob import PROBED, FileRun, Knob
 from autofit.core._knob_peft import LORA, QUANTIZATION
 from autofit.core._settings import runnable_attention
-
-if TYPE_CHECKING:
-    from autofit.core._candidate import Candidate
 
 TRL_VLLM_UTILIZATION = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
 # Keys other stages read by name: a built trainer's switches (its probe step checks it took them), the batch split
@@ -66,7 +64,7 @@ CHECKPOINTING = Knob(
     said_after=lambda key, c: None if c.checkpointing else "baseline: off is fastest and fits")
 
 
-def _length_words(key: str, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
+def _length_words(key: str, candidate: CandidateFields, context: Mapping[str, Any]) -> Optional[str]:
     if context.get("maximize") == "length":
         return "longest that fits (--maximize length)"
     if candidate.max_length >= context.get("asked_length", candidate.max_length):
@@ -177,7 +175,7 @@ BETA = Knob(
     said_before=_said("--beta"))
 
 
-def _vllm_training(candidate: Candidate) -> Dict[str, Any]:
+def _vllm_training(candidate: CandidateFields) -> Dict[str, Any]:
     # a probe without vLLM generates itself (the search estimates vLLM's share)
     if not candidate.vllm or (candidate.probe is not None and importlib.util.find_spec("vllm") is None):
         return {}
@@ -201,7 +199,7 @@ def _vllm_context_of(run: FileRun) -> Dict[str, Any]:
     return {"vllm_max_model_length": length if _int(length) and run.training.get("use_vllm") else None}
 
 
-def _vllm_words(key: str, candidate: Candidate, context: Mapping[str, Any]) -> str:
+def _vllm_words(key: str, candidate: CandidateFields, context: Mapping[str, Any]) -> str:
     return "--use-vllm" + (" (vLLM was estimated, not probed: not installed where the search ran)"
                            if key == "use_vllm" and not vllm_installed() else "")
 

@@ -1,30 +1,19 @@
-"""What every stage derives from the knob table (``autofit.core._knob_table``): the training arguments, ModelConfig's
-arguments, best.json's blocks, the baseline's settings and options a TRL file sets, the candidate as its trainer built
-it, the key table's modelled rows, the keys autofit searches and those the file's reading consumes, and which fields of
-the candidate's study key were added late."""
+"""What more than one stage derives from the knob table (``autofit.core._knob_table``): the training arguments,
+best.json's blocks, the candidate as its trainer built it, the key table's modelled rows, the
+keys autofit searches, and which fields of the candidate's study key were added late. What the launch alone reads of a
+TRL file through the table is ``autofit.launch._file_knobs``'s."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from autofit.core._knob import FileRun, Knob, merged
+from autofit.core._candidate_fields import CandidateFields, Fields
+from autofit.core._knob import Knob, merged
 from autofit.core._knob_table import KNOBS
-
-if TYPE_CHECKING:
-    from autofit.core._candidate import Candidate
 
 
 def _table() -> Tuple[Knob, ...]:
     return KNOBS
-
-
-def knob(name: str) -> Knob:
-    return next(k for k in _table() if k.name == name)
-
-
-def knob_of_key(key: str) -> Optional[Knob]:
-    """The knob that owns a TRL or ModelConfig key; None for a key no knob owns."""
-    return next((k for k in _table() if k.owns(key)), None)
 
 
 def keys_of(*names: str) -> Tuple[str, ...]:
@@ -33,7 +22,7 @@ def keys_of(*names: str) -> Tuple[str, ...]:
 
 
 # -- written -------------------------------------------------------------------------------------------------------
-def knob_training_args(candidate: Candidate) -> Dict[str, Any]:
+def knob_training_args(candidate: CandidateFields) -> Dict[str, Any]:
     """The knobs' keyword arguments for the candidate's config class, in the table's order, over its user_args."""
     args: Dict[str, Any] = dict(candidate.user_args)
     for k in _table():
@@ -41,15 +30,7 @@ def knob_training_args(candidate: Candidate) -> Dict[str, Any]:
     return args
 
 
-def model_args(candidate: Candidate, observed: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """ModelConfig's arguments of the candidate (best.yaml's; ``observed``: what the probes' trainer ran)."""
-    args: Dict[str, Any] = {}
-    for k in _table():
-        args.update(k.model(candidate, observed or {}))
-    return args
-
-
-def blocks(candidate: Candidate) -> Dict[str, Optional[Dict[str, Any]]]:
+def blocks(candidate: CandidateFields) -> Dict[str, Optional[Dict[str, Any]]]:
     """best.json's structured blocks (``peft``, ``quantization``) in their libraries' own names."""
     return {k.block[0]: k.block[1](candidate) for k in _table() if k.block is not None}
 
@@ -59,24 +40,6 @@ def model_keys() -> Tuple[str, ...]:
 
 
 # -- read back -----------------------------------------------------------------------------------------------------
-def file_options(run: FileRun) -> Dict[str, Any]:
-    """The search's options a TRL file sets, by ``SearchOptions`` field name."""
-    values: Dict[str, Any] = {}
-    for k in _table():
-        if k.options is not None:
-            values.update(k.options(run))
-    return values
-
-
-def file_baseline(run: FileRun) -> Tuple[Tuple[str, Any], ...]:
-    """The candidate's fields the file's run starts from (the ladder's first level), as (field, value)."""
-    settings: Dict[str, Any] = {}
-    for k in _table():
-        if k.baseline is not None:
-            settings.update(k.baseline(run))
-    return tuple(settings.items())
-
-
 def on_device(field_name: str, value: Any, device: str) -> Any:
     """A baseline's value as the probes on ``device`` run it (the attention kernel this machine has)."""
     owner = next((k for k in _table() if field_name in k.fields), None)
@@ -92,7 +55,7 @@ def observe_trainer(trainer: Any) -> Dict[str, Any]:
     return seen
 
 
-def as_trained(candidate: Candidate, observed: Optional[Mapping[str, Any]]) -> Candidate:
+def as_trained(candidate: Fields, observed: Optional[Mapping[str, Any]]) -> Fields:
     """The candidate with what the user's own trainer adds (read back in the probe): its LoRA, its quantized base,
     its number of generations. Predicted and exported as measured: a best.yaml without the user's LoRA would
     describe a full fine-tune that does not fit."""
@@ -113,15 +76,6 @@ def searched_keys(length_fields: Iterable[str]) -> Tuple[str, ...]:
     searched knobs' keys, and every algorithm's length field."""
     keys: List[str] = [key for k in _table() if k.searched for key in k.training_keys]
     return tuple(keys + [name for name in length_fields if name not in keys])
-
-
-def read_keys() -> Tuple[str, ...]:
-    """The file's keys the knobs' readers consume."""
-    return tuple(key for k in _table() for key in k.reads)
-
-
-def option_file_keys() -> Dict[str, str]:
-    return {option: key for k in _table() for option, key in k.option_keys.items()}
 
 
 def key_rows() -> Dict[str, Tuple[str, str]]:

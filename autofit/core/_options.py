@@ -333,10 +333,6 @@ def given_values(args: argparse.Namespace, door: str) -> Dict[str, Any]:
     return values
 
 
-def keyword_defaults(door: str = FIT) -> Dict[str, Any]:
-    return {name: FIELDS[name].default for name in door_fields(door)}
-
-
 def ladder_names(ladder: Union[None, str, Sequence[str]]) -> Optional[List[str]]:
     """A ladder given as "name,name" (the command line's form) or as a list of rung names."""
     if ladder is None:

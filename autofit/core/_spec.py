@@ -47,7 +47,7 @@ FIRST_SETTINGS = ("checkpointing", "optim", "lora", "quantization", "activation_
 class Baseline:
     """The user's own run (their TRL config file, ``--config``; an accelerate config) as the ladder's first level: the
     settings the search keeps unless fitting needs a change. ``settings``: the candidate's fields as the knobs read
-    them from the file (``autofit.core._knobs.file_baseline``: checkpointing, optimizer, LoRA, quantization, ...);
+    them from the file (the launch's ``file_baseline``: checkpointing, optimizer, LoRA, quantization, ...);
     a field not among them is the search's own baseline's (no checkpointing, full fine-tuning, TRL's optimizer)."""
 
     settings: Tuple[Tuple[str, Any], ...] = ()

@@ -9,11 +9,10 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from autofit import memory_model
-from autofit.core import INIT_KWARGS, Candidate, as_trained, blocks, format_size, one_line
-from autofit.core import model_args as knob_model_args
+from autofit.core import INIT_KWARGS, KNOBS, Candidate, as_trained, blocks, format_size, one_line
 from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
 from autofit.export._user_yaml import user_yaml
 from autofit.export._vllm import vllm_comments, vllm_data
@@ -53,6 +52,14 @@ def loadable_name(candidate: Candidate) -> str:
     if source.local_path or "/" in candidate.model:
         return source.local_path or candidate.model
     return str(trainable_folder(source.config, candidate.model))
+
+
+def knob_model_args(candidate: Candidate, observed: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """ModelConfig's arguments of the candidate (best.yaml's; ``observed``: what the probes' trainer ran)."""
+    args: Dict[str, Any] = {}
+    for k in KNOBS:
+        args.update(k.model(candidate, observed or {}))
+    return args
 
 
 def model_args(candidate: Candidate, observed: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

@@ -9,9 +9,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
-from autofit.core import Candidate, algorithm, knob_of_key, one_line
+from autofit.core import KNOBS, Candidate, Knob, algorithm, one_line
 from autofit.memory_model import ModelShape, census_for, trainable_tensors
 from autofit.rungs import ACCELERATE_YAML, rung_named
+
+
+def knob_of_key(key: str) -> Optional[Knob]:
+    """The knob that owns a TRL or ModelConfig key; None for a key no knob owns."""
+    return next((k for k in KNOBS if k.owns(key)), None)
 
 # Keys no knob owns whose value no rung decided
 FIXED_REASONS = {

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from autofit.core import BATCH_KEYS, DEFAULT_ALGO, MAX_EFFECTIVE_BATCH, InputError, Launch, option_file_keys
+from autofit.core import BATCH_KEYS, DEFAULT_ALGO, MAX_EFFECTIVE_BATCH, InputError, Launch
 from autofit.launch._accelerate_file import check_deepspeed_argument, read_accelerate_config
 from autofit.launch._engine import launch_engine
+from autofit.launch._file_knobs import option_file_keys
 from autofit.launch._run import option_values, passed_through
 from autofit.launch._trl_file import read_trl_file
 from autofit.launch._trl_values import check_trl_values

@@ -15,12 +15,10 @@ from autofit.core import (
     Launch,
     TrlFile,
     classify_key,
-    file_baseline,
-    file_options,
     means_the_default,
-    read_keys,
     runnable_attention,
 )
+from autofit.launch._file_knobs import file_baseline, file_options, read_keys
 
 # Training arguments of the user's file that a probe must not run with: it writes no checkpoint, pushes and reports
 # nowhere, evaluates nothing (it has no evaluation data) and starts from scratch; the export keeps them all.

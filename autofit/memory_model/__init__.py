@@ -44,7 +44,7 @@ from autofit.memory_model._calibration import (
     calibrate,
     predict_calibrated,
 )
-from autofit.memory_model._census import Census, analytic_census
+from autofit.memory_model._census import Census
 from autofit.memory_model._census_cache import NoCausalLM, ensure_census
 from autofit.memory_model._checked import (
     CHECKED,
@@ -95,7 +95,7 @@ from autofit.memory_model._parameters import (
 )
 from autofit.memory_model._rungs import Facts as ModelFactsOf
 from autofit.memory_model._rungs import custom_rungs, rung_band, rung_notes
-from autofit.memory_model._shape import ModelShape, dtype_bytes, shape_or_none
+from autofit.memory_model._shape import ModelShape, analytic_census, dtype_bytes, shape_or_none
 from autofit.memory_model._speed_band import PRIOR_SPEED_UNCERTAINTY
 from autofit.memory_model._speed_calibration import SpeedCalibration, calibrate_speed
 from autofit.memory_model._throughput import (

@@ -1,7 +1,7 @@
 """The model's parameters, tensor by tensor, and what peft and bitsandbytes do to them.
 
 A ``Census`` is plain data: built from the model itself on the meta device (``_census_build``, in its own
-process) or, where that cannot run, from the configuration's sizes (``analytic_census``: exact for the dense
+process) or, where that cannot run, from the configuration's sizes (``_shape.analytic_census``: exact for the dense
 llama/qwen2/gemma families, "unchecked" for the rest). The parameter terms of the ledger (weights, gradients,
 optimizer states, LoRA adapters, what quantization replaces) are counted from it.
 
@@ -27,14 +27,11 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from math import prod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from autofit.core import algorithm
 from autofit.machine import atomic_write_text, cache_subfolder, read_own_file
 from autofit.memory_model._census_build import CENSUS_VERSION
-
-if TYPE_CHECKING:
-    from autofit.memory_model._shape import ModelShape
 
 log = logging.getLogger(__name__)
 
@@ -175,48 +172,6 @@ class Census:
                    attn_implementation=str(data.get("attn_implementation") or "sdpa"),
                    experts_implementation=str(data.get("experts_implementation") or ""),
                    lora_per_rank=per_rank, lora_wrapped=tuple(str(n) for n in data.get("lora_wrapped") or ()))
-
-
-def analytic_census(shape: ModelShape) -> Census:
-    """The census of a llama-style decoder (``ModelShape``) computed from its sizes: what transformers builds for
-    llama, mistral, qwen2, qwen3, gemma and gemma3 (exact), and for mixtral-style experts (fused gate_up/down per
-    layer, a router, a shared expert); for other families a first guess."""
-    h, layers = shape.hidden, shape.layers
-    params: List[ParamGroup] = [ParamGroup("model.embed_tokens.weight", (shape.vocab, h), "embedding")]
-    linears: List[LinearGroup] = []
-    biases = {"q_proj": shape.qkv_bias, "k_proj": shape.qkv_bias, "v_proj": shape.qkv_bias, "o_proj": shape.o_bias,
-              "gate_proj": shape.mlp_bias, "up_proj": shape.mlp_bias, "down_proj": shape.mlp_bias}
-
-    def linear(full: str, d_in: int, d_out: int, count: int, bias: bool = False) -> None:
-        if count:
-            params.append(ParamGroup(full + ".weight", (d_out, d_in), "matrix", count))
-            if bias:
-                params.append(ParamGroup(full + ".bias", (d_out,), "vector", count))
-            linears.append(LinearGroup(full, d_in, d_out, bias, True, False, count))
-
-    for name, (d_in, d_out) in shape.linear_shapes().items():
-        attention = name in ("q_proj", "k_proj", "v_proj", "o_proj")
-        count = layers if attention else shape.dense_layers
-        linear(f"model.layers.*.{'self_attn' if attention else 'mlp'}.{name}", d_in, d_out, count, biases[name])
-    if shape.moe_layers:
-        n, e, inter = shape.moe_layers, shape.experts, shape.expert_intermediate
-        params += [ParamGroup("model.layers.*.mlp.gate.weight", (e, h), "matrix", n),
-                   ParamGroup("model.layers.*.mlp.experts.gate_up_proj", (e, 2 * inter, h), "experts", n),
-                   ParamGroup("model.layers.*.mlp.experts.down_proj", (e, h, inter), "experts", n)]
-        if shape.shared_intermediate:
-            for name, d_in, d_out in (("gate_proj", h, shape.shared_intermediate),
-                                      ("up_proj", h, shape.shared_intermediate),
-                                      ("down_proj", shape.shared_intermediate, h)):
-                linear(f"model.layers.*.mlp.shared_expert.{name}", d_in, d_out, n)
-    params.append(ParamGroup("model.layers.*.norm.weight", (h,), "vector", layers * shape.norms_per_layer))
-    if shape.qk_norm:
-        params.append(ParamGroup("model.layers.*.self_attn.qk_norm.weight", (shape.head_dim,), "vector", 2 * layers))
-    params.append(ParamGroup("model.norm.weight", (h,), "vector"))
-    if not shape.tied_embeddings:
-        params.append(ParamGroup("lm_head.weight", (shape.vocab, h), "lm_head"))
-    linears.append(LinearGroup("lm_head", h, shape.vocab, quantizable=False, output=True))
-    return Census(tuple(params), tuple(linears), tied=shape.tied_embeddings, source=ANALYTIC,
-                  attn_implementation="eager" if shape.eager_attention else "sdpa")
 
 
 def _named(param: str, names: Tuple[str, ...]) -> bool:

@@ -34,7 +34,7 @@ CHECKED = {
     # no sequence-classification class in transformers: no reward model to check
     "olmoe": _LM, "granite": _LM, "cohere": _LM,
 }
-# Dense families whose parameters the configuration's sizes give exactly (``census.analytic_census``, a test
+# Dense families whose parameters the configuration's sizes give exactly (``_shape.analytic_census``, a test
 # compares it with the model): no census needs building for them. The others need the census counted from the model
 # (mixture-of-experts: peft's LoRA on the fused experts is only known from peft itself).
 ANALYTIC_EXACT = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text")

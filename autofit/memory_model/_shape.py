@@ -1,12 +1,13 @@
-"""The model's shape from its configuration dict: sizes, dtype, attention layout, norms. Pure Python."""
+"""The model's shape from its configuration dict: sizes, dtype, attention layout, norms, and the census those sizes
+give where none was counted from the model (``analytic_census``). Pure Python."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from autofit.memory_model._census import Census, analytic_census, cached_census
+from autofit.memory_model._census import ANALYTIC, Census, LinearGroup, ParamGroup, cached_census
 from autofit.memory_model._stored_checks import check_figures
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,48 @@ class ModelShape:
         check_figures("shape", shape, positive=("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate",
                                                 "vocab", "dtype_bytes"))
         return shape
+
+
+def analytic_census(shape: ModelShape) -> Census:
+    """The census of a llama-style decoder (``ModelShape``) computed from its sizes: what transformers builds for
+    llama, mistral, qwen2, qwen3, gemma and gemma3 (exact), and for mixtral-style experts (fused gate_up/down per
+    layer, a router, a shared expert); for other families a first guess."""
+    h, layers = shape.hidden, shape.layers
+    params: List[ParamGroup] = [ParamGroup("model.embed_tokens.weight", (shape.vocab, h), "embedding")]
+    linears: List[LinearGroup] = []
+    biases = {"q_proj": shape.qkv_bias, "k_proj": shape.qkv_bias, "v_proj": shape.qkv_bias, "o_proj": shape.o_bias,
+              "gate_proj": shape.mlp_bias, "up_proj": shape.mlp_bias, "down_proj": shape.mlp_bias}
+
+    def linear(full: str, d_in: int, d_out: int, count: int, bias: bool = False) -> None:
+        if count:
+            params.append(ParamGroup(full + ".weight", (d_out, d_in), "matrix", count))
+            if bias:
+                params.append(ParamGroup(full + ".bias", (d_out,), "vector", count))
+            linears.append(LinearGroup(full, d_in, d_out, bias, True, False, count))
+
+    for name, (d_in, d_out) in shape.linear_shapes().items():
+        attention = name in ("q_proj", "k_proj", "v_proj", "o_proj")
+        count = layers if attention else shape.dense_layers
+        linear(f"model.layers.*.{'self_attn' if attention else 'mlp'}.{name}", d_in, d_out, count, biases[name])
+    if shape.moe_layers:
+        n, e, inter = shape.moe_layers, shape.experts, shape.expert_intermediate
+        params += [ParamGroup("model.layers.*.mlp.gate.weight", (e, h), "matrix", n),
+                   ParamGroup("model.layers.*.mlp.experts.gate_up_proj", (e, 2 * inter, h), "experts", n),
+                   ParamGroup("model.layers.*.mlp.experts.down_proj", (e, h, inter), "experts", n)]
+        if shape.shared_intermediate:
+            for name, d_in, d_out in (("gate_proj", h, shape.shared_intermediate),
+                                      ("up_proj", h, shape.shared_intermediate),
+                                      ("down_proj", shape.shared_intermediate, h)):
+                linear(f"model.layers.*.mlp.shared_expert.{name}", d_in, d_out, n)
+    params.append(ParamGroup("model.layers.*.norm.weight", (h,), "vector", layers * shape.norms_per_layer))
+    if shape.qk_norm:
+        params.append(ParamGroup("model.layers.*.self_attn.qk_norm.weight", (shape.head_dim,), "vector", 2 * layers))
+    params.append(ParamGroup("model.norm.weight", (h,), "vector"))
+    if not shape.tied_embeddings:
+        params.append(ParamGroup("lm_head.weight", (shape.vocab, h), "lm_head"))
+    linears.append(LinearGroup("lm_head", h, shape.vocab, quantizable=False, output=True))
+    return Census(tuple(params), tuple(linears), tied=shape.tied_embeddings, source=ANALYTIC,
+                  attn_implementation="eager" if shape.eager_attention else "sdpa")
 
 
 def _has_linear(census: Optional[Census], nested: bool, leaves: Tuple[str, ...]) -> bool:

@@ -8,10 +8,10 @@ any object that follows ``Rung``. The engines a rung runs under (DeepSpeed ZeRO,
 here too, since the rungs that choose them, the probe that launches them and the export that writes them share them.
 """
 
-from autofit.core import Candidate, FactoryMisuse, Outcome, keys_of, knob
+from autofit.core import Candidate, FactoryMisuse, Outcome, keys_of
 from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
 from autofit.rungs._checkpointing import GradientCheckpointing
-from autofit.rungs._contract import ModelFacts, ProbeStep, RungBase, hook_problem, probe_steps
+from autofit.rungs._contract import ModelFacts, ProbeStep, RungBase, hook_problem, knob, probe_steps
 from autofit.rungs._default import (
     DEFAULT_LADDER,
     RUNGS,

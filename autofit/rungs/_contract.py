@@ -25,7 +25,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ContextManager, Dict, FrozenSet, Iterable, Mapping, Optional, Protocol, Sequence, Tuple
 
-from autofit.core import Candidate, Outcome, keys_of
+from autofit.core import KNOBS, Candidate, Knob, Outcome, keys_of
+
+
+def knob(name: str) -> Knob:
+    """The knob table's entry of that name (what a rung turns: its fields, its keys)."""
+    return next(k for k in KNOBS if k.name == name)
 
 
 class ModelFacts(Protocol):

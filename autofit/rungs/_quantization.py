@@ -2,8 +2,8 @@
 
 from typing import Any, Dict, Mapping, Optional
 
-from autofit.core import Candidate, LoraSettings, knob
-from autofit.rungs._contract import RungBase
+from autofit.core import Candidate, LoraSettings
+from autofit.rungs._contract import RungBase, knob
 from autofit.rungs._ladder import QUALITY, LadderState
 
 TRADES = {

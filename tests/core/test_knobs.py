@@ -19,17 +19,15 @@ from autofit.core import (
     as_trained,
     blocks,
     classify_key,
-    file_baseline,
-    file_options,
     keys_of,
-    knob,
-    knob_of_key,
-    model_args,
-    read_keys,
 )
 from autofit.core._knob_table import KNOBS
 from autofit.core._settings import QuantSettings
+from autofit.export._answer import knob_model_args as model_args
+from autofit.export._words import knob_of_key
 from autofit.launch import MAPPED, read_trl_file
+from autofit.launch._file_knobs import file_baseline, file_options, read_keys
+from autofit.rungs import knob
 
 LORA = LoraSettings(r=8, alpha=16, dropout=0.05, target_modules=("q_proj", "v_proj"), modules_to_save=("lm_head",),
                     use_rslora=True)

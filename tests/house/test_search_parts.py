@@ -1,14 +1,14 @@
 """The search is made of parts with public interfaces (issue 58, item 5): no module of autofit reaches into a private
 name (``_name``) another module of autofit defines, whether through an attribute (``search._measure``) or an import
-(``from autofit.x._y import _helper``), and autofit/search has no import circle, not even one made only for
-annotations (``if TYPE_CHECKING:``) that the circle test of test_house.py leaves out. A private name of another
-project (Optuna's ``trial._trial_id``, torch's ``storage._cdata``) is that project's business, not the house's."""
+(``from autofit.x._y import _helper``); that no module of autofit is in an import circle, not even one made only for
+annotations (``if TYPE_CHECKING:``), is test_house.py's rule. A private name of another project (Optuna's
+``trial._trial_id``, torch's ``storage._cdata``) is that project's business, not the house's."""
 
 import ast
 from pathlib import Path
 from typing import Dict, List, Set
 
-from test_house import PACKAGE, REPO, graph
+from test_house import PACKAGE, REPO
 
 # Reaches older than this test, outside the search, by package: the private names taken from a sibling module. The
 # list only shrinks: make the name public where it is defined (or move the user beside it), then strike it here.
@@ -81,25 +81,3 @@ def test_no_new_private_reach_anywhere_in_autofit():
     new = [line for line in house_reaches()
            if line.split(": ")[-1] not in KNOWN.get(Path(line.split(":")[0]).parts[1], set())]
     assert not new, "private names used across modules (make them public): " + "; ".join(new)
-
-
-def test_the_search_has_no_import_circle_not_even_for_annotations():
-    def inside(name: str) -> bool:  # the package's face too: a module importing it from inside closes a circle
-        return name == "autofit.search" or name.startswith("autofit.search.")
-
-    edges = {name: {t for t in targets if inside(t)} for name, targets in graph(typing=True).items() if inside(name)}
-    circles = []
-
-    def visit(node: str, stack: List[str]) -> None:
-        for target in sorted(edges.get(node, ())):
-            if target in stack:
-                circles.append(" -> ".join(stack[stack.index(target):] + [target]))
-            elif target not in done:
-                visit(target, stack + [target])
-        done.add(node)
-
-    done: Set[str] = set()
-    for name in sorted(edges):
-        if name not in done:
-            visit(name, [name])
-    assert not circles, "import circles in the search: " + "; ".join(circles)

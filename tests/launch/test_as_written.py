@@ -17,13 +17,13 @@ from autofit.core import (
     Outcome,
     TrlFile,
     blocks,
-    file_baseline,
     runnable_attention,
 )
 from autofit.core._knob import FileRun
 from autofit.core._settings import QuantSettings
 from autofit.export._answer import model_args, training_args
 from autofit.launch import probe_notes, probed_as_written
+from autofit.launch._file_knobs import file_baseline
 from autofit.probe import ProcessRunner
 from autofit.rungs import LadderState
 from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
