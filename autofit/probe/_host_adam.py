@@ -12,22 +12,18 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Callable, Optional
+
+from autofit.probe._rates import best_seconds
 
 PARAMETERS = 16_000_000  # 64 MB an fp32 copy: the four (weights, gradients, moments) past the caches
 TENSORS = 4  # a rank's shard is many tensors; four keep torch's per-tensor loop in the timing
 REPEATS = 3
 
 
-def _best_seconds(step: Callable[[], object]) -> float:
+def _warm_best(step: Callable[[], object]) -> float:
     step()  # the first step allocates the moments
-    best = float("inf")
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_seconds(step, REPEATS)
 
 
 def _cpu_adam_built() -> bool:
@@ -47,7 +43,7 @@ def _cpu_adam_built() -> bool:
 def _copy_bandwidth(torch) -> float:
     source = torch.rand(PARAMETERS)
     target = torch.empty_like(source)
-    return 2 * source.numel() * 4 / _best_seconds(lambda: target.copy_(source))
+    return 2 * source.numel() * 4 / _warm_best(lambda: target.copy_(source))
 
 
 def measure(threads: int) -> dict:
@@ -65,13 +61,13 @@ def measure(threads: int) -> dict:
         param.grad = torch.rand_like(param)
     torch_adam = torch.optim.AdamW(params, lr=1e-4)
     rates: dict = {"threads": threads, "bandwidth": bandwidth,
-                   "torch": PARAMETERS / _best_seconds(torch_adam.step) / threads}
+                   "torch": PARAMETERS / _warm_best(torch_adam.step) / threads}
     deepspeed: Optional[float] = None
     if _cpu_adam_built():
         try:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            deepspeed = PARAMETERS / _best_seconds(DeepSpeedCPUAdam(params, lr=1e-4).step) / threads
+            deepspeed = PARAMETERS / _warm_best(DeepSpeedCPUAdam(params, lr=1e-4).step) / threads
         except Exception as exc:  # noqa: BLE001 - a kept build of another torch: not timed, said on stderr
             print(f"DeepSpeed's CPUAdam not timed: {type(exc).__name__}: {exc}", file=sys.stderr)
     rates["deepspeed"] = deepspeed

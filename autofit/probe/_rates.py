@@ -13,7 +13,7 @@ from typing import Callable, Tuple
 from autofit.machine import RATE_NAMES
 
 
-def _best_seconds(run: Callable[[], object], repeats: int) -> float:
+def best_seconds(run: Callable[[], object], repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -39,13 +39,13 @@ def measure_rates(n: int = 1024, copy_mib: int = 64) -> Tuple[float, float, floa
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b  # warm-up
-    flops = 2 * n**3 * 10 / _best_seconds(lambda: [a @ b for _ in range(10)], 3)
+    flops = 2 * n**3 * 10 / best_seconds(lambda: [a @ b for _ in range(10)], 3)
     few = a[:SMALL_ROWS].clone()
-    small = 2 * SMALL_ROWS * n * n * 50 / _best_seconds(lambda: [few @ b for _ in range(50)], 3)
+    small = 2 * SMALL_ROWS * n * n * 50 / best_seconds(lambda: [few @ b for _ in range(50)], 3)
     source = torch.empty(copy_mib * 2**20 // 4)
     target = torch.empty_like(source)
     target.copy_(source)
-    bandwidth = 2 * source.numel() * 4 * 5 / _best_seconds(lambda: [target.copy_(source) for _ in range(5)], 3)
+    bandwidth = 2 * source.numel() * 4 * 5 / best_seconds(lambda: [target.copy_(source) for _ in range(5)], 3)
     op_seconds = _operator_seconds(torch, SimulatedMeter)
     return flops, bandwidth, op_seconds, half_rate_rows(small / flops, n), _elementwise_seconds(torch)
 
@@ -77,7 +77,7 @@ def _operator_seconds(torch, meter_class) -> float:
     with meter_class():
         for _ in range(WARM_UPS):
             net(x).sum().backward()
-        return _best_seconds(lambda: net(x).sum().backward(), REPEATS) / max(Count.operators, 1)
+        return best_seconds(lambda: net(x).sum().backward(), REPEATS) / max(Count.operators, 1)
 
 
 def _elementwise_seconds(torch) -> float:
@@ -95,7 +95,7 @@ def _elementwise_seconds(torch) -> float:
 
     for _ in range(WARM_UPS):  # the first runs also fault in the tiles' pages
         passes()
-    return _best_seconds(passes, REPEATS) / (TILE_PASSES * TILE_ROWS * TILE_COLUMNS)
+    return best_seconds(passes, REPEATS) / (TILE_PASSES * TILE_ROWS * TILE_COLUMNS)
 
 
 def half_rate_rows(ratio: float, rows: int) -> float:
