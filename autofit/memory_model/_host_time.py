@@ -101,9 +101,9 @@ def host_of(card: Card, cores: float, measured: Optional[Dict[str, Any]], thread
     torch_rate, cpu_adam = float(measured["torch"]), measured.get("deepspeed")
     cpu_rate = float(cpu_adam) if isinstance(cpu_adam, (int, float)) else 0.0
     built = cpu_rate > 0
-    ratio = CPU_ADAM_PER_CORE / TORCH_ADAM_PER_CORE  # DeepSpeed's CPUAdam not built here: torch's at this ratio
+    ratio = CPU_ADAM_PER_CORE / TORCH_ADAM_PER_CORE  # DeepSpeed's CPUAdam not timed: torch's at this ratio
     source = "measured here on one thread" if threads == 1 else f"measured here, {threads} threads"
-    source += "" if built else f", CPUAdam (not built) as torch's x{ratio:.1f}"
+    source += "" if built else f", DeepSpeed's CPUAdam as torch's x{ratio:.1f} (not timed)"
     bandwidth = float(measured.get("bandwidth") or 0) if here else 0.0
     return replace(card, host_torch_adam=torch_rate, host_cpu_adam=cpu_rate if built else torch_rate * ratio,
                    host_cores=cores, host_bandwidth=bandwidth, host_source=source)

@@ -1,18 +1,20 @@
 """This host's AdamW rate, for the optimizer step an offloading engine runs on the CPU (issue 60, item 3): torch's
-AdamW (FSDP2's CPU offload steps with it) and DeepSpeed's CPUAdam (ZeRO-Offload's) over a few million float32
-parameters on the threads one rank gets, in parameters a second per thread, and the bandwidth of a copy on every
-core (what all the ranks' steps share). A child-side module: the search, which never imports torch, runs it as
-``python -m autofit.probe._host_adam THREADS`` and reads the JSON line it prints.
+AdamW (FSDP2's CPU offload steps with it) over a few million float32 parameters on the threads one rank gets, in
+parameters a second per thread, and the bandwidth of a copy on every core (what all the ranks' steps share). A
+child-side module: the search, which never imports torch, runs it as ``python -m autofit.probe._host_adam THREADS``
+and reads the JSON line it prints.
 
-DeepSpeed's CPUAdam is timed only where its extension is already built (prebuilt, or JIT-built by an earlier run):
-building it takes minutes (133 s on this project's two cores), which no estimate waits for; its rate is then null.
+DeepSpeed's CPUAdam (ZeRO-Offload's) is not timed: loading it goes through torch's extension build, which takes
+minutes where it is not built (133 s here), rebuilds for another environment's paths and waits on the build
+folder's lock, which a killed build leaves behind (seen: a child that never returned). Its rate is torch's measured
+one at the assumed ratio (``memory_model._host_time``), said where it is priced; "deepspeed" is null.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Callable, Optional
+from typing import Callable
 
 from autofit.probe._rates import best_seconds
 
@@ -24,20 +26,6 @@ REPEATS = 3
 def _warm_best(step: Callable[[], object]) -> float:
     step()  # the first step allocates the moments
     return best_seconds(step, REPEATS)
-
-
-def _cpu_adam_built() -> bool:
-    """Whether DeepSpeed's CPUAdam loads without a build: installed prebuilt, or its JIT build kept by torch."""
-    try:
-        from deepspeed.git_version_info import installed_ops
-        from torch.utils.cpp_extension import _get_build_directory
-    except Exception:  # noqa: BLE001 - no DeepSpeed, or one that names its ops elsewhere
-        return False
-    if installed_ops.get("cpu_adam"):
-        return True
-    import pathlib
-
-    return any(pathlib.Path(_get_build_directory("cpu_adam", False)).glob("cpu_adam*.so"))
 
 
 def _copy_bandwidth(torch) -> float:
@@ -62,15 +50,7 @@ def measure(threads: int) -> dict:
     torch_adam = torch.optim.AdamW(params, lr=1e-4)
     rates: dict = {"threads": threads, "bandwidth": bandwidth,
                    "torch": PARAMETERS / _warm_best(torch_adam.step) / threads}
-    deepspeed: Optional[float] = None
-    if _cpu_adam_built():
-        try:
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-            deepspeed = PARAMETERS / _warm_best(DeepSpeedCPUAdam(params, lr=1e-4).step) / threads
-        except Exception as exc:  # noqa: BLE001 - a kept build of another torch: not timed, said on stderr
-            print(f"DeepSpeed's CPUAdam not timed: {type(exc).__name__}: {exc}", file=sys.stderr)
-    rates["deepspeed"] = deepspeed
+    rates["deepspeed"] = None  # not timed: see the module's docstring
     return rates
 
 

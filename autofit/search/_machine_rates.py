@@ -34,9 +34,13 @@ HOST_ADAM_MAX_AGE_S = 86400.0
 # Bounded to seconds (4-6 s on an idle two-core machine, torch's import included): one that takes longer runs on a
 # machine too busy for its rates to mean much, and the ties of speed stay with the timing.
 MEASURE_TIMEOUT_S = 30
-# DeepSpeed's import is most of the host's AdamW timing (8-9 s on two idle cores, its CPUAdam included; 22 s busy)
-HOST_ADAM_TIMEOUT_S = 90
+# Bounded as the rates are: the host's AdamW takes 3-5 s on two idle cores (torch's import included; DeepSpeed's too,
+# 8-9 s, where its CPUAdam is built)
+HOST_ADAM_TIMEOUT_S = 30
 _RATES: Dict[str, Optional[Dict[str, Any]]] = {}  # this process's: measured or read once
+# A measurement that failed (timed out on a busy machine) is not tried again for ``MAX_AGE_S``: the processes after it
+# (each estimate, each search) would each wait out its timeout; the figures fall back as for any failure
+FAILED: Dict[str, Any] = {}
 
 
 def machine_rates() -> Optional[Tuple[float, ...]]:
@@ -80,7 +84,8 @@ def _torch_rate(rates: Dict[str, Any]) -> float:
 def _rates(name: str, command: List[str], timeout: float, max_age: float,
            check: Callable[[Dict[str, Any]], object]) -> Optional[Dict[str, Any]]:
     if name not in _RATES:
-        _RATES[name] = _kept(name, max_age, check) or _measured(name, command, timeout, check)
+        kept = _kept(name, max_age, check)
+        _RATES[name] = None if kept is FAILED else kept or _measured(name, command, timeout, check)
     return _RATES[name]
 
 
@@ -96,6 +101,8 @@ def _kept(name: str, max_age: float, check: Callable[[Dict[str, Any]], object]) 
         age = time.time() - float(entry["measured_at"])
         if entry["machine"] != _machine() or not 0 <= age <= max_age:
             return None
+        if entry["rates"] is None:
+            return FAILED if age <= MAX_AGE_S else None
         rates = dict(entry["rates"])
         check(rates)
     except (InputError, OSError, ValueError, KeyError, TypeError):  # none kept, or not as autofit wrote it
@@ -114,17 +121,26 @@ def _measured(name: str, command: List[str], timeout: float,
         check(rates)
     except subprocess.TimeoutExpired:
         log.info("%s were not measured within %d s", what, timeout)
-        return None
+        return _kept_failure(name)
     except subprocess.CalledProcessError as exc:  # its own command line is no business of the user's
         last = exc.stderr.strip().splitlines()[-1:] if exc.stderr else []
         log.info("%s could not be measured (exit %s%s)", what, exc.returncode, f": {one_line(last[0])}" if last else "")
-        return None
+        return _kept_failure(name)
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError, TypeError) as exc:
         log.info("%s could not be measured (%s: %s)", what, type(exc).__name__, one_line(exc))
-        return None
+        return _kept_failure(name)
+    _keep(name, rates)
+    return rates
+
+
+def _kept_failure(name: str) -> Optional[Dict[str, Any]]:
+    _keep(name, None)
+    return None
+
+
+def _keep(name: str, rates: Optional[Dict[str, Any]]) -> None:
     entry = {"measured_at": time.time(), "machine": _machine(), "rates": rates}
     try:
         atomic_write_text(cache_subfolder("rates") / name, json.dumps(entry))
     except (InputError, OSError) as exc:  # no cache to keep it in: the next search measures again
-        log.debug("%s not kept: %s", what, exc)
-    return rates
+        log.debug("this machine's %s not kept: %s", name, exc)

@@ -83,7 +83,7 @@ def test_without_the_package_the_name_is_unknown():
     ("misnamed", "calls itself 'another-name': the entry point's name must be the rung's"),
     ("bad-cost", "has the cost class 'cheap': accepted are free, speed, quality"),
     ("misspelled", "Misspelled defines ledgr, which is no hook of RungBase (its hooks: apply, comment, host_bytes, "
-                   "ledger, trade, unavailable)"),
+                   "ledger, speed, trade, unavailable)"),
     ("twice", "rung 'twice' is offered by package autofit-twin 0.2 and package autofit-broken 0.1"),
 ])
 def test_a_broken_package_named_in_the_ladder_is_one_line_naming_it(broken, name, says):
