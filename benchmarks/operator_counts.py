@@ -1,5 +1,5 @@
 """The operators one training step of a decoder dispatches, counted: the source of the throughput model's operator
-constants (``autofit.memory_model._throughput``, ``OPS_*``).
+constants (``autofit.memory_model._dispatch``, ``OPS_*``).
 
 tiny-qwen2 is built from its configuration at 2 and at 4 layers (random weights), with TRL's fused LM head as SFT
 runs it (entropy and top-1 accuracy computed), and a TorchDispatchMode counts every operator of its forward, its

@@ -10,7 +10,7 @@ from autofit.core import Candidate
 
 PRIOR_SPEED_UNCERTAINTY = 0.40  # the band before the search has timed a step [A]
 # ``torch_compile`` fuses a step's elementwise passes and cuts its launches: the decoder layers' are priced as
-# inductor compiles them (``_traffic.COMPILED``, ``_throughput.KERNELS_COMPILED_*``); what else it does (graph breaks
+# inductor compiles them (``_traffic.COMPILED``, ``_dispatch.KERNELS_COMPILED_*``); what else it does (graph breaks
 # at peft's adapters or TRL's head, autotuned matmuls, the compile itself) widens the band [M: PyTorch 2.0's release
 # notes, training on an A100 across 163 open-source models: 21% faster in float32, 51% under AMP; about a quarter for
 # a fine-tune's step]

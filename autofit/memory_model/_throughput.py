@@ -2,7 +2,8 @@
 knows, and the tokens per second it gives.
 
 A roofline per pass: a forward or backward pass takes the longer of its matmul FLOPs at the card's achievable FLOP
-rate and the bytes it must read at the achievable bandwidth, plus the fixed cost of launching its kernels. On top:
+rate and the bytes it must read at the achievable bandwidth, plus the host's dispatch of its operators where the device
+waits for it (``_dispatch``: a GPU runs ahead of the host only as far as it has work queued). On top:
 checkpointing's recomputed forward, 4/8-bit dequantization, the optimizer's pass over its states, activation and
 optimizer offload over the host link, gradient reduction and ZeRO/FSDP gathers over the GPU link, and for RL the
 generation (decode reads every weight and the KV cache once per token: bandwidth-bound) and the frozen models'
@@ -16,15 +17,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 from autofit.core import Candidate, Card
 from autofit.memory_model._activations import sequence_length, sequences_per_micro_batch
+from autofit.memory_model._dispatch import (
+    OPS_FORWARD_PER_LAYER,
+    OPS_OPTIMIZER_FOREACH,
+    OPS_OPTIMIZER_PER_TENSOR,
+    OPS_PAGED_PREFETCH,
+    OPS_PER_TENSOR_SYNCED,
+    device_segments,
+    exposed_dispatch,
+    pass_operators,
+)
 from autofit.memory_model._engine_settings import shards_parameters, zero_engine
 from autofit.memory_model._host_time import activation_offload_seconds, host_terms
 from autofit.memory_model._logits import logit_tokens
 from autofit.memory_model._parameters import (
-    Tensors,
     _beta,
     census_for,
     head_trained,
@@ -36,7 +46,7 @@ from autofit.memory_model._parameters import (
 )
 from autofit.memory_model._rungs import with_rung_speeds
 from autofit.memory_model._shape import ModelShape
-from autofit.memory_model._speed_band import PRIOR_SPEED_UNCERTAINTY, compiled, speed_band
+from autofit.memory_model._speed_band import PRIOR_SPEED_UNCERTAINTY, speed_band
 from autofit.memory_model._traffic import elementwise_bytes
 
 # What a large matmul achieves of the card's peak tensor FLOP rate [M: Dao 2023, FlashAttention-2 (arXiv 2307.08691),
@@ -51,14 +61,6 @@ GEMM_EFFICIENCY = 0.80
 ATTENTION_EFFICIENCY = 0.50
 BANDWIDTH_EFFICIENCY = 0.80  # [M: STREAM-like copies reach 80-90% of HBM's peak]
 GPU_LINK_EFFICIENCY = 0.70  # [M: nccl-tests' bus bandwidth, 70-80% of NVLink's peak]
-# Operators eager PyTorch dispatches, each costing the card's ``op_seconds`` of host time [M: counted with a
-# TorchDispatchMode by ``python -m benchmarks.operator_counts`` on tiny-qwen2 with transformers 5.17, TRL 1.16's fused
-# LM head (its torch fallback) and peft; a layer of another family differs by its norms and rotary, a few operators]:
-# per decoder layer and pass, checkpointing's recomputed forward (its hooks included), the rest of a pass
-# (embeddings, rotary tables, the final norm, the fused head and the loss; a frozen head's backward has fewer),
-# LoRA's adapter per module and pass (dropout, A, B, the scale, the add) and the optimizer's step with gradient
-# clipping per trainable tensor, or per step where it runs foreach (CUDA).
-OPS_FORWARD_PER_LAYER = 73
 # vLLM's host time per decode step with CUDA graphs (its scheduler, the sampler, one graph replay) [A: an assumption,
 # no published figure found; vLLM's docs: "CUDA graph optimization - kernel launch overhead eliminated"]
 VLLM_STEP_SECONDS = 1e-3
@@ -67,27 +69,6 @@ VLLM_STEP_SECONDS = 1e-3
 # 2025-10-26, measures a level-2 wake of 0.8-2.6 s that includes reloading the weights from disk, which TRL replaces
 # by its sync; the mapping alone is taken as the low end's half]
 VLLM_WAKE_SECONDS = 0.4
-OPS_BACKWARD_PER_LAYER = 147
-OPS_RECOMPUTE_PER_LAYER = 130
-OPS_FORWARD_REST = 120
-OPS_BACKWARD_REST = 64
-OPS_BACKWARD_REST_FROZEN_HEAD = 12
-OPS_LORA_FORWARD_PER_MODULE = 10  # and as many again in a recompute
-OPS_LORA_BACKWARD_PER_MODULE = 13
-OPS_OPTIMIZER_PER_TENSOR = 10
-OPS_OPTIMIZER_FOREACH = 30  # [A: a few foreach kernels per state and group]
-# bitsandbytes' optimizers synchronize after each tensor (``synchronized_optimizer``): each costs its update kernel's
-# dispatch and the synchronization's round trip in series with the kernel [A: two operators of host time], and a
-# paged one's two prefetches of its states (``prefetch_state``, cudaMemPrefetchAsync through ctypes) [V code:
-# bitsandbytes optim/optimizer.py; an operator each]
-OPS_PER_TENSOR_SYNCED = 2
-OPS_PAGED_PREFETCH = 2
-# Kernels a decoder layer launches compiled (``torch_compile``): inductor's generated kernels and its extern ones (the
-# matmuls, the attention) per layer, forward and backward [M: counted with ``_traffic.COMPILED``'s bytes, tiny-qwen2,
-# torch 2.13's inductor on the CPU, ``benchmarks.compile_counts``: 13 + 10 forward, 12 + 18 backward]; a recompute
-# launches a forward's
-KERNELS_COMPILED_FORWARD_PER_LAYER = 23
-KERNELS_COMPILED_BACKWARD_PER_LAYER = 30
 # TRL's fused LM head with Triton reads the logits tile once in its forward and reads and writes it in its backward,
 # in the compute dtype [V code: trl 1.16 kernels/chunked_logprob.py]; without Triton (the CPU) its torch fallback
 # makes about 24 whole-tile fp32 passes, 10 in the forward (scale, temperature, the top-1 mask, max, exp, the
@@ -224,7 +205,9 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     if dequantize:
         terms["dequantize"] = micro * passes * dequantize / (card.bandwidth * BANDWIDTH_EFFICIENCY)
     trained = trainable_tensors(shape, candidate)
-    terms["launch"] = micro * _pass_operators(candidate, shape, trained, card) * card.op_seconds
+    # the host's dispatch where the device waits for it (``_dispatch``)
+    terms["launch"] = micro * exposed_dispatch(pass_operators(candidate, shape, trained, card), card,
+                                               device_segments(terms, traffic, micro, passes))
     trainable = sum(t.numel * t.count for t in trained)
     param_bytes = weight_bytes(candidate, shape)
     offloaded = host_terms(candidate, card, trainable, counts.total, passes)
@@ -260,23 +243,6 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     tokens = sequences_per_micro_batch(candidate) * seq * micro * candidate.ranks
     band, notes = speed_band(candidate)
     return SpeedEstimate(sum(terms.values()), tokens, band, terms, candidate.ranks, notes)
-
-
-def _pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensors], card: Card) -> float:
-    """Operators one micro-batch dispatches: its forward, backward and checkpointing's recompute (compiled on a GPU:
-    inductor's kernels for each decoder layer)."""
-    forward, backward, recompute = OPS_FORWARD_PER_LAYER, OPS_BACKWARD_PER_LAYER, OPS_RECOMPUTE_PER_LAYER
-    if compiled(candidate) and not card.cpu:
-        forward = recompute = KERNELS_COMPILED_FORWARD_PER_LAYER
-        backward = KERNELS_COMPILED_BACKWARD_PER_LAYER
-    per_layer = forward + backward + (recompute if candidate.checkpointing else 0)
-    adapters = 0.0
-    if candidate.lora is not None:  # A and B per adapted module
-        modules = sum(t.count for t in trained) / 2
-        forwards = 2 if candidate.checkpointing else 1
-        adapters = modules * (forwards * OPS_LORA_FORWARD_PER_MODULE + OPS_LORA_BACKWARD_PER_MODULE)
-    rest = OPS_FORWARD_REST + (OPS_BACKWARD_REST if head_trained(candidate) else OPS_BACKWARD_REST_FROZEN_HEAD)
-    return shape.layers * per_layer + rest + adapters
 
 
 def _rl_terms(candidate: Candidate, shape: ModelShape, card: Card, params: float, weights: float, seq: int

@@ -10,7 +10,8 @@ import pytest
 from autofit.core import Candidate, LoraSettings
 from autofit.machine import RATE_NAMES
 from autofit.memory_model import ModelShape, measured_rates_card, predict_speed
-from autofit.memory_model import _throughput as model
+from autofit.memory_model import _dispatch as model
+from autofit.memory_model import _throughput
 from autofit.probe._rates import SMALL_ROWS, half_rate_rows
 from autofit.search import _machine_rates, _speed_tie
 
@@ -48,7 +49,7 @@ def test_the_half_rate_rows_invert_the_rate_curve(half):
 def test_the_heads_torch_passes_and_every_operator_are_counted_on_the_cpu_meter():
     base = predict_speed(BASE, SHAPE, CARD)
     logits = BASE.micro_batch * (BASE.max_length - 1) * SHAPE.vocab
-    assert base.terms["LM head tiles"] == pytest.approx(model.HEAD_TILE_PASSES_TORCH * logits * 0.35e-9)
+    assert base.terms["LM head tiles"] == pytest.approx(_throughput.HEAD_TILE_PASSES_TORCH * logits * 0.35e-9)
     slower = predict_speed(BASE, SHAPE, measured_rates_card(190e9, 50e9, 18e-6, 16.0, 0.70e-9))
     assert slower.terms["LM head tiles"] == pytest.approx(2 * base.terms["LM head tiles"])
     # operators are paid per micro-batch, a recompute's and LoRA's on top; torch's AdamW loops over the tensors

@@ -1,0 +1,111 @@
+"""The host's share of a step: the operators eager PyTorch dispatches per micro-batch, and how much of their
+dispatch the device waits for.
+
+CUDA launches are asynchronous: the host queues kernels ahead of the device, so dispatch only adds to a pass where
+the device runs out of queued work, and everything the host queued is drained at each synchronization. A TRL step
+synchronizes twice a micro-batch: after the forward (TRL's trainers log their metrics with ``.item()`` inside
+``compute_loss``: SFT's entropy and token accuracy) and after the backward (the Trainer's ``logging_nan_inf_filter``
+tests the loss with ``torch.isnan(...)`` in a Python ``or``) [V code: trl 1.16 trainer/sft_trainer.py
+``compute_loss``; transformers 5.17 trainer.py, the training loop]. So a segment between two synchronizations takes
+the longer of its device time and its dispatch: a small model (or short rows) is launch-bound, a large one
+device-bound. On the CPU meter the same thread dispatches and computes: every operator's cost adds.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, NamedTuple
+
+from autofit.core import Candidate, Card
+from autofit.memory_model._parameters import Tensors, head_trained
+from autofit.memory_model._shape import ModelShape
+from autofit.memory_model._speed_band import compiled
+from autofit.memory_model._traffic import PassBytes
+
+# Operators eager PyTorch dispatches, each costing the card's ``op_seconds`` of host time [M: counted with a
+# TorchDispatchMode by ``python -m benchmarks.operator_counts`` on tiny-qwen2 with transformers 5.17, TRL 1.16's fused
+# LM head (its torch fallback) and peft; a layer of another family differs by its norms and rotary, a few operators]:
+# per decoder layer and pass, checkpointing's recomputed forward (its hooks included), the rest of a pass
+# (embeddings, rotary tables, the final norm, the fused head and the loss; a frozen head's backward has fewer),
+# LoRA's adapter per module and pass (dropout, A, B, the scale, the add) and the optimizer's step with gradient
+# clipping per trainable tensor, or per step where it runs foreach (CUDA).
+OPS_FORWARD_PER_LAYER = 73
+OPS_BACKWARD_PER_LAYER = 147
+OPS_RECOMPUTE_PER_LAYER = 130
+OPS_FORWARD_REST = 120
+OPS_BACKWARD_REST = 64
+OPS_BACKWARD_REST_FROZEN_HEAD = 12
+OPS_LORA_FORWARD_PER_MODULE = 10  # and as many again in a recompute
+OPS_LORA_BACKWARD_PER_MODULE = 13
+OPS_OPTIMIZER_PER_TENSOR = 10
+OPS_OPTIMIZER_FOREACH = 30  # [A: a few foreach kernels per state and group]
+# bitsandbytes' optimizers synchronize after each tensor (``synchronized_optimizer``): each costs its update kernel's
+# dispatch and the synchronization's round trip in series with the kernel [A: two operators of host time], and a
+# paged one's two prefetches of its states (``prefetch_state``, cudaMemPrefetchAsync through ctypes) [V code:
+# bitsandbytes optim/optimizer.py; an operator each]
+OPS_PER_TENSOR_SYNCED = 2
+OPS_PAGED_PREFETCH = 2
+# Kernels a decoder layer launches compiled (``torch_compile``): inductor's generated kernels and its extern ones (the
+# matmuls, the attention) per layer, forward and backward [M: counted with ``_traffic.COMPILED``'s bytes, tiny-qwen2,
+# torch 2.13's inductor on the CPU, ``benchmarks.compile_counts``: 13 + 10 forward, 12 + 18 backward]; a recompute
+# launches a forward's
+KERNELS_COMPILED_FORWARD_PER_LAYER = 23
+KERNELS_COMPILED_BACKWARD_PER_LAYER = 30
+# A LoRA adapter compiled: its two matmuls forward, their four gradients' backward, the elementwise work fused into
+# the layer's kernels [M: the same counts with LoRA on one module: 0 generated + 2 extern kernels forward;
+# the backward's four matmuls A: its count is confounded with the frozen base's own weight gradients]
+KERNELS_COMPILED_LORA_FORWARD = 2
+KERNELS_COMPILED_LORA_BACKWARD = 4
+# The share of TRL's fused head's tile traffic in its forward: with Triton it reads the tile once in the forward and
+# reads and writes it in the backward (``_throughput.HEAD_TILE_PASSES_TRITON``)
+HEAD_TILES_FORWARD_SHARE = 1 / 3
+# The device terms of a micro-batch's passes, by the segment they run in; the rest of a step (the optimizer, the
+# reductions, generation) is not dispatched operator by operator here
+DEVICE_TERMS = ("forward", "backward", "recompute", "attention", "elementwise", "LoRA adapters", "LM head tiles",
+                "dequantize")
+
+
+class Segments(NamedTuple):
+    """One micro-batch's two stretches between synchronizations."""
+
+    forward: float
+    backward: float  # checkpointing's recompute included: it runs inside the backward
+
+
+def pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensors], card: Card) -> Segments:
+    """Operators one micro-batch dispatches in its forward and in its backward with checkpointing's recompute
+    (compiled on a GPU: inductor's kernels for each decoder layer)."""
+    forward, backward, recompute = OPS_FORWARD_PER_LAYER, OPS_BACKWARD_PER_LAYER, OPS_RECOMPUTE_PER_LAYER
+    lora_forward, lora_backward = OPS_LORA_FORWARD_PER_MODULE, OPS_LORA_BACKWARD_PER_MODULE
+    if compiled(candidate) and not card.cpu:
+        forward = recompute = KERNELS_COMPILED_FORWARD_PER_LAYER
+        backward = KERNELS_COMPILED_BACKWARD_PER_LAYER
+        lora_forward, lora_backward = KERNELS_COMPILED_LORA_FORWARD, KERNELS_COMPILED_LORA_BACKWARD
+    backward_per_layer = backward + (recompute if candidate.checkpointing else 0)
+    adapters_forward = adapters_backward = 0.0
+    if candidate.lora is not None:  # A and B per adapted module
+        modules = sum(t.count for t in trained) / 2
+        adapters_forward = modules * lora_forward
+        adapters_backward = modules * (lora_backward + (lora_forward if candidate.checkpointing else 0))
+    rest = OPS_BACKWARD_REST if head_trained(candidate) else OPS_BACKWARD_REST_FROZEN_HEAD
+    return Segments(shape.layers * forward + OPS_FORWARD_REST + adapters_forward,
+                    shape.layers * backward_per_layer + rest + adapters_backward)
+
+
+def device_segments(terms: Dict[str, float], traffic: PassBytes, micro: int, passes: int) -> Segments:
+    """One micro-batch's device seconds by segment, from the step's terms so far (``micro`` micro-batches of
+    ``passes`` passes, a recompute counted as one): attention and the adapters cost a forward's share per pass and two
+    in the backward, the elementwise work by its counted bytes, dequantization once a pass."""
+    share = {"forward": 1.0, "backward": 0.0, "recompute": 0.0, "attention": 1 / (passes + 1),
+             "LoRA adapters": 1 / (passes + 1), "LM head tiles": HEAD_TILES_FORWARD_SHARE,
+             "dequantize": 1 / passes, "elementwise": traffic.forward / sum(traffic) if sum(traffic) else 0.0}
+    forward = sum(terms.get(name, 0.0) * share[name] for name in DEVICE_TERMS) / micro
+    total = sum(terms.get(name, 0.0) for name in DEVICE_TERMS) / micro
+    return Segments(forward, total - forward)
+
+
+def exposed_dispatch(operators: Segments, card: Card, device: Segments) -> float:
+    """Seconds of one micro-batch's dispatch that the device waits for: per segment what the host's operators take
+    beyond the device's own time (all of it on the CPU meter, whose thread does both)."""
+    if card.cpu:
+        return sum(operators) * card.op_seconds
+    return sum(max(0.0, ops * card.op_seconds - busy) for ops, busy in zip(operators, device, strict=True))

@@ -1,0 +1,75 @@
+"""The host's dispatch against the device (issue 60, items 1 and 2): on a GPU kernels are queued ahead of the device,
+so the launches only add where the device would wait for them; on the CPU meter the same thread does both. And peft's
+adapters as inductor compiles them. Orderings from first principles on named cards; figures are benchmarks."""
+
+import pytest
+
+from autofit.core import CARDS, Candidate, LoraSettings
+from autofit.machine import resolve_model
+from autofit.memory_model import measured_rates_card
+from autofit.memory_model._dispatch import Segments, exposed_dispatch, pass_operators
+from autofit.memory_model._parameters import trainable_tensors
+from autofit.memory_model._shape import ModelShape
+from autofit.memory_model._throughput import predict_speed
+
+BIG = ModelShape.from_config(resolve_model("Qwen/Qwen2.5-7B").config)
+SMALL = ModelShape.from_model("tiny-qwen2")
+H100 = CARDS["H100"]
+
+
+def _candidate(model, micro_batch, length, **kw):
+    return Candidate(algo="sft", model=model, device="cuda", micro_batch=micro_batch, grad_accum=2, max_length=length,
+                     dtype="bfloat16", **kw)
+
+
+def _dispatched(candidate, shape, card):
+    operators = pass_operators(candidate, shape, trainable_tensors(shape, candidate), card)
+    return candidate.grad_accum * sum(operators) * card.op_seconds
+
+
+def test_a_large_step_hides_its_launches_behind_the_device():
+    candidate = _candidate("Qwen/Qwen2.5-7B", 8, 2048)
+    estimate = predict_speed(candidate, BIG, H100)
+    assert _dispatched(candidate, BIG, H100) > 0.02  # the host has work: it is queued ahead, not added
+    assert estimate.terms["launch"] == 0.0
+
+
+def test_a_small_step_waits_for_its_launches_and_no_more_than_them():
+    candidate = _candidate("tiny-qwen2", 1, 64)
+    estimate = predict_speed(candidate, SMALL, H100)
+    dispatched = _dispatched(candidate, SMALL, H100)
+    assert 0 < estimate.terms["launch"] < dispatched  # launch-bound, the device's own time overlapped
+    device = sum(v for k, v in estimate.terms.items() if k in ("forward", "backward", "attention", "elementwise",
+                                                                 "LM head tiles"))
+    assert estimate.terms["launch"] + device == pytest.approx(dispatched, rel=0.05)  # the host's time, not the sum
+
+
+def test_on_the_cpu_meter_every_operator_adds():
+    cpu = measured_rates_card(190e9, 50e9)
+    candidate = _candidate("tiny-qwen2", 4, 128).replace(device="cpu")
+    assert predict_speed(candidate, SMALL, cpu).terms["launch"] == pytest.approx(_dispatched(candidate, SMALL, cpu))
+
+
+def test_each_segment_between_synchronizations_overlaps_on_its_own():
+    # a busy forward does not hide a backward's launches: the loss's synchronization drains the queue between them
+    assert exposed_dispatch(Segments(1000, 1000), H100, Segments(1.0, 0.0)) == pytest.approx(1000 * H100.op_seconds)
+    assert exposed_dispatch(Segments(1000, 1000), H100, Segments(1.0, 1.0)) == 0.0
+
+
+def test_lora_on_a_small_model_waits_for_its_adapters_launches():
+    candidate = _candidate("tiny-qwen2", 1, 64)
+    lora = candidate.replace(lora=LoraSettings())
+    assert predict_speed(lora, SMALL, H100).terms["launch"] > predict_speed(candidate, SMALL, H100).terms["launch"]
+
+
+def test_compiled_adapters_move_fewer_bytes_than_eager_ones():
+    candidate = _candidate("Qwen/Qwen2.5-7B", 2, 4096, lora=LoraSettings(target_modules="all-linear"))
+    compiled = candidate.replace(user_args=(("torch_compile", True),))
+    eager_lora, compiled_lora = predict_speed(candidate, BIG, H100), predict_speed(compiled, BIG, H100)
+    eager_full = predict_speed(candidate.replace(lora=None), BIG, H100)
+    compiled_full = predict_speed(compiled.replace(lora=None), BIG, H100)
+    # what LoRA adds to the elementwise work is fused by inductor as the layer's own is
+    assert compiled_lora.terms["elementwise"] - compiled_full.terms["elementwise"] < 0.5 * (
+        eager_lora.terms["elementwise"] - eager_full.terms["elementwise"])
+    # compiled, a LoRA step skips the weight gradients and the optimizer and pays less than that for its adapters
+    assert compiled_lora.seconds_per_step < compiled_full.seconds_per_step
