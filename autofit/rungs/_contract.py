@@ -10,8 +10,9 @@ optional with a default in ``RungBase``:
   imports (what the child does before the trainer is built, around training, and what it reads back);
 - its ledger effect: ``ledger(terms, candidate, model)`` over the memory model's terms (``model``: the facts of the
   candidate's model a ledger may need, ``ModelFacts``), or ``band``, the error band of a rung the memory model does
-  not describe; its speed effect: ``speed(seconds, candidate, model)`` over the throughput model's seconds of a step
-  by part (``"forward"``, ``"optimizer"``, ...; a part of its own by a name of its own);
+  not describe (``modelled``: the built-ins, whose effect it reads from the candidate's fields); its speed effect:
+  ``speed(seconds, candidate, model)`` over the throughput model's seconds of a step by part (``"forward"``,
+  ``"optimizer"``, ...; a part of its own by a name of its own);
 - what it needs to run: ``unavailable(device)``, the reason it is left out on this machine, said once; and
   ``host_memory``, what it keeps in host memory in words ("offloaded states"), with ``host_bytes(candidate, model)``,
   how much: the search checks the machine's available RAM against it before any probe.
@@ -34,8 +35,8 @@ def knob(name: str) -> Knob:
 
 
 class ModelFacts(Protocol):
-    """What the memory model tells a rung's ``ledger`` and ``host_bytes`` about the candidate's model, handed in, so
-    that a rung (another package's too) needs no name of the memory model's."""
+    """What the memory model tells a rung's ``ledger`` and ``host_bytes`` about the candidate's model (on the device it
+    is asked for), handed in, so that a rung (another package's too) needs no name of the memory model's."""
 
     parameters: int  # every parameter of the model the algorithm trains
     parameter_shapes: Sequence[Tuple[Tuple[int, ...], int]]  # (shape, how many such tensors) of every parameter
@@ -45,6 +46,11 @@ class ModelFacts(Protocol):
     def optimizer_state_bytes(self, optim: Optional[str], param_bytes: int) -> float:
         """The memory model's bytes of ``optim``'s states for the trained tensors (its table; two fp32 states for
         an optimizer it does not know)."""
+
+    # What the memory model puts in host memory for the candidate, whichever rung keeps it there (bytes):
+    offloaded_optimizer_bytes: float  # the optimizer DeepSpeed ZeRO-2 would offload (fp32 states, pinned weights)
+    offloaded_shard_bytes: float  # the shards of an offloading sharding (ZeRO-3's or FSDP2's parameter offload)
+    offloaded_activation_bytes: float  # the saved activations TRL's activation offloading keeps there
 
 
 class RungBase:
@@ -63,6 +69,8 @@ class RungBase:
     probe_step: Optional[str] = None  # "module:attribute" of a ProbeStep, imported in the probe's child only
     # -- ledger -----------------------------------------------------------------------------------------------
     band: Optional[float] = None  # not modelled: the memory model's error band for a candidate with this rung
+    # the memory model describes its effect from the candidate's fields (the built-in rungs): no band, no note
+    modelled: bool = False
     # why its level's first candidate is priced as the level before it ("": it is not): the rung changes what the
     # search then varies (the batch, the length), or what it buys shows only where the run needs it
     priced_by_its_search: str = ""
@@ -94,8 +102,9 @@ class RungBase:
         from the candidate's fields)."""
         return seconds
 
-    def host_bytes(self, candidate: Candidate, model: ModelFacts) -> int:
-        """Host memory the rung's candidate keeps (with ``host_memory``'s words; built-ins are the memory model's)."""
+    def host_bytes(self, candidate: Candidate, model: ModelFacts) -> float:
+        """Host memory the rung's candidate keeps (with ``host_memory``'s words), 0 where the candidate does not carry
+        the rung; the memory model sums it over the candidate's rungs."""
         return 0
 
     def unavailable(self, device: str) -> Optional[str]:
