@@ -120,7 +120,8 @@ class ProbeStep:
     The probe considers the steps of the built-in rungs (a candidate can carry their fields without the rung's name: a
     user's own config, at the ladder's level 0), then those the ladder's other rungs name
     (``ProbeSettings.rung_steps``), and one step of no rung's (the environment of the user's own DeepSpeed run). Of
-    those whose ``active`` says so, it calls ``before_build`` in that order before the meter starts, enters ``around``
+    those whose ``active`` says so, it calls ``before_build`` in that order, asks ``keeps_host`` of each as it makes the
+    meter (host-aware where one keeps storages in host memory), enters ``around``
     in that order (the first outermost) under the meter, calls ``after_build`` and ``read_back`` in that order; on a
     failure it asks ``failure`` last step first and the first answer is kept (pluggy's firstresult, newest first)."""
 
@@ -133,6 +134,11 @@ class ProbeStep:
     def active(self, candidate: Candidate) -> bool:
         """Whether this probe runs the step: by default, when the candidate climbed a rung that names it."""
         return not self.rungs.isdisjoint(candidate.rungs)
+
+    def keeps_host(self, candidate: Candidate) -> bool:
+        """Whether the step keeps storages in host memory that the simulated device's meter must tell apart from the
+        device's (``set_host``, ``mark_host``: it then logs every allocation and checks the budget after the run)."""
+        return False
 
     def before_build(self, candidate: Candidate) -> None:
         """Before the meter starts and the trainer is built: the environment, an engine's files."""

@@ -1,6 +1,6 @@
 """The built-in rungs through the plugin contract's hooks: the offloading rungs say their host memory with
-``host_bytes`` (the memory model sums every rung's), and ``modelled`` (not a name check) keeps their band and notes
-away."""
+``host_bytes`` (the memory model sums every rung's), ``modelled`` (not a name check) keeps their band and notes
+away, and their probe steps say ``keeps_host`` for the simulated device's meter."""
 
 from __future__ import annotations
 
@@ -77,3 +77,14 @@ def test_built_in_rungs_say_they_are_modelled_and_get_no_band_nor_note():
 
     assert mm.rung_band(Unsaid()) is not None and len(mm.rung_notes([Unsaid()])) == 1
     assert mm.rung_band(Said()) is None and mm.rung_notes([Said()]) == []
+
+
+def test_the_probe_steps_that_keep_host_storages_say_so_for_the_meter():
+    from autofit.rungs import ProbeStep
+    from autofit.rungs.activation_offload._probe import ActivationOffloadStep
+    from autofit.rungs.engines._probe import EngineStep
+
+    assert EngineStep().keeps_host(candidate(offload=ZERO2_OFFLOAD))
+    assert not EngineStep().keeps_host(candidate(ranks=2, sharding="fsdp2"))
+    assert ActivationOffloadStep().keeps_host(candidate(activation_offload=True))
+    assert not ProbeStep().keeps_host(candidate(offload=ZERO2_OFFLOAD))
