@@ -94,7 +94,7 @@ from autofit.memory_model._parameters import (
     trainable_tensors,
 )
 from autofit.memory_model._rungs import Facts as ModelFactsOf
-from autofit.memory_model._rungs import custom_rungs, rung_band, rung_notes
+from autofit.memory_model._rungs import rung_band, rung_notes
 from autofit.memory_model._shape import ModelShape, analytic_census, dtype_bytes, shape_or_none
 from autofit.memory_model._speed_band import PRIOR_SPEED_UNCERTAINTY
 from autofit.memory_model._speed_calibration import SpeedCalibration, calibrate_speed
@@ -132,7 +132,7 @@ __all__ = [
     "ModelShape", "NoCausalLM", "PRIOR_UNCERTAINTY", "ParamCounts", "RungEstimate", "SINGLE_POINT_UNCERTAINTY",
     "TERMS", "TERM_GROUPS", "TERM_HELP", "Tensors", "VLLM_MODES", "candidate_share", "vllm_need", "vllm_term",
     "activation_bytes_per_token_layer",
-    "ModelFactsOf", "analytic_census", "base_candidate", "start_state", "calibrate", "census_for", "custom_rungs",
+    "ModelFactsOf", "analytic_census", "base_candidate", "start_state", "calibrate", "census_for",
     "divisors", "dtype_bytes", "ensure_census",
     "expected_rung", "fused_head_buffer_bytes", "host_bytes", "kv_cache_bytes", "length_grid", "lora_params",
     "optimizer_state_bytes", "param_counts", "phase_ledgers", "predict", "predict_calibrated", "prior_uncertainty",

@@ -19,22 +19,17 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 from autofit.core import PRECOMPUTE, Candidate
-from autofit.memory_model._activations import activation_bytes, offloaded_activation_bytes
+from autofit.memory_model._activations import activation_bytes
 from autofit.memory_model._allocator import context_bytes, reserved_factor
 from autofit.memory_model._checked import CHECKED_UNCERTAINTY, UNCHECKED_UNCERTAINTY, prior_uncertainty, unmodelled
 from autofit.memory_model._engine_settings import as_launched, nccl_bytes, shards_parameters, zero_engine
 from autofit.memory_model._logits import generation_bytes, logit_bytes
-from autofit.memory_model._offload import (
-    engine_setup_bytes,
-    gradient_transient_bytes,
-    offloaded_state_bytes,
-    optimizer_host_bytes,
-)
+from autofit.memory_model._offload import engine_setup_bytes, gradient_transient_bytes, offloaded_state_bytes
 from autofit.memory_model._parameters import compute_bytes, state_bytes, weight_bytes
 from autofit.memory_model._rollout import rollout_phases
-from autofit.memory_model._rungs import custom_host_bytes, custom_rungs, widest_band, with_rungs
+from autofit.memory_model._rungs import rung_host_bytes, unmodelled_rungs, widest_band, with_rungs
 from autofit.memory_model._shape import ModelShape
-from autofit.memory_model._sharding import sharded_state, sharding_host_bytes, zero_phase_buffers
+from autofit.memory_model._sharding import sharded_state, zero_phase_buffers
 from autofit.memory_model._vllm import vllm_asleep_bytes, vllm_refusal, vllm_term, vllm_weight_bytes
 
 # The error band of an uncalibrated prediction for a checked family: the activation coefficient alone spans
@@ -243,7 +238,7 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
     rho = reserved_factor(candidate, device)
     context = context_bytes(device) + nccl_bytes(candidate, device)
     phases = _phases(candidate, shape, device)
-    rungs = custom_rungs(candidate)  # not built in: each says its effect on the terms, or the band it needs
+    rungs = unmodelled_rungs(candidate)  # each says its effect on the terms, or the band it needs
     if rungs:
         phases = [_Phase(p.name, with_rungs(p.terms, candidate, rungs, shape)) for p in phases]
     totals = {p.name: rho * sum(p.terms.values()) + context for p in phases}
@@ -258,10 +253,8 @@ def phase_ledgers(candidate: Candidate, shape: Optional[ModelShape] = None, *, d
 
 def host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
     """Host memory the candidate's offloading takes at most (pinned on a GPU machine): the optimizer's offloaded
-    states and the offloaded activations."""
-    return optimizer_host_bytes(candidate, shape, device) + sharding_host_bytes(candidate, shape, device) + \
-        offloaded_activation_bytes(candidate, shape, compute_bytes(candidate, shape, device)) + \
-        custom_host_bytes(candidate, shape)
+    states, shards and activations, as the candidate's rungs say (``host_bytes``)."""
+    return rung_host_bytes(candidate, shape, device)
 
 
 def predict(candidate: Candidate, shape: Optional[ModelShape] = None, *, device: Optional[str] = None) -> Ledger:

@@ -70,9 +70,8 @@ def engine_setup_bytes(candidate: Candidate, shape: ModelShape, device: str) -> 
 
 
 def optimizer_host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
-    """Host memory the engine holds (pinned on a GPU machine): what the machine's free RAM must cover."""
-    if not candidate.offload:
-        return 0.0
+    """Host memory the engine holds (pinned on a GPU machine): what the machine's free RAM must cover (asked by the
+    optimizer-offload rung's ``host_bytes`` where the candidate offloads)."""
     counts = param_counts(shape, candidate.algo)
     per_param = HOST_FP32_BYTES_PER_PARAM + (HOST_ACCUMULATION_BYTES_PER_PARAM if candidate.grad_accum > 1 else 0)
     return (counts.total * per_param + counts.total * engine_bytes(candidate, shape, device)

@@ -1,14 +1,15 @@
-"""The ledger effect of the rungs autofit does not build in: a rung of another package (entry point) or of the caller
-(``fit(ladder=[...])``).
+"""The ledger effects rungs say themselves (``autofit.rungs.RungBase``): a rung of another package (entry point) or
+of the caller (``fit(ladder=[...])``), and the host memory of every rung, built-in or not.
 
-The built-in rungs are modelled through ``Candidate``'s fields (checkpointing, optim, lora, ...). A rung that is not
-built in says its effect itself (``autofit.rungs.RungBase``):
+The built-in rungs' ledger effects are modelled through ``Candidate``'s fields (checkpointing, optim, lora, ...):
+they say ``modelled``. A rung says its effect through the contract's hooks:
 
 - ``ledger(terms, candidate, model)``: the phase's terms (weights, gradients, optimizer, activations, logits,
   generation, reference; bytes) with the rung's effect, applied to every phase before the allocator's share and the
   context; ``model``: the facts of the candidate's model (``ModelFacts``, built here), so that the rung needs no name
   of the memory model's (a ledger of two arguments, the contract's first form, is called without it);
-- ``host_bytes(candidate, model)``: what it keeps in host memory, counted with the built-ins' offloaded bytes;
+- ``host_bytes(candidate, model)``: what it keeps in host memory; the built-in offloading rungs answer with the
+  memory model's figures the facts carry (``offloaded_optimizer_bytes``, ...);
 - ``band``: the relative error band of a prediction for a candidate with the rung (0.5 = ±50 %), where the memory
   model does not describe it (with a ``ledger`` too: a partial description);
 - neither (a plain object with ``name``, ``cost``, ``help`` and ``apply``): not modelled, the unchecked band.
@@ -24,10 +25,19 @@ from functools import cached_property
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from autofit.core import Candidate, one_line
+from autofit.memory_model._activations import offloaded_activation_bytes
 from autofit.memory_model._checked import UNCHECKED_UNCERTAINTY
-from autofit.memory_model._parameters import census_for, optimizer_state_bytes, trainable_tensors, weight_bytes
+from autofit.memory_model._offload import optimizer_host_bytes
+from autofit.memory_model._parameters import (
+    census_for,
+    compute_bytes,
+    optimizer_state_bytes,
+    trainable_tensors,
+    weight_bytes,
+)
 from autofit.memory_model._shape import ModelShape
-from autofit.rungs import RungBase, is_builtin, rung_named
+from autofit.memory_model._sharding import sharding_host_bytes
+from autofit.rungs import RungBase, carried_rungs
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +48,11 @@ _BROKEN_SPEED: Set[str] = set()  # rungs whose speed raised: said once
 
 
 class Facts:
-    """``autofit.rungs.ModelFacts`` for one candidate: what a rung's ledger may read of its model, each figure
-    computed when asked."""
+    """``autofit.rungs.ModelFacts`` for one candidate on one device (the candidate's by default): what a rung's
+    hooks may read of its model, each figure computed when asked."""
 
-    def __init__(self, shape: ModelShape, candidate: Candidate):
-        self.shape, self.candidate = shape, candidate
+    def __init__(self, shape: ModelShape, candidate: Candidate, device: Optional[str] = None):
+        self.shape, self.candidate, self.device = shape, candidate, device or candidate.device
 
     @cached_property
     def parameters(self) -> int:
@@ -63,6 +73,19 @@ class Facts:
     def optimizer_state_bytes(self, optim: Optional[str], param_bytes: int) -> float:
         return optimizer_state_bytes(trainable_tensors(self.shape, self.candidate), optim, param_bytes)
 
+    @cached_property
+    def offloaded_optimizer_bytes(self) -> float:
+        return optimizer_host_bytes(self.candidate, self.shape, self.device)
+
+    @cached_property
+    def offloaded_shard_bytes(self) -> float:
+        return sharding_host_bytes(self.candidate, self.shape, self.device)
+
+    @cached_property
+    def offloaded_activation_bytes(self) -> float:
+        act_bytes = compute_bytes(self.candidate, self.shape, self.device)
+        return offloaded_activation_bytes(self.candidate, self.shape, act_bytes)
+
 
 def _takes_the_facts(method: Any) -> bool:
     try:
@@ -71,31 +94,26 @@ def _takes_the_facts(method: Any) -> bool:
         return True
 
 
-def custom_host_bytes(candidate: Candidate, shape: ModelShape) -> float:
-    """What the candidate's rungs that are not built in keep in host memory, as each says (``host_bytes``)."""
-    total = 0.0
-    for rung in custom_rungs(candidate):
+def rung_host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
+    """What the candidate's rungs keep in host memory on ``device``, as each says (``host_bytes``): the built-in
+    offloading rungs and the others alike."""
+    total, facts = 0.0, Facts(shape, candidate, device)
+    for rung in carried_rungs(candidate):
         method = getattr(rung, "host_bytes", None)
         if method is None or getattr(type(rung), "host_bytes", None) is RungBase.host_bytes:
             continue
         try:
-            total += max(0.0, float(method(candidate, Facts(shape, candidate))))
+            total += max(0.0, float(method(candidate, facts)))
         except Exception as exc:  # noqa: BLE001 - another package's code: one line, and nothing counted
             log.warning("the host_bytes of the rung %s failed (%s: %s): its host memory is not counted", rung.name,
                         type(exc).__name__, one_line(exc))
     return total
 
 
-def custom_rungs(candidate: Candidate) -> List[Any]:
-    """The candidate's rungs that are not built in, as objects (a name no rung has any more is left out: a stored
-    candidate's)."""
-    found = []
-    for name in candidate.rungs:
-        if not is_builtin(name):
-            rung = rung_named(name)
-            if rung is not None:
-                found.append(rung)
-    return found
+def unmodelled_rungs(candidate: Candidate) -> List[Any]:
+    """The candidate's rungs whose ledger effects the memory model does not read from its fields (not ``modelled``):
+    each says its effect, or the band it needs."""
+    return [rung for rung in carried_rungs(candidate) if not getattr(rung, "modelled", False)]
 
 
 def _own_ledger(rung: Any) -> bool:
@@ -104,8 +122,10 @@ def _own_ledger(rung: Any) -> bool:
 
 
 def rung_band(rung: Any) -> Optional[float]:
-    """The error band a rung that is not built in needs: its ``band``; None when its ``ledger`` describes it; the
-    unchecked band when it says nothing of its memory."""
+    """The error band a rung needs: none for a ``modelled`` one (a built-in); its ``band``; None when its ``ledger``
+    describes it; the unchecked band when it says nothing of its memory."""
+    if getattr(rung, "modelled", False):
+        return None
     band = getattr(rung, "band", None)
     if band is not None:
         return float(band)
@@ -132,9 +152,9 @@ def with_rungs(terms: Dict[str, float], candidate: Candidate, rungs: Iterable[An
 
 
 def with_rung_speeds(seconds: Dict[str, float], candidate: Candidate, shape: ModelShape) -> Dict[str, float]:
-    """A step's seconds by part with the effect of each of the candidate's rungs that are not built in and have a
+    """A step's seconds by part with the effect of each of the candidate's rungs that are not ``modelled`` and have a
     ``speed`` of their own, in the ladder's order; one that fails is said once and leaves the seconds as they were."""
-    for rung in custom_rungs(candidate):
+    for rung in unmodelled_rungs(candidate):
         own = getattr(type(rung), "speed", None)
         if not callable(own) or own is RungBase.speed:
             continue
@@ -161,10 +181,10 @@ def widest_band(rungs: Iterable[Any]) -> Tuple[float, List[str]]:
 
 
 def rung_notes(rungs: Iterable[Any]) -> List[str]:
-    """One note per rung of a ladder that the memory model does not describe (built-in rungs: none)."""
+    """One note per rung of a ladder that the memory model does not describe (``modelled`` rungs: none)."""
     notes = []
     for rung in rungs:
-        band = None if is_builtin(rung.name) else rung_band(rung)
+        band = rung_band(rung)
         if band is not None:
             what = "describes its memory in part" if _own_ledger(rung) else "is not modelled (no ledger of its own)"
             notes.append(f"memory model: the rung {rung.name} {what}: predictions with it carry a ±{band:.0%} band "

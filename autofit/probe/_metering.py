@@ -28,7 +28,9 @@ def vllm_reserved(candidate: Candidate) -> int:
     return candidate.vllm_share_bytes if candidate.device == "cpu" or not vllm_installed() else 0
 
 
-def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
+def make_meter(candidate: Candidate, budget_bytes: Optional[int], host_aware: bool = False):
+    """The meter of a probe; ``host_aware``: a probe step of the candidate keeps storages in host memory
+    (``ProbeStep.keeps_host``), which the simulated device's meter tells apart."""
     if exempt_phases(candidate):  # vLLM estimated: the budget is checked after the run, without its phases
         budget_bytes = None
     elif budget_bytes is not None and vllm_reserved(candidate):  # the trainer's tensors beside vLLM's share
@@ -36,8 +38,7 @@ def make_meter(candidate: Candidate, budget_bytes: Optional[int]):
     if candidate.device == "cpu":
         from autofit.probe._meters import SimulatedMeter
 
-        return SimulatedMeter(budget_bytes, others=lambda: others_bytes("cpu"),
-                              host_aware=bool(candidate.offload or candidate.activation_offload))
+        return SimulatedMeter(budget_bytes, others=lambda: others_bytes("cpu"), host_aware=host_aware)
     from autofit.probe._meters import CudaMeter
 
     return CudaMeter(budget_bytes, device=int(os.environ.get("LOCAL_RANK", "0")),  # one GPU per rank

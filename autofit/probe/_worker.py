@@ -65,7 +65,8 @@ def run_probe(factory: Callable, candidate: Candidate, budget_bytes: Optional[in
             stage = "load"  # a step's failures belong to its rung (``failure``), not to the machine
         for step in active:
             steps.call(step, "before_build", candidate)
-        meter = make_meter(candidate, budget_bytes)
+        meter = make_meter(candidate, budget_bytes,
+                           host_aware=any(steps.call(step, "keeps_host", candidate) for step in active))
         phases.follow(meter)
         with contextlib.ExitStack() as around:
             if candidate.device == "cpu":

@@ -16,6 +16,7 @@ from autofit.rungs._default import (
     DEFAULT_LADDER,
     RUNGS,
     accepted_names,
+    carried_rungs,
     is_builtin,
     register,
     replacement_trade,
@@ -78,8 +79,8 @@ __all__ = [
     "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments",
     "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload",
     "PrecomputeReference", "PluginError", "package_of", "ProbeStep", "QuantizedBase", "Rung", "RungBase", "Sharding",
-    "ShorterSequences", "VllmContext", "VllmShare", "accepted_names", "climb", "deepspeed_config", "free_port",
-    "is_builtin", "launch_env", "launch_line", "probe_steps", "process_env", "rank_env", "register",
+    "ShorterSequences", "VllmContext", "VllmShare", "accepted_names", "carried_rungs", "climb", "deepspeed_config",
+    "free_port", "is_builtin", "launch_env", "launch_line", "probe_steps", "process_env", "rank_env", "register",
     "remove_stale_engine_files", "replacement_trade", "resolve_ladder", "rung_named", "usable_rungs",
     "write_engine_files",
 ]

@@ -8,6 +8,7 @@ from autofit.rungs._ladder import FREE, LadderState
 class ExpandableSegments(RungBase):
     name = "expandable-segments"
     cost = FREE
+    modelled = True
     help = f"{ALLOC_ENV}=expandable_segments:True (CUDA only)"
     trade_text = "PyTorch's expandable segments: less fragmentation, nothing traded"
     key_comments = {f"env.{ALLOC_ENV}": "expandable-segments"}

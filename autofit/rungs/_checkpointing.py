@@ -7,6 +7,7 @@ from autofit.rungs._ladder import SPEED, LadderState
 class GradientCheckpointing(RungBase):
     name = "checkpointing"
     cost = SPEED
+    modelled = True
     help = "activation_checkpointing=True (gradient_checkpointing before transformers 5.23)"
     trade_text = ("activation checkpointing: the same math, the forward recomputed in the backward (about a third "
                   "more compute)")

@@ -10,8 +10,9 @@ optional with a default in ``RungBase``:
   imports (what the child does before the trainer is built, around training, and what it reads back);
 - its ledger effect: ``ledger(terms, candidate, model)`` over the memory model's terms (``model``: the facts of the
   candidate's model a ledger may need, ``ModelFacts``), or ``band``, the error band of a rung the memory model does
-  not describe; its speed effect: ``speed(seconds, candidate, model)`` over the throughput model's seconds of a step
-  by part (``"forward"``, ``"optimizer"``, ...; a part of its own by a name of its own);
+  not describe (``modelled``: the built-ins, whose effect it reads from the candidate's fields); its speed effect:
+  ``speed(seconds, candidate, model)`` over the throughput model's seconds of a step by part (``"forward"``,
+  ``"optimizer"``, ...; a part of its own by a name of its own);
 - what it needs to run: ``unavailable(device)``, the reason it is left out on this machine, said once; and
   ``host_memory``, what it keeps in host memory in words ("offloaded states"), with ``host_bytes(candidate, model)``,
   how much: the search checks the machine's available RAM against it before any probe.
@@ -34,8 +35,8 @@ def knob(name: str) -> Knob:
 
 
 class ModelFacts(Protocol):
-    """What the memory model tells a rung's ``ledger`` and ``host_bytes`` about the candidate's model, handed in, so
-    that a rung (another package's too) needs no name of the memory model's."""
+    """What the memory model tells a rung's ``ledger`` and ``host_bytes`` about the candidate's model (on the device it
+    is asked for), handed in, so that a rung (another package's too) needs no name of the memory model's."""
 
     parameters: int  # every parameter of the model the algorithm trains
     parameter_shapes: Sequence[Tuple[Tuple[int, ...], int]]  # (shape, how many such tensors) of every parameter
@@ -45,6 +46,11 @@ class ModelFacts(Protocol):
     def optimizer_state_bytes(self, optim: Optional[str], param_bytes: int) -> float:
         """The memory model's bytes of ``optim``'s states for the trained tensors (its table; two fp32 states for
         an optimizer it does not know)."""
+
+    # What the memory model puts in host memory for the candidate, whichever rung keeps it there (bytes):
+    offloaded_optimizer_bytes: float  # the optimizer DeepSpeed ZeRO-2 would offload (fp32 states, pinned weights)
+    offloaded_shard_bytes: float  # the shards of an offloading sharding (ZeRO-3's or FSDP2's parameter offload)
+    offloaded_activation_bytes: float  # the saved activations TRL's activation offloading keeps there
 
 
 class RungBase:
@@ -63,6 +69,8 @@ class RungBase:
     probe_step: Optional[str] = None  # "module:attribute" of a ProbeStep, imported in the probe's child only
     # -- ledger -----------------------------------------------------------------------------------------------
     band: Optional[float] = None  # not modelled: the memory model's error band for a candidate with this rung
+    # the memory model describes its effect from the candidate's fields (the built-in rungs): no band, no note
+    modelled: bool = False
     # why its level's first candidate is priced as the level before it ("": it is not): the rung changes what the
     # search then varies (the batch, the length), or what it buys shows only where the run needs it
     priced_by_its_search: str = ""
@@ -94,8 +102,9 @@ class RungBase:
         from the candidate's fields)."""
         return seconds
 
-    def host_bytes(self, candidate: Candidate, model: ModelFacts) -> int:
-        """Host memory the rung's candidate keeps (with ``host_memory``'s words; built-ins are the memory model's)."""
+    def host_bytes(self, candidate: Candidate, model: ModelFacts) -> float:
+        """Host memory the rung's candidate keeps (with ``host_memory``'s words), 0 where the candidate does not carry
+        the rung; the memory model sums it over the candidate's rungs."""
         return 0
 
     def unavailable(self, device: str) -> Optional[str]:
@@ -111,7 +120,8 @@ class ProbeStep:
     The probe considers the steps of the built-in rungs (a candidate can carry their fields without the rung's name: a
     user's own config, at the ladder's level 0), then those the ladder's other rungs name
     (``ProbeSettings.rung_steps``), and one step of no rung's (the environment of the user's own DeepSpeed run). Of
-    those whose ``active`` says so, it calls ``before_build`` in that order before the meter starts, enters ``around``
+    those whose ``active`` says so, it calls ``before_build`` in that order, asks ``keeps_host`` of each as it makes the
+    meter (host-aware where one keeps storages in host memory), enters ``around``
     in that order (the first outermost) under the meter, calls ``after_build`` and ``read_back`` in that order; on a
     failure it asks ``failure`` last step first and the first answer is kept (pluggy's firstresult, newest first)."""
 
@@ -124,6 +134,11 @@ class ProbeStep:
     def active(self, candidate: Candidate) -> bool:
         """Whether this probe runs the step: by default, when the candidate climbed a rung that names it."""
         return not self.rungs.isdisjoint(candidate.rungs)
+
+    def keeps_host(self, candidate: Candidate) -> bool:
+        """Whether the step keeps storages in host memory that the simulated device's meter must tell apart from the
+        device's (``set_host``, ``mark_host``: it then logs every allocation and checks the budget after the run)."""
+        return False
 
     def before_build(self, candidate: Candidate) -> None:
         """Before the meter starts and the trainer is built: the environment, an engine's files."""

@@ -100,6 +100,14 @@ def is_builtin(name: str) -> bool:
     return name in RUNGS
 
 
+def carried_rungs(candidate: Candidate) -> List[Rung]:
+    """The rungs whose effects the candidate may carry: every built-in rung (each reads its own fields, which a
+    user's config sets without the rung's name), then the others it names, in its order (a name no rung has any more
+    is left out: a stored candidate's)."""
+    others = [rung_named(name) for name in candidate.rungs if not is_builtin(name)]
+    return list(RUNGS.values()) + [rung for rung in others if rung is not None]
+
+
 def rung_named(name: str) -> Optional[Rung]:
     """The rung of that name: registered, built in or found through an entry point; None for a name autofit does not
     know (a rung of an earlier version, stored in a study, or of a package that cannot be used: logged once)."""

@@ -10,6 +10,7 @@ from autofit.rungs._ladder import QUALITY, LadderState
 class Lora(RungBase):
     name = "lora"
     cost = QUALITY
+    modelled = True
     help = "peft LoRA r=16, alpha=32, all linear layers"
     knobs = ("lora",)
 

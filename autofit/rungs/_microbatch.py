@@ -7,6 +7,7 @@ from autofit.rungs._ladder import SPEED, LadderState
 class MicroBatch(RungBase):
     name = "micro-batch"
     cost = SPEED
+    modelled = True
     help = "per_device_train_batch_size x gradient_accumulation_steps = effective batch, micro-batch searched"
     trade_text = ("smaller micro-batches with more accumulation: the same effective batch, more steps of less "
                   "work")

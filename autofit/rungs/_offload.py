@@ -10,7 +10,7 @@ the level without offload is what the quality rungs shrink.
 from typing import Any, Mapping, Optional
 
 from autofit.core import ENGINES, Candidate
-from autofit.rungs._contract import RungBase
+from autofit.rungs._contract import ModelFacts, RungBase
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState, replacement_words
 from autofit.rungs.engines import ZERO2_OFFLOAD, deepspeed_missing
 
@@ -20,6 +20,7 @@ OFFLOADING_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.of
 class OptimizerOffload(RungBase):
     name = OFFLOAD_RUNG
     cost = SPEED
+    modelled = True
     probe_step = "autofit.rungs.engines._probe:EngineStep"
     help = "DeepSpeed ZeRO-2, optimizer states and fp32 master weights in host memory (accelerate config written)"
     trade_text = ("optimizer offload (DeepSpeed ZeRO-2): fp32 master weights, gradients and AdamW states in host "
@@ -56,6 +57,9 @@ class OptimizerOffload(RungBase):
         # with several GPUs ZeRO-2 offload is the engine across them (``Candidate.engine``); the sharding of the
         # level before stays recorded for the quality rungs, which take offload off again
         return state.with_rung(self, candidate_changes={"offload": self.engine})
+
+    def host_bytes(self, candidate: Candidate, model: ModelFacts) -> float:
+        return model.offloaded_optimizer_bytes if candidate.offload else 0.0
 
     def trade(self, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
         if candidate.replaces:

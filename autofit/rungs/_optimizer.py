@@ -9,6 +9,7 @@ EIGHT_BIT_ADAMW = "adamw_bnb_8bit"
 class EightBitOptimizer(RungBase):
     name = "optimizer-8bit"
     cost = QUALITY
+    modelled = True
     help = f"optim={EIGHT_BIT_ADAMW}"
     trade_text = "8-bit AdamW (bitsandbytes): both moments stored block-wise in 8 bits"
     knobs = ("optim",)

@@ -18,6 +18,7 @@ def user_decided_dtype(candidate) -> bool:
 class Bf16Weights(RungBase):
     name = "bf16-weights"
     cost = QUALITY
+    modelled = True
     help = f"model_init_kwargs dtype={BF16} (TRL loads float32 otherwise): pure bf16 weights, gradients, AdamW states"
     trade_text = ("pure bf16 training: weights, gradients and optimizer states in bfloat16, no float32 master "
                   "weights (small updates can round away)")

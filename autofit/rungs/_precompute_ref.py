@@ -11,6 +11,7 @@ from autofit.rungs._ladder import FREE, LadderState
 class PrecomputeReference(RungBase):
     name = "precompute-ref"
     cost = FREE
+    modelled = True
     help = ("precompute_ref_log_probs=True (DPO, KTO): the reference's log-probs computed once before training, no "
             "reference model held")
     knobs = ("precompute_ref",)

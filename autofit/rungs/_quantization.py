@@ -15,6 +15,7 @@ TRADES = {
 
 class QuantizedBase(RungBase):
     cost = QUALITY
+    modelled = True
 
     def __init__(self, bits: int):
         if bits not in (4, 8):

@@ -10,6 +10,7 @@ from autofit.rungs._ladder import QUALITY, LadderState
 class ShorterSequences(RungBase):
     name = "shorter-length"
     cost = QUALITY
+    modelled = True
     help = "max_length lowered down to --min-length (longer examples are truncated)"
     knobs = ("length",)
     knob_comment = "shorter-length"

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any, Mapping, Optional
 
 from autofit.core import ENGINES, Candidate, engine_for
-from autofit.rungs._contract import RungBase
+from autofit.rungs._contract import ModelFacts, RungBase
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState, replacement_words
 from autofit.rungs.engines import ZERO2_OFFLOAD, ZERO_STAGES, deepspeed_missing
 
@@ -39,6 +39,7 @@ CPU_REASON = ("accelerate runs DeepSpeed and FSDP's offload across several proce
 
 class Sharding(RungBase):
     cost = SPEED
+    modelled = True
     probe_step = "autofit.rungs.engines._probe:EngineStep"
 
     runs_an_engine = True  # its own DeepSpeed or FSDP configuration: it replaces one of the user's (a quality level)
@@ -71,6 +72,9 @@ class Sharding(RungBase):
         if state.own_engine is not None:  # the user's launch runs its own engine: this one replaces it
             return state.replacing_engine(self, sharding=self.name)
         return state.with_rung(self, candidate_changes={"sharding": self.name})
+
+    def host_bytes(self, candidate: Candidate, model: ModelFacts) -> float:
+        return model.offloaded_shard_bytes if self.host_memory and candidate.sharding == self.name else 0.0
 
     def trade(self, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
         if candidate.replaces:

@@ -280,6 +280,9 @@ class ActivationOffloadStep(ProbeStep):
     def active(self, candidate: Candidate) -> bool:
         return candidate.activation_offload
 
+    def keeps_host(self, candidate: Candidate) -> bool:
+        return True  # its host copies
+
     def around(self, candidate: Candidate, meter: Any) -> ContextManager[Any]:
         return instrumented(meter, candidate.device == "cpu")
 

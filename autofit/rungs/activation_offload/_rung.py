@@ -7,13 +7,15 @@ level with both fits, the level without checkpointing is probed too and kept whe
 (``alternative_to``, ``autofit.search._pruning``), where the host has room for every layer's activations.
 """
 
-from autofit.rungs._contract import RungBase
+from autofit.core import Candidate
+from autofit.rungs._contract import ModelFacts, RungBase
 from autofit.rungs._ladder import SPEED, LadderState
 
 
 class ActivationOffload(RungBase):
     name = "activation-offload"
     cost = SPEED
+    modelled = True
     probe_step = "autofit.rungs.activation_offload._probe:ActivationOffloadStep"
     help = "activation_offloading=True: saved activations wait in host memory for the backward pass (SFT, reward)"
     alternative_to = ("checkpointing",)
@@ -35,3 +37,6 @@ class ActivationOffload(RungBase):
         if candidate.activation_offload or not candidate.unit.activation_offloading:  # a config field of theirs
             return None
         return state.with_rung(self, candidate_changes={"activation_offload": True})
+
+    def host_bytes(self, candidate: Candidate, model: ModelFacts) -> float:
+        return model.offloaded_activation_bytes if candidate.activation_offload else 0.0

@@ -34,6 +34,9 @@ class EngineStep(ProbeStep):
     def active(self, candidate: Candidate) -> bool:
         return bool(candidate.engine)
 
+    def keeps_host(self, candidate: Candidate) -> bool:
+        return bool(candidate.offload)  # the offloaded optimizer's states (the shardings' offload runs on GPUs only)
+
     def before_build(self, candidate: Candidate) -> None:
         enter_engine(candidate)
 

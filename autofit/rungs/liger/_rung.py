@@ -31,6 +31,7 @@ def liger_missing() -> Optional[str]:
 class LigerKernels(RungBase):
     name = LIGER_RUNG
     cost = FREE
+    modelled = True
     probe_step = "autofit.rungs.liger._probe:LigerStep"
     help = "use_liger_kernel=True: Liger's fused RMSNorm, SwiGLU and RoPE kernels, fewer saved activations (CUDA)"
     trade_text = ("Liger's fused RMSNorm, SwiGLU and RoPE kernels: the same math in other kernels (results equal to "

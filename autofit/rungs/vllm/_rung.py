@@ -38,6 +38,7 @@ VLLM_SLEEP_KEY = keys_of("vllm_sleep")[0]  # vllm_enable_sleep_mode
 class VllmContext(RungBase):
     name = "vllm-context"
     cost = FREE
+    modelled = True
     help = "vllm_max_model_length = the run's prompt + completion, not the model's whole context"
     key_comments = {VLLM_CONTEXT_KEY: name}
     priced_by_its_search = ("what it buys is vLLM's start where the model's whole window does not fit the share "
@@ -60,6 +61,7 @@ class VllmContext(RungBase):
 class VllmShare(RungBase):
     name = "vllm-share"
     cost = FREE
+    modelled = True
     help = ("vllm_gpu_memory_utilization = what vLLM needs to start and hold TRL's batch (weights, profiling peak, "
             f"non-torch memory, CUDA graphs, KV cache), {SPARE:.0%} to spare: the trainer has the rest")
     key_comments = {VLLM_SHARE_KEY: name}
@@ -86,6 +88,7 @@ class VllmShare(RungBase):
 class VllmSleep(RungBase):
     name = "vllm-sleep"
     cost = SPEED
+    modelled = True
     help = ("vllm_enable_sleep_mode: vLLM's weights and KV cache released after each generation (TRL's sleep level 2), "
             "the trainer has the card while it trains")
     trade_text = ("vLLM sleeps between generations (TRL's vllm_enable_sleep_mode, level 2): its weights and KV cache "

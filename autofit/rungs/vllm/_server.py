@@ -45,6 +45,7 @@ def placements(candidate: Candidate, rank_batch: int) -> Iterator[Tuple[int, int
 class VllmServer(RungBase):
     name = "vllm-server"
     cost = SPEED
+    modelled = True
     help = ("vllm_mode: server, trl vllm-serve on the fewest of the node's GPUs that hold it (its tensor parallel "
             "size), the trainer on the rest with the same effective batch")
     knobs = ("vllm", "batch")
