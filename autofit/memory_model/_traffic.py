@@ -70,11 +70,11 @@ COMPILED = (LayerTraffic(35.0, 6.0), LayerTraffic(50.2, 10.0))
 # peft's LoRA adapters as ``torch.compile`` runs them, bf16 base and peft's float32 adapters: the input's cast, the
 # dropout, the scale, the output's cast and the add fused with their neighbours, per token and adapted module, per
 # input and per output feature, forward and backward (the frozen base's saved bias gradient, negative per output, taken
-# as 0 as for eager) [M: inductor's byte count as for ``COMPILED``, tiny-qwen2 at 2 and 4 layers with LoRA r16 on
-# q_proj or down_proj, against none, torch 2.13's inductor on the CPU and peft, 2026-12-03]; dropout adds its fused
-# mask per input feature. Used for every way of holding the weights (counted on bf16 only).
-COMPILED_LORA = (AdapterTraffic(1.7, 10.3), AdapterTraffic(6.3, 0.0))
-COMPILED_LORA_DROPOUT = (0.4, 1.0)
+# as 0 as for eager), without dropout and with it [M: inductor's byte count as for ``COMPILED``, tiny-qwen2 at 2 and 4
+# layers with LoRA r16 on q_proj or down_proj against none, torch 2.13's inductor on the CPU and peft,
+# ``python -m benchmarks.compile_counts``, 2026-12-03]. Used for every way of holding the weights (counted on bf16).
+COMPILED_LORA = {False: (AdapterTraffic(1.7, 10.3), AdapterTraffic(6.3, 0.0)),
+                 True: (AdapterTraffic(2.1, 11.9), AdapterTraffic(7.3, 0.0))}
 # LoRA's dropout on a GPU: torch runs it as one fused kernel (``native_dropout``: the input read, the output written
 # and a one-byte mask) where the CPU composes it of a float noise tensor, its scaling and a product, which the counts
 # above measured [V code: torch aten/src/ATen/native/Dropout.cpp, ``is_fused_kernel_acceptable`` (CUDA, XPU) against
@@ -132,9 +132,7 @@ def elementwise_bytes(candidate: Candidate, shape: ModelShape, tokens: float, cp
 
         dropout = candidate.lora.dropout > 0
         if compiled(candidate) and not cpu:
-            fused = COMPILED_LORA_DROPOUT if dropout else (0.0, 0.0)
-            adapters_forward = adapters(COMPILED_LORA[0]) + tokens * inputs * fused[0]
-            adapters_backward = adapters(COMPILED_LORA[1]) + tokens * inputs * fused[1]
+            adapters_forward, adapters_backward = (adapters(traffic) for traffic in COMPILED_LORA[dropout])
         elif dropout and not cpu:  # the fused kernel on the no-dropout counts
             adapters_forward = adapters(mode.lora_forward_no_dropout) + tokens * inputs * FUSED_DROPOUT_FORWARD_BYTES
             adapters_backward = adapters(mode.lora_backward_no_dropout) + tokens * inputs * FUSED_DROPOUT_BACKWARD_BYTES
