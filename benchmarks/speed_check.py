@@ -8,7 +8,7 @@ The rule: a row of ``benchmarks/public/check/rows.csv`` never moves into the cal
 chosen by looking at it; every change to the speed model reports its error on both sets, the check set's first.
 
 The rows: QwenLM/Qwen's README (commit 03cd81f), "Profiling of Memory and Speed": Qwen-1 1.8B and 7B on A100-SXM4-80G,
-batch 1 with 8 accumulated, every row padded to its length, LoRA, Q-LoRA and the full fine-tune (DeepSpeed ZeRO-2),
+batch 1 with 8 accumulated, every row padded to its length, LoRA, Q-LoRA and the full fine-tune (DeepSpeed ZeRO-3),
 in seconds per optimizer step; tokens/s per GPU = 8 x length / (s/iter). Each pair is two rows that differ by one
 method at the same model, card, batch and length; what must hold is the direction of its ratio.
 """

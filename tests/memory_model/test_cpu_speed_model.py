@@ -9,9 +9,8 @@ import pytest
 
 from autofit.core import Candidate, LoraSettings
 from autofit.machine import RATE_NAMES
-from autofit.memory_model import ModelShape, measured_rates_card, predict_speed
+from autofit.memory_model import ModelShape, _throughput, measured_rates_card, predict_speed
 from autofit.memory_model import _dispatch as model
-from autofit.memory_model import _throughput
 from autofit.probe._rates import SMALL_ROWS, half_rate_rows
 from autofit.search import _machine_rates, _speed_tie
 
