@@ -1,6 +1,7 @@
 """The throughput model calibrated on a search's own timed steps, as the ledger is on measured peaks
 (``_calibration``): predicted seconds per optimizer step = compute_scale·compute + fixed_scale·fixed, where *fixed*
-is the cost paid per micro-batch whatever its size (the kernel launches of every pass) and *compute* everything else
+is the cost paid per micro-batch whatever its size (the kernel launches of every pass: on a GPU the part the device
+waits for, ``_dispatch``; timings of which one has none of it get one scale) and *compute* everything else
 (the passes' FLOPs and bytes, the optimizer, offload, generation). Timings at two or more micro-batch sizes separate
 the two; otherwise one scale is fitted on the whole step. Kept in best.json under "speed_model" beside
 "memory_model", with the card whose rates the model ran on, so ``autofit estimate --from DIR`` predicts with the
