@@ -29,12 +29,7 @@ from autofit.core._knob_table import (
     user_dtype,
     user_trusts_code,
 )
-from autofit.core._knobs import (
-    as_trained,
-    blocks,
-    keys_of,
-    observe_trainer,
-)
+from autofit.core._knobs import as_trained, blocks, keys_of
 from autofit.core._launch import Launch, LaunchEngine, TrlFile
 from autofit.core._options import (
     ESTIMATE,
@@ -49,7 +44,7 @@ from autofit.core._options import (
     ladder_names,
 )
 from autofit.core._outcome import INFRASTRUCTURE, PLUGIN, USER, FactoryMisuse, Outcome, PluginStepError, ProbeResult
-from autofit.core._secrets import masked, masked_argv, scrubbed, url_parts, url_secrets
+from autofit.core._secrets import masked, scrubbed, url_parts, url_secrets
 from autofit.core._settings import LoraSettings, runnable_attention
 from autofit.core._sizes import format_size, parse_size
 from autofit.core._spec import FACTORIES, MAX_EFFECTIVE_BATCH, SEARCHED_ARGS, Baseline, SearchSpec
@@ -69,12 +64,12 @@ __all__ = [
     "MODELLED", "FileRun", "Knob",
     "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "KNOBS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "user_dtype", "user_trusts_code",
-    "as_trained", "blocks", "keys_of", "observe_trainer",
+    "as_trained", "blocks", "keys_of",
     "Launch", "LaunchEngine", "TrlFile",
     "ESTIMATE", "FIELDS", "FIT", "GROUP_ALGOS", "SEARCH", "SearchOptions", "add_options", "door_fields", "given_values",
     "ladder_names",
     "INFRASTRUCTURE", "PLUGIN", "USER", "FactoryMisuse", "Outcome", "PluginStepError", "ProbeResult",
-    "masked", "masked_argv", "scrubbed", "url_parts", "url_secrets",
+    "masked", "scrubbed", "url_parts", "url_secrets",
     "LoraSettings", "runnable_attention",
     "format_size", "parse_size",
     "FACTORIES", "MAX_EFFECTIVE_BATCH", "SEARCHED_ARGS", "Baseline", "SearchSpec",

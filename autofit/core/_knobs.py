@@ -46,15 +46,6 @@ def on_device(field_name: str, value: Any, device: str) -> Any:
     return owner.for_device(value, device) if owner is not None and owner.for_device is not None else value
 
 
-def observe_trainer(trainer: Any) -> Dict[str, Any]:
-    """What a built trainer runs, as the knobs read it (in the probe's child; plain data for JSON)."""
-    seen: Dict[str, Any] = {}
-    for k in _table():
-        if k.observe is not None:
-            seen.update(k.observe(trainer))
-    return seen
-
-
 def as_trained(candidate: Fields, observed: Optional[Mapping[str, Any]]) -> Fields:
     """The candidate with what the user's own trainer adds (read back in the probe): its LoRA, its quantized base,
     its number of generations. Predicted and exported as measured: a best.yaml without the user's LoRA would

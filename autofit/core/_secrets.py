@@ -1,6 +1,6 @@
 """Secrets in what a user typed: a queue URL's password (``redis://:PW@host``, ``postgresql://user:PW@host/db``, a
 ``?password=`` query parameter, a libpq DSN's ``password=``) is never shown, logged or written. ``masked`` is the
-text as a message or a file may hold it; ``masked_argv`` a command line (the lock's, a message naming a holder)."""
+text as a message or a file may hold it (a command line's words each: ``autofit.machine._outdir.masked_argv``)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,6 @@ def masked(text: str) -> str:
     if "=" in text:
         text = DSN_WORD.sub(lambda m: f"{m['name']}={MASK}" if SECRET_NAME.search(m["name"]) else m[0], text)
     return text
-
-
-def masked_argv(argv: Iterable[str]) -> List[str]:
-    """A command line as a file or a message may hold it: each word masked (``--worker-queue=redis://:PW@h`` too)."""
-    return [masked(str(word)) for word in argv]
 
 
 def _masked_url(text: str) -> str:

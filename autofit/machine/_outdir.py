@@ -29,9 +29,9 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
-from autofit.core import InputError, masked_argv
+from autofit.core import InputError, masked
 from autofit.machine._files import atomic_write_text, cache_dir
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,11 @@ def _read_json(path: Path) -> Dict[str, Any]:
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+def masked_argv(argv: Iterable[str]) -> List[str]:
+    """A command line as a file or a message may hold it: each word masked (``--worker-queue=redis://:PW@h`` too)."""
+    return [masked(str(word)) for word in argv]
 
 
 def _describe(holder: Dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Optional
 
-from autofit.core import BATCH_KEYS, Candidate, FactoryMisuse, keys_of, observe_trainer
+from autofit.core import BATCH_KEYS, KNOBS, Candidate, FactoryMisuse, keys_of
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,15 @@ def longest_row(dataset, tokenizer=None) -> Optional[int]:
         prompts = [p if isinstance(p, str) else str(p) for p in rows["prompt"]]
         lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
     return max(lengths) if lengths else None
+
+
+def observe_trainer(trainer: Any) -> Dict[str, Any]:
+    """What a built trainer runs, as the knobs read it (in the probe's child; plain data for JSON)."""
+    seen: Dict[str, Any] = {}
+    for k in KNOBS:
+        if k.observe is not None:
+            seen.update(k.observe(trainer))
+    return seen
 
 
 def describe_trainer(trainer, candidate: Optional[Candidate] = None) -> Dict[str, Any]:

@@ -91,9 +91,9 @@ def test_every_knob_comes_back_from_a_trl_file(tmp_path):
 
 BUILD = """
 import json, sys
-from autofit.core import Candidate, ProbeSettings, observe_trainer
+from autofit.core import Candidate, ProbeSettings
 from autofit.probe.algos import rl, sft
-from autofit.probe._observe import describe_trainer
+from autofit.probe._observe import describe_trainer, observe_trainer
 
 seen = {}
 builders = {"sft": (sft.build_trainer, sys.argv[1]), "grpo": (rl.build_grpo_trainer, sys.argv[2])}

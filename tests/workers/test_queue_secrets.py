@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from autofit.core import SearchOptions, masked, masked_argv
+from autofit.core import SearchOptions, masked
 from autofit.machine import exclusive
+from autofit.machine._outdir import masked_argv
 from autofit.workers import PASSWORD_ENV, PASSWORD_FILE_ENV
 from autofit.workers._storage import with_password
 
