@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Dict, List, NamedTuple
 
 from autofit.core import Candidate, Card
+from autofit.memory_model._engine_settings import hooks_every_module, zero_engine
 from autofit.memory_model._parameters import Tensors, head_trained
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._speed_band import compiled
@@ -55,6 +56,22 @@ KERNELS_COMPILED_BACKWARD_PER_LAYER = 30
 # the backward's four matmuls A: its count is confounded with the frozen base's own weight gradients]
 KERNELS_COMPILED_LORA_FORWARD = 2
 KERNELS_COMPILED_LORA_BACKWARD = 4
+# DeepSpeed ZeRO-3's host work per submodule, in operators' worth of this host's dispatch: its four hooks on every
+# module (fetch and release for the forward, two autograd functions that fetch and release for the backward;
+# checkpointing's recompute runs the forward's again) [V code: DeepSpeed 0.19 ``runtime/zero/parameter_offload.py``;
+# M: ``python -m benchmarks.zero3_hooks``, one-rank ZeRO-3 against plain PyTorch on a tiny qwen2, two runs on this
+# 2-core host: forward 25-30, backward 21-25, recompute 31-35 operators a module, 2026-12-03]. Python whatever the
+# card, so priced with the card's ``op_seconds`` and overlapped with the device as the other operators are
+OPS_ZERO3_FORWARD_PER_MODULE = 27
+OPS_ZERO3_BACKWARD_PER_MODULE = 23
+OPS_ZERO3_RECOMPUTE_PER_MODULE = 33
+# The modules a qwen2 decoder layer has (itself, attention, its four projections, the MLP, its three projections
+# and activation, two norms), the model's others (the model, embeddings, rotary, final norm, head, the wrapper), and
+# those peft's LoRA adds to an adapted linear layer (its base layer, dropout, A and B with their containers) [M:
+# counted with ``nn.Module.modules`` on tiny-qwen2 at 8 layers (111) and on one peft-adapted linear layer (+10)]
+MODULES_PER_LAYER = 13
+MODULES_REST = 7
+MODULES_PER_LORA = 10
 # The share of TRL's fused head's tile traffic in its forward: with Triton it reads the tile once in the forward and
 # reads and writes it in the backward (``_throughput.HEAD_TILE_PASSES_TRITON``)
 HEAD_TILES_FORWARD_SHARE = 1 / 3
@@ -87,8 +104,22 @@ def pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensor
         adapters_forward = modules * lora_forward
         adapters_backward = modules * (lora_backward + (lora_forward if candidate.checkpointing else 0))
     rest = OPS_BACKWARD_REST if head_trained(candidate) else OPS_BACKWARD_REST_FROZEN_HEAD
-    return Segments(shape.layers * forward + OPS_FORWARD_REST + adapters_forward,
-                    shape.layers * backward_per_layer + rest + adapters_backward)
+    hooks_forward, hooks_backward = zero3_hook_operators(candidate, shape, trained)
+    return Segments(shape.layers * forward + OPS_FORWARD_REST + adapters_forward + hooks_forward,
+                    shape.layers * backward_per_layer + rest + adapters_backward + hooks_backward)
+
+
+def zero3_hook_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensors]) -> Segments:
+    """Operators' worth of host time ZeRO-3's module hooks take in one micro-batch's forward and backward (its
+    recompute included); none under any other engine."""
+    if not hooks_every_module(candidate.sharding or zero_engine(candidate)):
+        return Segments(0.0, 0.0)
+    modules = shape.layers * MODULES_PER_LAYER + MODULES_REST
+    if candidate.lora is not None:  # A and B per adapted module
+        modules += MODULES_PER_LORA * sum(t.count for t in trained) / 2
+    recompute = OPS_ZERO3_RECOMPUTE_PER_MODULE if candidate.checkpointing else 0
+    return Segments(modules * OPS_ZERO3_FORWARD_PER_MODULE,
+                    modules * (OPS_ZERO3_BACKWARD_PER_MODULE + recompute))
 
 
 def device_segments(terms: Dict[str, float], traffic: PassBytes, micro: int, passes: int) -> Segments:

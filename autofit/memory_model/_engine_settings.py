@@ -115,6 +115,13 @@ def shards_parameters(engine: Optional[str]) -> bool:
     return found is not None and found.shards_parameters
 
 
+def hooks_every_module(engine: Optional[str]) -> bool:
+    """Whether ``engine`` is DeepSpeed's ZeRO-3 (or its offload), whose Python hooks on every submodule fetch and
+    release its parameters on the host (``_dispatch.OPS_ZERO3_*``); FSDP2 hooks only its wrapped layers."""
+    found = engine_of(engine)
+    return found is not None and found.deepspeed and found.shards_parameters
+
+
 def zero_settings(candidate: Candidate, shape: ModelShape) -> ZeroSettings:
     """The buffers of the candidate's ZeRO engine, from the configuration it runs with."""
     from autofit.rungs import deepspeed_config

@@ -2,12 +2,14 @@
 so the launches only add where the device would wait for them; on the CPU meter the same thread does both. And peft's
 adapters as inductor compiles them. Orderings from first principles on named cards; figures are benchmarks."""
 
+import dataclasses
+
 import pytest
 
 from autofit.core import CARDS, Candidate, LoraSettings
 from autofit.machine import resolve_model
 from autofit.memory_model import measured_rates_card
-from autofit.memory_model._dispatch import Segments, exposed_dispatch, pass_operators
+from autofit.memory_model._dispatch import Segments, exposed_dispatch, pass_operators, zero3_hook_operators
 from autofit.memory_model._parameters import trainable_tensors
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._throughput import predict_speed
@@ -73,3 +75,28 @@ def test_compiled_adapters_move_fewer_bytes_than_eager_ones():
         eager_lora.terms["elementwise"] - eager_full.terms["elementwise"])
     # compiled, a LoRA step skips the weight gradients and the optimizer and pays less than that for its adapters
     assert compiled_lora.seconds_per_step < compiled_full.seconds_per_step
+
+
+def _sharded(model, length, sharding, **kw):
+    return _candidate(model, 1, length, sharding=sharding, ranks=2, checkpointing=True, **kw)
+
+
+def test_zero3_hooks_every_module_on_the_host_where_fsdp2_hooks_none_of_them():
+    mid = ModelShape.from_config(resolve_model("Qwen/Qwen2.5-7B").config)
+    zero3, fsdp2 = _sharded("Qwen/Qwen2.5-7B", 256, "zero3"), _sharded("Qwen/Qwen2.5-7B", 256, "fsdp2")
+    hooks = zero3_hook_operators(zero3, mid, trainable_tensors(mid, zero3))
+    assert hooks.forward > 0 and hooks.backward > hooks.forward  # the backward's and the recompute's
+    assert zero3_hook_operators(fsdp2, mid, trainable_tensors(mid, fsdp2)) == Segments(0.0, 0.0)
+    plain = dataclasses.replace(zero3, checkpointing=False)
+    assert zero3_hook_operators(plain, mid, []).backward < hooks.backward  # no recompute, no second forward's
+    lora = dataclasses.replace(zero3, lora=LoraSettings(r=16))
+    assert zero3_hook_operators(lora, mid, trainable_tensors(mid, lora)).forward > hooks.forward  # peft's modules
+
+
+def test_zero3s_hooks_slow_short_rows_and_hide_behind_long_ones():
+    card, engines = CARDS["A100-80GB"], ("zero3", "fsdp2")
+    short = {engine: predict_speed(_sharded("Qwen/Qwen2.5-7B", 128, engine), BIG, card) for engine in engines}
+    assert short["zero3"].terms["launch"] > short["fsdp2"].terms["launch"]
+    assert short["zero3"].seconds_per_step > short["fsdp2"].seconds_per_step
+    long = {engine: predict_speed(_sharded("Qwen/Qwen2.5-7B", 8192, engine), BIG, card) for engine in engines}
+    assert long["zero3"].terms["launch"] == long["fsdp2"].terms["launch"] == 0.0  # the device keeps busy longer
