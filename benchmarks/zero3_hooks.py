@@ -22,25 +22,15 @@ import time
 from typing import Callable, Dict
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from autofit.machine import resolve_model
+from benchmarks.operator_counts import _Count
 
 MICRO_BATCH, LENGTH = 1, 16
 LAYERS = 8
 REPEATS = 20
 WIDTHS = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
           "vocab_size": 256, "bos_token_id": 253, "eos_token_id": 254, "pad_token_id": 255}  # too small to count
-
-
-class _Count(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.operators = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.operators += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _model(layers: int, checkpointing: bool) -> torch.nn.Module:
