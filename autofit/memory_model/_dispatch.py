@@ -114,7 +114,7 @@ def zero3_hook_operators(candidate: Candidate, shape: ModelShape, trained: List[
     recompute included); none under any other engine."""
     if not hooks_every_module(candidate.sharding or zero_engine(candidate)):
         return Segments(0.0, 0.0)
-    modules = shape.layers * MODULES_PER_LAYER + MODULES_REST
+    modules: float = shape.layers * MODULES_PER_LAYER + MODULES_REST
     if candidate.lora is not None:  # A and B per adapted module
         modules += MODULES_PER_LORA * sum(t.count for t in trained) / 2
     recompute = OPS_ZERO3_RECOMPUTE_PER_MODULE if candidate.checkpointing else 0
