@@ -17,7 +17,7 @@ from typing import Dict, List, NamedTuple
 
 from autofit.core import Candidate, Card
 from autofit.memory_model._engine_settings import hooks_every_module, zero_engine
-from autofit.memory_model._parameters import Tensors, head_trained
+from autofit.memory_model._parameters import Tensors, census_for, head_trained
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._speed_band import compiled
 from autofit.memory_model._traffic import PassBytes
@@ -69,6 +69,16 @@ OPS_ZERO3_RECOMPUTE_PER_MODULE = 33
 # and activation, two norms), the model's others (the model, embeddings, rotary, final norm, head, the wrapper), and
 # those peft's LoRA adds to an adapted linear layer (its base layer, dropout, A and B with their containers) [M:
 # counted with ``nn.Module.modules`` on tiny-qwen2 at 8 layers (111) and on one peft-adapted linear layer (+10)]
+# bitsandbytes' 4-bit base, per quantized linear layer under peft's LoRA, in operators' worth of this host's dispatch:
+# the forward's ``gemm_4bit`` (past a few rows the nested absmax and the weight dequantized by bitsandbytes' Python
+# kernels over its C library, then ``F.linear``) with peft's defensive clone of its output, the backward's
+# dequantization for the input's gradient, a recompute's forward again [V code: bitsandbytes 0.50
+# ``autograd/_functions.py`` ``MatMul4Bit``, ``backends/cuda/ops.py`` ``_dequant_linear_fallback``; peft
+# ``tuners/lora/bnb.py``; M: ``python -m benchmarks.qlora_host``, one adapted projection over the 4-bit base against
+# the float one, three runs on this 2-core host under load: forward 22-27, backward 15-19, 2026-12-03]. Python
+# whatever the card, priced like the other operators; bitsandbytes' 8-bit base is not measured and not charged
+OPS_QUANT4_FORWARD_PER_LAYER = 25
+OPS_QUANT4_BACKWARD_PER_LAYER = 17
 MODULES_PER_LAYER = 13
 MODULES_REST = 7
 MODULES_PER_LORA = 10
@@ -105,8 +115,9 @@ def pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensor
         adapters_backward = modules * (lora_backward + (lora_forward if candidate.checkpointing else 0))
     rest = OPS_BACKWARD_REST if head_trained(candidate) else OPS_BACKWARD_REST_FROZEN_HEAD
     hooks_forward, hooks_backward = zero3_hook_operators(candidate, shape, trained)
-    return Segments(shape.layers * forward + OPS_FORWARD_REST + adapters_forward + hooks_forward,
-                    shape.layers * backward_per_layer + rest + adapters_backward + hooks_backward)
+    base_forward, base_backward = quantized_base_operators(candidate, shape)
+    return Segments(shape.layers * forward + OPS_FORWARD_REST + adapters_forward + hooks_forward + base_forward,
+                    shape.layers * backward_per_layer + rest + adapters_backward + hooks_backward + base_backward)
 
 
 def zero3_hook_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensors]) -> Segments:
@@ -120,6 +131,16 @@ def zero3_hook_operators(candidate: Candidate, shape: ModelShape, trained: List[
     recompute = OPS_ZERO3_RECOMPUTE_PER_MODULE if candidate.checkpointing else 0
     return Segments(modules * OPS_ZERO3_FORWARD_PER_MODULE,
                     modules * (OPS_ZERO3_BACKWARD_PER_MODULE + recompute))
+
+
+def quantized_base_operators(candidate: Candidate, shape: ModelShape) -> Segments:
+    """Operators' worth of host time bitsandbytes' 4-bit layers take in one micro-batch's forward and backward (its
+    recompute included), over every linear layer it quantizes; none for any other base."""
+    if candidate.quantization != "4bit":
+        return Segments(0.0, 0.0)
+    layers = sum(group.count for group in census_for(shape, candidate.algo).linears if group.quantizable)
+    recompute = OPS_QUANT4_FORWARD_PER_LAYER if candidate.checkpointing else 0
+    return Segments(layers * OPS_QUANT4_FORWARD_PER_LAYER, layers * (OPS_QUANT4_BACKWARD_PER_LAYER + recompute))
 
 
 def device_segments(terms: Dict[str, float], traffic: PassBytes, micro: int, passes: int) -> Segments:

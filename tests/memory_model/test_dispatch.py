@@ -9,7 +9,14 @@ import pytest
 from autofit.core import CARDS, Candidate, LoraSettings
 from autofit.machine import resolve_model
 from autofit.memory_model import measured_rates_card
-from autofit.memory_model._dispatch import Segments, exposed_dispatch, pass_operators, zero3_hook_operators
+from autofit.memory_model._dispatch import (
+    OPS_QUANT4_FORWARD_PER_LAYER,
+    Segments,
+    exposed_dispatch,
+    pass_operators,
+    quantized_base_operators,
+    zero3_hook_operators,
+)
 from autofit.memory_model._parameters import trainable_tensors
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._throughput import predict_speed
@@ -100,3 +107,24 @@ def test_zero3s_hooks_slow_short_rows_and_hide_behind_long_ones():
     assert short["zero3"].seconds_per_step > short["fsdp2"].seconds_per_step
     long = {engine: predict_speed(_sharded("Qwen/Qwen2.5-7B", 8192, engine), BIG, card) for engine in engines}
     assert long["zero3"].terms["launch"] == long["fsdp2"].terms["launch"] == 0.0  # the device keeps busy longer
+
+
+def test_the_4bit_base_dispatches_on_every_layer_it_quantizes_and_an_8bit_one_is_not_charged():
+    lora = _candidate("tiny-qwen2", 1, 64, lora=LoraSettings(r=16), checkpointing=True)
+    qlora = dataclasses.replace(lora, quantization="4bit")
+    trained = trainable_tensors(SMALL, lora)
+    added = pass_operators(qlora, SMALL, trained, H100).forward - pass_operators(lora, SMALL, trained, H100).forward
+    assert added == quantized_base_operators(qlora, SMALL).forward > 0
+    assert quantized_base_operators(qlora, SMALL).forward == 7 * SMALL.layers * OPS_QUANT4_FORWARD_PER_LAYER
+    recomputed = quantized_base_operators(qlora, SMALL).backward
+    assert quantized_base_operators(dataclasses.replace(qlora, checkpointing=False), SMALL).backward < recomputed
+    assert quantized_base_operators(dataclasses.replace(qlora, quantization="8bit"), SMALL) == Segments(0.0, 0.0)
+
+
+def test_qlora_on_short_rows_is_slower_than_lora_and_the_same_on_long_ones():
+    card = CARDS["A100-80GB"]
+    for length, slower in ((128, True), (8192, False)):
+        lora = _candidate("Qwen/Qwen2.5-7B", 1, length, lora=LoraSettings(r=16), checkpointing=True)
+        qlora = dataclasses.replace(lora, quantization="4bit")
+        launch = {c.quantization: predict_speed(c, BIG, card).terms["launch"] for c in (lora, qlora)}
+        assert (launch["4bit"] > launch[None]) is slower
