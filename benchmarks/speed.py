@@ -111,7 +111,8 @@ def _door(path: Path, keys: Dict[str, Any], candidate: Candidate, calibration: P
     printed = autofit_cli("estimate", "--device", "cpu", "--gpu-memory", BUDGET, "--from", str(calibration),
                           "--json", "--", "trl", candidate.algo, "--config", str(path))
     run = json.loads(printed)["estimates"][0]["your_run"]
-    described, measured = run["configuration"]["describe"], candidate.replace(offload=None).describe()
+    own = (("deepspeed", keys["deepspeed"]),) if candidate.offload else ()  # the file's block, as the door reads it
+    described, measured = run["configuration"]["describe"], candidate.replace(offload=None, user_args=own).describe()
     on_host = "optimizer (host)" in run["speed"]["seconds_by_part"]
     if described != measured or on_host != bool(candidate.offload):
         raise SystemExit(f"{path}: the estimate read {described!r} (optimizer on the host: {on_host}) where "

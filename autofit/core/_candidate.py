@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 
 from autofit.core._algorithms import algorithm_names
 from autofit.core._candidate_fields import CandidateFields
-from autofit.core._engines import DDP, engine_of
+from autofit.core._engines import DDP, DEEPSPEED, engine_of
 from autofit.core._knob_table import USE_VLLM
 from autofit.core._knobs import blocks, knob_training_args, late_fields
 from autofit.core._settings import LoraSettings, QuantSettings
@@ -154,8 +154,8 @@ class Candidate(CandidateFields):
     def describe(self) -> str:
         parts = [f"mb={self.micro_batch}x{self.grad_accum}" + (f"x{self.ranks}" if self.ranks > 1 else ""),
                  f"len={self.max_length}"]
-        if self.ranks > 1 and not self.offload:
-            parts.append(self.sharding or DDP)
+        if ((own := bool(dict(self.user_args).get("deepspeed"))) or self.ranks > 1) and not self.offload:
+            parts.append(self.sharding or (DEEPSPEED if own else DDP))  # the user's own DeepSpeed configuration
         if self.num_generations is not None:
             parts.append(f"gen={self.num_generations}")
         if self.vllm:

@@ -315,6 +315,14 @@ def test_describe_and_effective_batch():
     assert c.describe() == "mb=2x4 len=512 ckpt lora16"
 
 
+def test_the_users_own_deepspeed_file_is_named_deepspeed_not_data_parallel():
+    own = candidate(ranks=2, user_args=(("deepspeed", {"zero_optimization": {"stage": 3}}),))
+    assert own.describe() == "mb=8x1x2 len=512 deepspeed"
+    assert own.replace(ranks=1).describe() == "mb=8x1 len=512 deepspeed"  # ZeRO on one GPU is an engine too
+    assert own.replace(user_args=()).describe() == "mb=8x1x2 len=512 ddp"
+    assert own.replace(sharding="zero2").describe() == "mb=8x1x2 len=512 zero2"  # autofit's engine replaces it
+
+
 # -- outcomes ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("exc, outcome", [
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), Outcome.OOM),
