@@ -13,6 +13,8 @@ and 5.1). One module per family of terms:
 - ``_parameters``: weights, gradients, optimizer states, a reference model (2.1-2.3, 2.6);
 - ``_activations``: what the backward pass keeps, per token and layer (2.4), mixture-of-experts and eager attention
   included;
+- ``_activation_policy``: checkpointing, activation offloading and Liger's kernels, read once for every module here
+  (their effects on saved activations, recompute passes and host time are intertwined);
 - ``_logits``: TRL's fused LM head and the RL generation phase (2.5, 2.6);
 - ``_allocator``: the CUDA context and the caching allocator's overhead (2.7, 5.1);
 - ``_ledger``: the terms at each phase of a step and the predicted peak;
