@@ -33,6 +33,7 @@ from memory), "[A]" marks an assumption that only calibration checks.
 """
 
 from autofit.core import CARDS, Card, card_named
+from autofit.memory_model._activation_policy import ActivationPolicy, activation_policy
 from autofit.memory_model._activations import (
     ACT_OUTSIDE_LAYERS_BYTES_PER_H,
     activation_bytes_per_token_layer,
@@ -125,6 +126,7 @@ from autofit.memory_model._vllm_recorded import parse_log as parse_vllm_log
 
 __all__ = [
     "StepPeaks", "step_peaks",
+    "ActivationPolicy", "activation_policy",
     "CARDS", "Card", "PRIOR_SPEED_UNCERTAINTY", "SpeedEstimate", "card_named", "measured_rates_card",
     "predict_speed", "host_figures", "host_line", "host_of", "steps_on_host",
     "SpeedCalibration", "calibrate_speed",
