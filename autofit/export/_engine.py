@@ -61,7 +61,7 @@ def engine_data(report: SearchReport, candidate: Candidate, out_dir: Optional[Pa
 
 def host_memory_data(report: SearchReport, candidate: Candidate) -> Optional[Dict[str, Any]]:
     """best.json's host memory the offloading rungs need (pinned on a GPU machine): measured and predicted."""
-    if not (candidate.offload or candidate.activation_offload):
+    if not (candidate.offload or memory_model.activation_policy(candidate).offloads_activations):
         return None
     measured = {key: _stat(report, key) for key in ("host_bytes", "activation_host_bytes") if _stat(report, key)}
     shape = memory_model.shape_or_none(candidate.model)
@@ -95,7 +95,7 @@ def engine_comments(report: SearchReport, candidate: Candidate) -> List[str]:
                      + (f"{format_size(at_world)} per GPU" if at_world else "no figure (unknown model sizes)")
                      + " (ZeRO-3 and FSDP2 shard by the world size); on each machine set machine_rank and "
                      "main_process_ip in accelerate.yaml")
-    if candidate.activation_offload:
+    if memory_model.activation_policy(candidate).offloads_activations:
         host, kept = _stat(report, "activation_host_bytes"), _stat(report, "activation_kept_bytes")
         lines.append("# activation offloading: saved activations in host memory until the backward pass"
                      + (f" (at most {format_size(host)} measured)" if host else "") + "; same math, slower steps")

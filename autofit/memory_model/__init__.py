@@ -13,6 +13,8 @@ and 5.1). One module per family of terms:
 - ``_parameters``: weights, gradients, optimizer states, a reference model (2.1-2.3, 2.6);
 - ``_activations``: what the backward pass keeps, per token and layer (2.4), mixture-of-experts and eager attention
   included;
+- ``_activation_policy``: checkpointing, activation offloading and Liger's kernels, read once for every module here
+  (their effects on saved activations, recompute passes and host time are intertwined);
 - ``_logits``: TRL's fused LM head and the RL generation phase (2.5, 2.6);
 - ``_allocator``: the CUDA context and the caching allocator's overhead (2.7, 5.1);
 - ``_ledger``: the terms at each phase of a step and the predicted peak;
@@ -31,6 +33,7 @@ from memory), "[A]" marks an assumption that only calibration checks.
 """
 
 from autofit.core import CARDS, Card, card_named
+from autofit.memory_model._activation_policy import ActivationPolicy, activation_policy
 from autofit.memory_model._activations import (
     ACT_OUTSIDE_LAYERS_BYTES_PER_H,
     activation_bytes_per_token_layer,
@@ -123,6 +126,7 @@ from autofit.memory_model._vllm_recorded import parse_log as parse_vllm_log
 
 __all__ = [
     "StepPeaks", "step_peaks",
+    "ActivationPolicy", "activation_policy",
     "CARDS", "Card", "PRIOR_SPEED_UNCERTAINTY", "SpeedEstimate", "card_named", "measured_rates_card",
     "predict_speed", "host_figures", "host_line", "host_of", "steps_on_host",
     "SpeedCalibration", "calibrate_speed",

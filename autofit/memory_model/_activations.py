@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from autofit.core import DEFAULT_ALGO, Candidate, LoraSettings
+from autofit.memory_model._activation_policy import activation_policy
 from autofit.memory_model._census import lora_inputs_per_layer
 from autofit.memory_model._parameters import LORA_DROPOUT_BYTES_PER_ELEMENT, census_for
 from autofit.memory_model._shape import ModelShape
@@ -150,8 +151,8 @@ def _norms_train(candidate: Candidate) -> bool:
 
 
 def _per_layer(candidate: Candidate, shape: ModelShape, act_bytes: int) -> float:
-    return activation_bytes_per_token_layer(shape, act_bytes, candidate.lora, candidate.algo, candidate.liger,
-                                            _norms_train(candidate))
+    return activation_bytes_per_token_layer(shape, act_bytes, candidate.lora, candidate.algo,
+                                            activation_policy(candidate).liger_kernels, _norms_train(candidate))
 
 
 def _layout_copies_at_2(shape: ModelShape) -> float:
@@ -180,14 +181,15 @@ def activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) ->
     plain = activation_bytes_per_token_layer(shape, act_bytes, candidate.lora, candidate.algo)
     temporaries = BACKWARD_TEMP_LAYERS * (plain - _layout_copies_at_2(shape) * act_bytes / 2)
     outside = ACT_OUTSIDE_LAYERS_BYTES_PER_H * shape.hidden * act_bytes / 2
-    if candidate.activation_offload:
-        if candidate.checkpointing:
+    policy = activation_policy(candidate)
+    if policy.offloads_activations:
+        if policy.recomputes:
             saved = tokens * (min(OFFLOAD_STASH_TENSORS, shape.layers) * shape.hidden * act_bytes + outside)
             layer_moment = saved + tokens * (per_layer + temporaries)
         else:
             saved = tokens * (OFFLOAD_HEAD_LAYERS * per_layer + outside)
             layer_moment = tokens * (outside + OFFLOAD_BACKWARD_LAYERS * per_layer + temporaries)
-    elif candidate.checkpointing:
+    elif policy.recomputes:
         saved = tokens * (shape.layers * shape.hidden * act_bytes + outside)
         layer_moment = saved + tokens * (per_layer + temporaries)
     else:
@@ -199,7 +201,7 @@ def activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) ->
         per_element = EAGER_SOFTMAX_BYTES + (act_bytes if act_bytes < 4 else 0) + \
             (act_bytes if shape.attention_softcap else 0)
         scores = per_element * elements
-        if candidate.checkpointing or candidate.activation_offload:  # one layer's scores on the device
+        if policy.one_layer_on_device:  # recomputed or offloaded: one layer's scores on the device
             layer_moment += scores + EAGER_BACKWARD_BYTES * elements
         else:
             saved += scores * shape.layers
@@ -210,10 +212,11 @@ def activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) ->
 def offloaded_activation_bytes(candidate: Candidate, shape: ModelShape, act_bytes: int) -> float:
     """Host memory activation offloading takes at the end of the forward pass: every layer's saved tensors (with
     checkpointing, every layer's input) and those outside the layers."""
-    if not candidate.activation_offload:
+    policy = activation_policy(candidate)
+    if not policy.offloads_activations:
         return 0.0
     outside = ACT_OUTSIDE_LAYERS_BYTES_PER_H * shape.hidden * act_bytes / 2
-    if candidate.checkpointing:
+    if policy.recomputes:
         return train_tokens(candidate) * (shape.layers * shape.hidden * act_bytes + outside)
     per_layer = _per_layer(candidate, shape, act_bytes)
     return train_tokens(candidate) * (shape.layers * per_layer + OFFLOAD_OUTSIDE_COPIES * outside)

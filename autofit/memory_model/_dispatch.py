@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Dict, List, NamedTuple
 
 from autofit.core import Candidate, Card
+from autofit.memory_model._activation_policy import activation_policy
 from autofit.memory_model._engine_settings import hooks_every_module, zero_engine
 from autofit.memory_model._parameters import Tensors, census_for, head_trained
 from autofit.memory_model._shape import ModelShape
@@ -107,12 +108,13 @@ def pass_operators(candidate: Candidate, shape: ModelShape, trained: List[Tensor
         forward = recompute = KERNELS_COMPILED_FORWARD_PER_LAYER
         backward = KERNELS_COMPILED_BACKWARD_PER_LAYER
         lora_forward, lora_backward = KERNELS_COMPILED_LORA_FORWARD, KERNELS_COMPILED_LORA_BACKWARD
-    backward_per_layer = backward + (recompute if candidate.checkpointing else 0)
+    recomputes = activation_policy(candidate).recomputes
+    backward_per_layer = backward + (recompute if recomputes else 0)
     adapters_forward = adapters_backward = 0.0
     if candidate.lora is not None:  # A and B per adapted module
         modules = sum(t.count for t in trained) / 2
         adapters_forward = modules * lora_forward
-        adapters_backward = modules * (lora_backward + (lora_forward if candidate.checkpointing else 0))
+        adapters_backward = modules * (lora_backward + (lora_forward if recomputes else 0))
     rest = OPS_BACKWARD_REST if head_trained(candidate) else OPS_BACKWARD_REST_FROZEN_HEAD
     hooks_forward, hooks_backward = zero3_hook_operators(candidate, shape, trained)
     base_forward, base_backward = quantized_base_operators(candidate, shape)
@@ -128,7 +130,7 @@ def zero3_hook_operators(candidate: Candidate, shape: ModelShape, trained: List[
     modules: float = shape.layers * MODULES_PER_LAYER + MODULES_REST
     if candidate.lora is not None:  # A and B per adapted module
         modules += MODULES_PER_LORA * sum(t.count for t in trained) / 2
-    recompute = OPS_ZERO3_RECOMPUTE_PER_MODULE if candidate.checkpointing else 0
+    recompute = OPS_ZERO3_RECOMPUTE_PER_MODULE if activation_policy(candidate).recomputes else 0
     return Segments(modules * OPS_ZERO3_FORWARD_PER_MODULE,
                     modules * (OPS_ZERO3_BACKWARD_PER_MODULE + recompute))
 
@@ -139,7 +141,7 @@ def quantized_base_operators(candidate: Candidate, shape: ModelShape) -> Segment
     if candidate.quantization != "4bit":
         return Segments(0.0, 0.0)
     layers = sum(group.count for group in census_for(shape, candidate.algo).linears if group.quantizable)
-    recompute = OPS_QUANT4_FORWARD_PER_LAYER if candidate.checkpointing else 0
+    recompute = OPS_QUANT4_FORWARD_PER_LAYER if activation_policy(candidate).recomputes else 0
     return Segments(layers * OPS_QUANT4_FORWARD_PER_LAYER, layers * (OPS_QUANT4_BACKWARD_PER_LAYER + recompute))
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any, Dict, Optional
 
 from autofit.core import Candidate, Card
+from autofit.memory_model._activation_policy import activation_policy
 from autofit.memory_model._engine_settings import host_offload
 
 HOST_LINK_EFFICIENCY = 0.80  # [M: pinned host copies reach about 25 of PCIe 4's 32 GB/s]
@@ -137,7 +138,7 @@ def activation_offload_seconds(candidate: Candidate, card: Card, rows: float, la
     [V code: trl 1.16 models/activation_offloading.py, ``OffloadActivations(use_streams=True)``], so only the part
     that outruns the forward (the copies out) and the backward (the copies back) waits. ``forward`` and ``backward``:
     one micro-batch's compute seconds of each."""
-    if not candidate.activation_offload:
+    if not activation_policy(candidate).offloads_activations:
         return 0.0
     saved = rows * layers * hidden * 2 * ACTIVATION_OFFLOAD_TENSORS
     copy = saved / (card.host_link * HOST_LINK_EFFICIENCY)

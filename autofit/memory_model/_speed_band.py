@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import List, Tuple
 
 from autofit.core import Candidate
+from autofit.memory_model._activation_policy import activation_policy
 
 PRIOR_SPEED_UNCERTAINTY = 0.40  # the band before the search has timed a step [A]
 # ``torch_compile`` fuses a step's elementwise passes and cuts its launches: the decoder layers' are priced as
@@ -43,7 +44,7 @@ def speed_band(candidate: Candidate) -> Tuple[float, Tuple[str, ...]]:
         band = max(band, UNPACKED_BAND)
         notes.append(f"packing is off: every row is priced at its full {candidate.max_length} tokens, a bound (your "
                      f"rows are shorter, and each batch pads to its longest; the band is ±{band:.0%})")
-    if candidate.activation_offload:
+    if activation_policy(candidate).offloads_activations:
         notes.append("activation offloading: its copies run beside the compute on a second stream (TRL's); only what "
                      "outruns the compute is priced")
     return band, tuple(notes)

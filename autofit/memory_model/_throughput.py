@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, Optional, Tuple
 
 from autofit.core import Candidate, Card
+from autofit.memory_model._activation_policy import activation_policy
 from autofit.memory_model._activations import sequence_length, sequences_per_micro_batch
 from autofit.memory_model._dispatch import (
     OPS_FORWARD_PER_LAYER,
@@ -183,13 +184,14 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     bytes_per_weight: float = weight_bytes(candidate, shape) if not stored else 2
     weights = (active + head) * bytes_per_weight
     dequantize = float(quantized * (stored + 2 * 2)) if stored else 0.0  # read packed, write and read the bf16 copy
-    passes = 3 if candidate.checkpointing else 2
+    policy = activation_policy(candidate)
+    passes = policy.passes
     terms: Dict[str, float] = {}
     micro = candidate.grad_accum
     terms["forward"] = micro * _pass_seconds(layers_forward + 2 * head * head_rows, weights, rows, card)
     terms["backward"] = micro * _pass_seconds((1 if frozen_base else 2) * layers_forward + head_backward,
                                               2 * weights, rows, card)
-    if candidate.checkpointing:  # transformers checkpoints the decoder layers: the head is not recomputed
+    if policy.recomputes:  # transformers checkpoints the decoder layers: the head is not recomputed
         terms["recompute"] = micro * _pass_seconds(layers_forward, active * bytes_per_weight, rows, card)
     attention_rate = card.flops * (_matmul_efficiency(rows, card) if card.cpu else ATTENTION_EFFICIENCY)
     terms["attention"] = micro * (passes + 1) * attention / attention_rate  # its backward is two forwards
@@ -220,7 +222,7 @@ def predict_speed(candidate: Candidate, shape: ModelShape, card: Card) -> SpeedE
     terms["optimizer launch"] = (OPS_OPTIMIZER_PER_TENSOR * tensors if card.cpu else synced * tensors
                                  if synchronized_optimizer(candidate.optim) else OPS_OPTIMIZER_FOREACH
                                  ) * card.op_seconds
-    if candidate.activation_offload:
+    if policy.offloads_activations:
         terms["activation offload"] = activation_offload_seconds(
             candidate, card, rows, shape.layers, shape.hidden, terms["forward"] / micro,
             (terms["backward"] + terms.get("recompute", 0.0)) / micro)

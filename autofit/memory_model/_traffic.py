@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Dict, NamedTuple
 
 from autofit.core import Candidate
+from autofit.memory_model._activation_policy import activation_policy
 from autofit.memory_model._parameters import census_for, weight_bytes
 from autofit.memory_model._shape import ModelShape
 from autofit.memory_model._speed_band import compiled
@@ -142,4 +143,4 @@ def elementwise_bytes(candidate: Candidate, shape: ModelShape, tokens: float, cp
         forward += adapters_forward
         recompute += adapters_forward
         backward += adapters_backward
-    return PassBytes(forward, backward, recompute if candidate.checkpointing else 0.0)
+    return PassBytes(forward, backward, recompute if activation_policy(candidate).recomputes else 0.0)

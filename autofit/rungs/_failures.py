@@ -2,9 +2,9 @@
 
 A rung whose machinery fails (the offload engine does not build or start, Liger's kernels do not compile or patch
 nothing) is not the machine's fault and not the search's end: its probe comes back INVALID with a cause
-(``ENGINE_FAILURE``, ``KERNEL_FAILURE``, declared here), the search notes it once, probes no other candidate of the
-offload engine, and builds every later candidate without Liger's kernels (a free rung at the foot of the ladder:
-every level above it carries it).
+(``ENGINE_FAILURE``, declared here, ``KERNEL_FAILURE``, Liger's own), the search notes it once, probes no other
+candidate of the offload engine, and builds every later candidate without Liger's kernels (a free rung at the foot
+of the ladder: every level above it carries it; ``autofit.rungs.liger._rung.KernelFailures``).
 """
 
 from __future__ import annotations
@@ -12,21 +12,19 @@ from __future__ import annotations
 from typing import Optional
 
 from autofit.core import Candidate, ProbeResult, clip
+from autofit.rungs.liger._rung import KERNEL_FAILURE, KernelFailures
 
 # The cause of a probe that failed under the optimizer-offload engine (DeepSpeed not building or starting): an
 # INVALID result of that rung, so the search leaves the rung and goes on instead of calling the machine broken.
 ENGINE_FAILURE = "engine"
-# The cause of a probe that Liger's kernels broke (Triton not compiling, a model Liger patches nothing of): an
-# INVALID result of that rung too.
-KERNEL_FAILURE = "kernel"
 
-LIGER_RUNG = "liger-kernels"  # the name of the Liger rung (autofit.rungs.liger)
+__all__ = ["ENGINE_FAILURE", "KERNEL_FAILURE", "FailedRungs"]  # KERNEL_FAILURE: Liger's, handed on
 
 
 class FailedRungs:
     def __init__(self) -> None:
         self.engine = False  # the offload engine could not run here: its other candidates are not probed
-        self.kernels = False  # Liger's kernels could not run here: later candidates go without them
+        self.liger = KernelFailures()  # Liger's kernels could not run here: later candidates go without them
 
     def observe(self, candidate: Candidate, result: ProbeResult) -> Optional[str]:
         """The note for the report when this result is the first failure of a rung's machinery."""
@@ -34,11 +32,7 @@ class FailedRungs:
             self.engine = True
             return (f"optimizer offload could not run here ({clip(result.error, 200)}); its other candidates were not "
                     "probed")
-        if candidate.liger and result.cause == KERNEL_FAILURE and not self.kernels:
-            self.kernels = True
-            return (f"Liger's kernels could not run here ({clip(result.error, 200)}); the search went on without them "
-                    "(use_liger_kernel off)")
-        return None
+        return self.liger.observe(candidate, result)
 
     def skipped(self, candidate: Candidate) -> bool:
         """Not worth a probe: its engine failed already."""
@@ -46,6 +40,4 @@ class FailedRungs:
 
     def runnable(self, candidate: Candidate) -> Candidate:
         """The candidate as this machine can run it: without Liger's kernels once they failed."""
-        if self.kernels and candidate.liger:
-            return candidate.replace(liger=False, rungs=tuple(r for r in candidate.rungs if r != LIGER_RUNG))
-        return candidate
+        return self.liger.runnable(candidate)

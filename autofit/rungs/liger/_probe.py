@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from autofit.core import INFRASTRUCTURE, USE_LIGER, USER, Candidate, FactoryMisuse, Outcome
 from autofit.rungs._contract import ProbeStep
-from autofit.rungs._failures import KERNEL_FAILURE
+from autofit.rungs.liger._rung import KERNEL_FAILURE
 
 LIGER_PACKAGE = "liger_kernel"
 

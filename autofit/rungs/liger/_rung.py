@@ -15,10 +15,14 @@ with a note too. A probe the kernels break is the rung's failure: the search goe
 import importlib.util
 from typing import Optional
 
-from autofit.core import USE_LIGER
+from autofit.core import USE_LIGER, Candidate, ProbeResult, clip
 from autofit.rungs._contract import RungBase
-from autofit.rungs._failures import LIGER_RUNG
 from autofit.rungs._ladder import FREE, LadderState
+
+LIGER_RUNG = "liger-kernels"  # the name of the Liger rung
+# The cause of a probe that Liger's kernels broke (Triton not compiling, a model Liger patches nothing of): an
+# INVALID result of the rung (``autofit.rungs._failures``), so the search goes on without them.
+KERNEL_FAILURE = "kernel"
 
 
 def liger_missing() -> Optional[str]:
@@ -58,3 +62,25 @@ class LigerKernels(RungBase):
         if dict(candidate.user_args).get(USE_LIGER) is not None:
             return None  # the user decided, either way
         return state.with_rung(self, candidate_changes={"liger": True})
+
+
+class KernelFailures:
+    """Liger's kernels found not to run on this machine (``autofit.rungs._failures.FailedRungs``' Liger half): the
+    first probe they broke is noted, and every later candidate is built without them."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def observe(self, candidate: Candidate, result: ProbeResult) -> Optional[str]:
+        """The note for the report when this result is the kernels' first failure."""
+        if candidate.liger and result.cause == KERNEL_FAILURE and not self.failed:
+            self.failed = True
+            return (f"Liger's kernels could not run here ({clip(result.error, 200)}); the search went on without them "
+                    "(use_liger_kernel off)")
+        return None
+
+    def runnable(self, candidate: Candidate) -> Candidate:
+        """The candidate without Liger's kernels (and their rung) once they failed; as it is otherwise."""
+        if self.failed and candidate.liger:
+            return candidate.replace(liger=False, rungs=tuple(r for r in candidate.rungs if r != LIGER_RUNG))
+        return candidate
