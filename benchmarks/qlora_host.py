@@ -28,7 +28,7 @@ from typing import Callable, Dict
 import torch
 
 from benchmarks.operator_counts import _Count
-from benchmarks.zero3_hooks import LAYERS, LENGTH, MICRO_BATCH, _model
+from benchmarks.zero3_hooks import LAYERS, LENGTH, MICRO_BATCH, _model, print_added
 
 CALLS, BLOCKS = 50, 40
 
@@ -93,14 +93,9 @@ def measure() -> Dict[str, float]:
 
 def main() -> None:
     figures = measure()
-    op_seconds = figures["op_seconds"]
-    print(f"one operator of the float layer's forward and backward: {op_seconds * 1e6:.1f} µs; "
-          f"the 4-bit layer is {figures['layer']}'s, {MICRO_BATCH} x {LENGTH} tokens")
-    print("| pass | the 4-bit base adds per quantized layer (µs) | in operators |")
-    print("|---|---:|---:|")
-    for name in ("forward", "backward"):
-        print(f"| {name} | {figures[name] * 1e6:.0f} | {figures[name] / op_seconds:.1f} |")
-
+    print_added(figures, f"one operator of the float layer's forward and backward: {figures['op_seconds'] * 1e6:.1f} "
+                f"µs; the 4-bit layer is {figures['layer']}'s, {MICRO_BATCH} x {LENGTH} tokens",
+                "the 4-bit base adds per quantized layer", ("forward", "backward"))
 
 if __name__ == "__main__":
     main()

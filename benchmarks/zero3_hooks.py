@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Sequence
 
 import torch
 
@@ -121,15 +121,20 @@ def measure() -> Dict[str, float]:
     return figures
 
 
+def print_added(figures: Dict[str, float], heading: str, added: str, passes: Sequence[str]) -> None:
+    """A host-time benchmark's table: what each pass adds, in microseconds and in operators of ``op_seconds``."""
+    print(heading)
+    print(f"| pass | {added} (µs) | in operators |")
+    print("|---|---:|---:|")
+    for name in passes:
+        print(f"| {name} | {figures[name] * 1e6:.0f} | {figures[name] / figures['op_seconds']:.1f} |")
+
+
 def main() -> None:
     figures = measure()
-    op_seconds = figures["op_seconds"]
-    print(f"one operator of the plain forward and backward: {op_seconds * 1e6:.1f} µs; "
-          f"{figures['modules']:.0f} modules at {LAYERS} layers")
-    print("| pass | ZeRO-3 adds per module (µs) | in operators |")
-    print("|---|---:|---:|")
-    for name in ("forward", "backward", "recompute"):
-        print(f"| {name} | {figures[name] * 1e6:.0f} | {figures[name] / op_seconds:.1f} |")
+    print_added(figures, f"one operator of the plain forward and backward: {figures['op_seconds'] * 1e6:.1f} µs; "
+                f"{figures['modules']:.0f} modules at {LAYERS} layers", "ZeRO-3 adds per module",
+                ("forward", "backward", "recompute"))
 
 
 if __name__ == "__main__":
