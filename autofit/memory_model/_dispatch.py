@@ -66,20 +66,21 @@ KERNELS_COMPILED_LORA_BACKWARD = 4
 OPS_ZERO3_FORWARD_PER_MODULE = 27
 OPS_ZERO3_BACKWARD_PER_MODULE = 23
 OPS_ZERO3_RECOMPUTE_PER_MODULE = 33
-# The modules a qwen2 decoder layer has (itself, attention, its four projections, the MLP, its three projections
-# and activation, two norms), the model's others (the model, embeddings, rotary, final norm, head, the wrapper), and
-# those peft's LoRA adds to an adapted linear layer (its base layer, dropout, A and B with their containers) [M:
-# counted with ``nn.Module.modules`` on tiny-qwen2 at 8 layers (111) and on one peft-adapted linear layer (+10)]
 # bitsandbytes' 4-bit base, per quantized linear layer under peft's LoRA, in operators' worth of this host's dispatch:
 # the forward's ``gemm_4bit`` (past a few rows the nested absmax and the weight dequantized by bitsandbytes' Python
 # kernels over its C library, then ``F.linear``) with peft's defensive clone of its output, the backward's
 # dequantization for the input's gradient, a recompute's forward again [V code: bitsandbytes 0.50
 # ``autograd/_functions.py`` ``MatMul4Bit``, ``backends/cuda/ops.py`` ``_dequant_linear_fallback``; peft
 # ``tuners/lora/bnb.py``; M: ``python -m benchmarks.qlora_host``, one adapted projection over the 4-bit base against
-# the float one, three runs on this 2-core host under load: forward 22-27, backward 15-19, 2026-12-03]. Python
-# whatever the card, priced like the other operators; bitsandbytes' 8-bit base is not measured and not charged
+# the float one on this 2-core host, 2026-12-03: forward 22-27, backward 15-19 in three runs under load, 25-27 and
+# 17-22 in three quiet ones]. Python whatever the card, priced like the other operators; bitsandbytes' 8-bit base is
+# not measured and not charged
 OPS_QUANT4_FORWARD_PER_LAYER = 25
 OPS_QUANT4_BACKWARD_PER_LAYER = 17
+# The modules a qwen2 decoder layer has (itself, attention, its four projections, the MLP, its three projections
+# and activation, two norms), the model's others (the model, embeddings, rotary, final norm, head, the wrapper), and
+# those peft's LoRA adds to an adapted linear layer (its base layer, dropout, A and B with their containers) [M:
+# counted with ``nn.Module.modules`` on tiny-qwen2 at 8 layers (111) and on one peft-adapted linear layer (+10)]
 MODULES_PER_LAYER = 13
 MODULES_REST = 7
 MODULES_PER_LORA = 10
