@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from typing import Callable, Dict
+from typing import Any, Callable, Dict
 
 import torch
 
@@ -69,7 +69,7 @@ def _first_adapted(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj")
 
 
-def measure() -> Dict[str, float]:
+def measure() -> Dict[str, Any]:
     """One adapted projection's seconds over the float base and over the 4-bit one, forward and forward with the
     backward of its input, and one operator's seconds (the float one's forward and backward)."""
     plain, quantized = (_first_adapted(_lora(q)) for q in (False, True))
@@ -96,6 +96,7 @@ def main() -> None:
     print_added(figures, f"one operator of the float layer's forward and backward: {figures['op_seconds'] * 1e6:.1f} "
                 f"µs; the 4-bit layer is {figures['layer']}'s, {MICRO_BATCH} x {LENGTH} tokens",
                 "the 4-bit base adds per quantized layer", ("forward", "backward"))
+
 
 if __name__ == "__main__":
     main()

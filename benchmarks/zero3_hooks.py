@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, Sequence
+from typing import Any, Callable, Dict, Mapping, Sequence
 
 import torch
 
@@ -121,7 +121,7 @@ def measure() -> Dict[str, float]:
     return figures
 
 
-def print_added(figures: Dict[str, float], heading: str, added: str, passes: Sequence[str]) -> None:
+def print_added(figures: Mapping[str, Any], heading: str, added: str, passes: Sequence[str]) -> None:
     """A host-time benchmark's table: what each pass adds, in microseconds and in operators of ``op_seconds``."""
     print(heading)
     print(f"| pass | {added} (µs) | in operators |")

@@ -12,13 +12,11 @@ from __future__ import annotations
 from typing import Optional
 
 from autofit.core import Candidate, ProbeResult, clip
-from autofit.rungs.liger._rung import KERNEL_FAILURE, KernelFailures
+from autofit.rungs.liger._rung import KernelFailures
 
 # The cause of a probe that failed under the optimizer-offload engine (DeepSpeed not building or starting): an
 # INVALID result of that rung, so the search leaves the rung and goes on instead of calling the machine broken.
 ENGINE_FAILURE = "engine"
-
-__all__ = ["ENGINE_FAILURE", "KERNEL_FAILURE", "FailedRungs"]  # KERNEL_FAILURE: Liger's, handed on
 
 
 class FailedRungs:

@@ -11,8 +11,9 @@ from autofit.core import INFRASTRUCTURE, Candidate, Outcome, ProbeResult, ProbeS
 from autofit.probe import ProcessRunner
 from autofit.probe import _steps as steps
 from autofit.rungs import DEFAULT_LADDER, RungBase, probe_steps
-from autofit.rungs._failures import ENGINE_FAILURE, KERNEL_FAILURE
+from autofit.rungs._failures import ENGINE_FAILURE
 from autofit.rungs.engines import ZERO2_OFFLOAD
+from autofit.rungs.liger import KERNEL_FAILURE
 
 CUSTOM = "custom_steps:RecordingStep"
 

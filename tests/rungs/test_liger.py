@@ -15,7 +15,7 @@ from autofit import memory_model as mm
 from autofit.core import Candidate, LoraSettings, Outcome, ProbeResult, ProbeSettings
 from autofit.export import write as export_write
 from autofit.rungs import DEFAULT_LADDER, RUNGS, LadderState, LigerKernels, resolve_ladder, usable_rungs
-from autofit.rungs._failures import KERNEL_FAILURE
+from autofit.rungs.liger import KERNEL_FAILURE
 from autofit.search import Search
 
 try:
