@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 PRELOADED = ("torch", "transformers", "trl", "datasets", "autofit.probe._worker")
 WITHOUT_CUDA_BUILD = ("peft", "bitsandbytes")  # preloaded only where torch is built without CUDA
+QUIETED = ("bitsandbytes", "kernels")  # their import-time warnings, kept from the terminal (below)
 
 
 def preload_modules() -> bool:
@@ -28,11 +29,14 @@ def preload_modules() -> bool:
     import torch
 
     cpu_build = torch.version.cuda is None and getattr(torch.version, "hip", None) is None
-    # bitsandbytes warns on import that an optional CPU kernel package is missing; the server has no log of its own,
-    # so the warning would reach the user's terminal at every search (it says nothing about memory)
-    quiet = logging.getLogger("bitsandbytes")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+    # bitsandbytes warns on import that an optional CPU kernel package is missing or that it could not fetch its CPU
+    # kernel from the hub, and the hub's ``kernels`` package (a dependency of transformers since 5.25) that it cannot
+    # check the kernel's publisher offline; the server has no log of its own, so the warnings would reach the user's
+    # terminal at every search (they say nothing about memory)
+    quiet = [logging.getLogger(name) for name in QUIETED]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
     try:
         for name in PRELOADED + (WITHOUT_CUDA_BUILD if cpu_build else ()):
             try:
@@ -40,7 +44,8 @@ def preload_modules() -> bool:
             except ImportError as exc:  # the probe will report it properly
                 log.debug("preload of %s failed: %s", name, exc)
     finally:
-        quiet.setLevel(level)
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
     return bool(torch.cuda.is_initialized())
 
 
