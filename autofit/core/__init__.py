@@ -7,17 +7,14 @@ Nothing here imports another part of autofit: every other package builds on it.
 """
 
 from autofit.core._algorithms import ALGORITHMS, DEFAULT_ALGO, PRECOMPUTE, algorithm, algorithm_names
-from autofit.core._allocator_env import ALLOC_ENV, allocator_options
 from autofit.core._candidate import RL_ALGOS, Candidate
 from autofit.core._candidate_fields import ProbeSettings
 from autofit.core._cards import CARDS, Card, card_named
 from autofit.core._compat import installed_versions, vllm_installed
 from autofit.core._engines import DDP, ENGINES, engine_for, engine_of
 from autofit.core._errors import InputError
-from autofit.core._key_table import NO_MEMORY, NOT_PROBED, PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
-from autofit.core._key_table import markdown as key_table_markdown
 from autofit.core._kinds import DEVICE_IDS, SECONDS, Kind
-from autofit.core._knob import MODELLED, FileRun, Knob
+from autofit.core._knob import MODELLED, PROBED, FileRun, Knob
 from autofit.core._knob_table import (
     ACTIVATION_OFFLOADING,
     BATCH_KEYS,
@@ -29,7 +26,7 @@ from autofit.core._knob_table import (
     user_dtype,
     user_trusts_code,
 )
-from autofit.core._knobs import as_trained, blocks, keys_of
+from autofit.core._knobs import as_trained, blocks, key_rows, keys_of
 from autofit.core._launch import Launch, LaunchEngine, TrlFile
 from autofit.core._options import (
     ESTIMATE,
@@ -52,19 +49,16 @@ from autofit.core._text import clip, one_line
 
 __all__ = [
     "ALGORITHMS", "DEFAULT_ALGO", "PRECOMPUTE", "algorithm", "algorithm_names",
-    "ALLOC_ENV", "allocator_options",
     "RL_ALGOS", "Candidate", "ProbeSettings",
     "CARDS", "Card", "card_named",
     "installed_versions", "vllm_installed",
     "DDP", "ENGINES", "engine_for", "engine_of",
     "InputError",
-    "NO_MEMORY", "NOT_PROBED", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "means_the_default",
-    "key_table_markdown",
     "DEVICE_IDS", "SECONDS", "Kind",
-    "MODELLED", "FileRun", "Knob",
+    "MODELLED", "PROBED", "FileRun", "Knob",
     "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "KNOBS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
     "user_dtype", "user_trusts_code",
-    "as_trained", "blocks", "keys_of",
+    "as_trained", "blocks", "key_rows", "keys_of",
     "Launch", "LaunchEngine", "TrlFile",
     "ESTIMATE", "FIELDS", "FIT", "GROUP_ALGOS", "SEARCH", "SearchOptions", "add_options", "door_fields", "given_values",
     "ladder_names",

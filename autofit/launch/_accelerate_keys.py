@@ -1,19 +1,20 @@
 """Every key of an accelerate config file (``accelerate launch --config_file``, ``--accelerate-config``, a TRL file's
-``accelerate_config:``), classified as ``autofit.core._key_table`` classifies a TRL file's: the top-level settings
-(accelerate's ``ClusterConfig``), the FSDP plugin's ``fsdp_config`` and the DeepSpeed plugin's ``deepspeed_config``
-(the keys ``accelerate config`` writes and ``accelerate launch`` takes as options).
+``accelerate_config:``), classified as ``autofit.memory_model._key_table`` classifies a TRL file's: the top-level
+settings (accelerate's ``ClusterConfig``), the FSDP plugin's ``fsdp_config`` and the DeepSpeed plugin's
+``deepspeed_config`` (the keys ``accelerate config`` writes and ``accelerate launch`` takes as options).
 
 A key set away from its default whose kind is ``not-probed`` or ``probed`` is named in a note with the wide band; a
-key the table does not know is named too (``tests/core/test_key_table.py`` fails when the installed accelerate writes or
-takes one). The probes run autofit's own engine for the launch's; what the engine's keys mean for the ledger is
-``autofit.launch._engine``'s.
+key the table does not know is named too (``tests/memory_model/test_key_table.py`` fails when the installed accelerate
+writes or takes one). The probes run autofit's own engine for the launch's; what the engine's keys mean for the ledger
+is ``autofit.launch._engine``'s.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from autofit.core import MODELLED, NO_MEMORY, NOT_PROBED, clip
+from autofit.core import MODELLED, clip
+from autofit.memory_model import NO_MEMORY, NOT_PROBED
 
 _LAUNCH = "where and how the processes start"
 _TPU = "a TPU setting: a GPU launch ignores it"

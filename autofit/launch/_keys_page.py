@@ -1,10 +1,10 @@
-"""docs/keys.md: the key table of a TRL config file (``autofit.core._key_table``) and of an accelerate config file
-(``autofit.launch._accelerate_keys``), generated with ``python -m autofit.launch._keys_page > docs/keys.md``."""
+"""docs/keys.md: the key table of a TRL config file (``autofit.memory_model._key_table``) and of an accelerate config
+file (``autofit.launch._accelerate_keys``), generated with ``python -m autofit.launch._keys_page > docs/keys.md``."""
 
 from __future__ import annotations
 
-from autofit.core import key_table_markdown
 from autofit.launch._accelerate_keys import markdown_sections
+from autofit.memory_model import key_table_markdown
 
 
 def page() -> str:

@@ -7,18 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from autofit.core import (
-    BATCH_KEYS,
-    PROBED_KEY,
-    SEARCHED_ARGS,
-    Baseline,
-    Launch,
-    TrlFile,
-    classify_key,
-    means_the_default,
-    runnable_attention,
-)
+from autofit.core import BATCH_KEYS, SEARCHED_ARGS, Baseline, Launch, TrlFile, runnable_attention
 from autofit.launch._file_knobs import file_baseline, file_options, read_keys
+from autofit.memory_model import PROBED_KEY, classify_key, means_the_default
 
 # Training arguments of the user's file that a probe must not run with: it writes no checkpoint, pushes and reports
 # nowhere, evaluates nothing (it has no evaluation data) and starts from scratch; the export keeps them all.
@@ -129,8 +120,8 @@ def unmodelled_note(launch: Launch) -> Optional[str]:
 
 def probed_as_written(file: TrlFile) -> List[str]:
     """The keys the file changes from TRL's defaults that the memory model does not describe
-    (``autofit.core._key_table``): training arguments the probes run as written, ModelConfig's that they do not run at
-    all; and the TRL fields the table does not know. In words, each with its value."""
+    (``autofit.memory_model._key_table``): training arguments the probes run as written, ModelConfig's that they do
+    not run at all; and the TRL fields the table does not know. In words, each with its value."""
     from autofit.memory_model import UNMODELLED_ARGS
 
     said = set(UNMODELLED_ARGS) | set(UNMODELLED_MODEL) | {"optim"}

@@ -9,6 +9,7 @@ and 5.1). One module per family of terms:
 - ``_census``: the parameters tensor by tensor, counted from the model built on the meta device (``_census_build``,
   run in its own process by ``_census_cache``, which keeps the result) or computed from the sizes, and what peft's
   LoRA and bitsandbytes do to them;
+- ``_key_table``: every key of a TRL config file, classified by what it does to memory (the launch reads it);
 - ``_checked``: the families the prior was checked on, and the wider band of the others;
 - ``_parameters``: weights, gradients, optimizer states, a reference model (2.1-2.3, 2.6);
 - ``_activations``: what the backward pass keeps, per token and layer (2.4), mixture-of-experts and eager attention
@@ -60,6 +61,15 @@ from autofit.memory_model._checked import (
 )
 from autofit.memory_model._first_step import StepPeaks, step_peaks
 from autofit.memory_model._host_time import host_figures, host_line, host_of, steps_on_host
+from autofit.memory_model._key_table import (
+    NO_MEMORY,
+    NOT_PROBED,
+    PROBED_KEY,
+    SAME_AS_DEFAULT,
+    classify_key,
+    means_the_default,
+)
+from autofit.memory_model._key_table import markdown as key_table_markdown
 from autofit.memory_model._ledger import (
     PRIOR_UNCERTAINTY,
     TERM_GROUPS,
@@ -125,6 +135,8 @@ from autofit.memory_model._vllm_recorded import UNMODELLED_BAND as VLLM_UNMODELL
 from autofit.memory_model._vllm_recorded import parse_log as parse_vllm_log
 
 __all__ = [
+    "NO_MEMORY", "NOT_PROBED", "PROBED_KEY", "SAME_AS_DEFAULT", "classify_key", "key_table_markdown",
+    "means_the_default",
     "StepPeaks", "step_peaks",
     "ActivationPolicy", "activation_policy",
     "CARDS", "Card", "PRIOR_SPEED_UNCERTAINTY", "SpeedEstimate", "card_named", "measured_rates_card",

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from autofit.core import Candidate, allocator_options
+from autofit.core import Candidate
+from autofit.rungs import allocator_options
 
 GiB = 2**30
 

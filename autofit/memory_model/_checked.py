@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Mapping, Optional
 
-from autofit.core import PROBED_KEY, SAME_AS_DEFAULT, algorithm, algorithm_names, classify_key, means_the_default
+from autofit.core import algorithm, algorithm_names
 from autofit.memory_model._census import ANALYTIC
+from autofit.memory_model._key_table import PROBED_KEY, SAME_AS_DEFAULT, classify_key, means_the_default
 
 if TYPE_CHECKING:
     from autofit.core import Candidate

@@ -12,7 +12,8 @@ mixture is one of:
   export keeps it as written.
 
 A key the table does not know (a field a newer TRL added) is named in a note and gets the wide band, never silence;
-``tests/core/test_key_table.py`` fails when the installed TRL or transformers has a field the table does not classify.
+``tests/memory_model/test_key_table.py`` fails when the installed TRL or transformers has a field the table does not
+classify.
 The table covers the declared floors too (transformers 4.56's older fields). ``docs/keys.md`` is generated from it
 (``python -m autofit.launch._keys_page``, with accelerate's keys).
 """
@@ -21,8 +22,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from autofit.core._knob import MODELLED, PROBED
-from autofit.core._knobs import key_rows
+from autofit.core import MODELLED, PROBED, key_rows
 
 NO_MEMORY = "no-memory"
 NOT_PROBED = "not-probed"
@@ -180,7 +180,7 @@ def unclassified(keys: Iterable[str]) -> List[str]:
 def markdown() -> str:
     """The table as docs/keys.md shows it."""
     lines = ["# Every key of your TRL config file", "",
-             "Generated from `autofit/core/_key_table.py` and `autofit/launch/_accelerate_keys.py` "
+             "Generated from `autofit/memory_model/_key_table.py` and `autofit/launch/_accelerate_keys.py` "
              "(`python -m autofit.launch._keys_page > docs/keys.md`).",
              "What autofit does with each field of TRL's config classes, ModelConfig, the scripts' arguments and the "
              "data set mixture: `modelled` (the memory model reads it, the probes run it), `probed` (the probes run "

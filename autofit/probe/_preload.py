@@ -44,7 +44,7 @@ def preload_modules() -> bool:
             except ImportError as exc:  # the probe will report it properly
                 log.debug("preload of %s failed: %s", name, exc)
     finally:
-        for logger, level in zip(quiet, levels):
+        for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
     return bool(torch.cuda.is_initialized())
 

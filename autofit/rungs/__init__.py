@@ -9,7 +9,7 @@ here too, since the rungs that choose them, the probe that launches them and the
 """
 
 from autofit.core import Candidate, FactoryMisuse, Outcome, keys_of
-from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments
+from autofit.rungs._allocator import ALLOC_ENV, ExpandableSegments, allocator_options
 from autofit.rungs._checkpointing import GradientCheckpointing
 from autofit.rungs._contract import ModelFacts, ProbeStep, RungBase, hook_problem, knob, probe_steps
 from autofit.rungs._default import (
@@ -74,7 +74,8 @@ PLUGIN_API = ("Candidate", "FREE", "FactoryMisuse", "LadderState", "ModelFacts",
 
 __all__ = [
     "PLUGIN_API", "hook_problem", "Candidate", "FactoryMisuse", "ModelFacts", "Outcome", "keys_of", "knob",
-    "ACCELERATE_YAML", "ALLOC_ENV", "COSTS", "DEEPSPEED_JSON", "DEFAULT_LADDER", "ENTRY_POINT_GROUP", "FREE",
+    "ACCELERATE_YAML", "ALLOC_ENV", "allocator_options", "COSTS", "DEEPSPEED_JSON", "DEFAULT_LADDER",
+    "ENTRY_POINT_GROUP", "FREE",
     "FREE_UNDER_ADAPTERS", "FSDP_ENGINES", "NEVER_DROPPED", "OFFLOAD_RUNG", "QUALITY", "RUNGS", "SHARDING_RUNGS",
     "SPEED", "ZERO_STAGES", "ActivationOffload", "Bf16Weights", "EightBitOptimizer", "ExpandableSegments",
     "FailedRungs", "GradientCheckpointing", "LadderState", "LigerKernels", "Lora", "MicroBatch", "OptimizerOffload",

@@ -1,8 +1,20 @@
-"""PyTorch's expandable segments: one growing segment per stream instead of fixed blocks, less fragmentation."""
+"""PyTorch's expandable segments: one growing segment per stream instead of fixed blocks, less fragmentation; and the
+caching allocator's options as the process sees them: ``PYTORCH_ALLOC_CONF``, or, where it is unset, the older
+``PYTORCH_CUDA_ALLOC_CONF`` that most launch files still carry (torch reads both; the newer wins, they are not merged).
+"""
 
-from autofit.core import ALLOC_ENV, allocator_options
+from typing import Mapping
+
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import FREE, LadderState
+
+ALLOC_ENV = "PYTORCH_ALLOC_CONF"
+LEGACY_ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def allocator_options(env: Mapping[str, str]) -> str:
+    """The allocator options in effect for ``env`` ("" where none are set)."""
+    return str(env.get(ALLOC_ENV, env.get(LEGACY_ALLOC_ENV, "")))
 
 
 class ExpandableSegments(RungBase):

@@ -18,7 +18,6 @@ from autofit.core import (
     LoraSettings,
     as_trained,
     blocks,
-    classify_key,
     keys_of,
 )
 from autofit.core._knob_table import KNOBS
@@ -27,6 +26,7 @@ from autofit.export._answer import knob_model_args as model_args
 from autofit.export._words import knob_of_key
 from autofit.launch import MAPPED, read_trl_file
 from autofit.launch._file_knobs import file_baseline, file_options, read_keys
+from autofit.memory_model import classify_key
 from autofit.rungs import knob
 
 LORA = LoraSettings(r=8, alpha=16, dropout=0.05, target_modules=("q_proj", "v_proj"), modules_to_save=("lm_head",),

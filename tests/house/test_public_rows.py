@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import benchmarks.public as public
-from autofit.core._key_table import classify
+from autofit.memory_model._key_table import classify
 
 REPO = Path(__file__).resolve().parents[2]
 ALL_ROWS = public.ROWS + public.PREFERENCE_ROWS + public.GRPO_ROWS

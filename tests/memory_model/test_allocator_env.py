@@ -6,8 +6,8 @@ set (as in torch), and the rung keeps the user's other allocator options under e
 from __future__ import annotations
 
 from autofit import cli
-from autofit.core import Candidate, allocator_options
-from autofit.rungs import RUNGS, LadderState
+from autofit.core import Candidate
+from autofit.rungs import RUNGS, LadderState, allocator_options
 
 FILE = """model_name_or_path: Qwen/Qwen2.5-0.5B
 per_device_train_batch_size: 4

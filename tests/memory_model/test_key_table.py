@@ -7,8 +7,8 @@ import importlib
 
 import pytest
 
-from autofit.core._key_table import KINDS, TABLE, classify, markdown, unclassified
 from autofit.launch._keys_page import page
+from autofit.memory_model._key_table import KINDS, TABLE, classify, markdown, unclassified
 
 ALGOS = ("sft", "grpo", "rloo", "reward", "dpo", "kto")
 
