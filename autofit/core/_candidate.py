@@ -40,11 +40,15 @@ class Candidate(CandidateFields):
     @property
     def engine(self) -> Optional[str]:
         """The engine the probe runs under (its accelerate config): offload, sharding, or data parallel."""
-        if self.offload:
-            return self.offload
-        if self.sharding:
-            return self.sharding
-        return DDP if self.ranks > 1 else None
+        return self.named_engine or (DDP if self.ranks > 1 else None)
+
+    @property
+    def named_engine(self) -> Optional[str]:  # the optimizer offload's, else the sharding's; not data parallel's
+        return self.offload or self.sharding
+
+    @property
+    def optimizer_offload(self) -> bool:  # zero2-offload's (``Engine.optimizer_offload``), not an offloading sharding's
+        return bool(self.offload)
 
     @property
     def tokens_per_step(self) -> int:

@@ -61,7 +61,7 @@ def engine_data(report: SearchReport, candidate: Candidate, out_dir: Optional[Pa
 
 def host_memory_data(report: SearchReport, candidate: Candidate) -> Optional[Dict[str, Any]]:
     """best.json's host memory the offloading rungs need (pinned on a GPU machine): measured and predicted."""
-    if not (candidate.offload or memory_model.activation_policy(candidate).offloads_activations):
+    if not (candidate.optimizer_offload or memory_model.activation_policy(candidate).offloads_activations):
         return None
     measured = {key: _stat(report, key) for key in ("host_bytes", "activation_host_bytes") if _stat(report, key)}
     shape = memory_model.shape_or_none(candidate.model)
@@ -76,9 +76,9 @@ def engine_comments(report: SearchReport, candidate: Candidate) -> List[str]:
     lines = []
     if candidate.replaces:  # an engine of autofit's instead of the launch's own: its trade
         lines.append(f"# {replacement_trade(candidate)}")
-    if candidate.offload:
+    if candidate.optimizer_offload:
         host = _stat(report, "host_bytes")
-        lines.append(f"# optimizer offload ({candidate.offload}, {ACCELERATE_YAML} + {DEEPSPEED_JSON}): fp32 master "
+        lines.append(f"# optimizer offload ({candidate.engine}, {ACCELERATE_YAML} + {DEEPSPEED_JSON}): fp32 master "
                      "weights, gradients and AdamW states in host memory"
                      + (f" ({format_size(host)} measured)" if host else "") + "; same math, slower steps")
     nodes = report.spec.options.nodes

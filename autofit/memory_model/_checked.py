@@ -63,9 +63,9 @@ def unmodelled(candidate: Candidate) -> List[str]:
 
     args = dict(candidate.user_args)
     found = unmodelled_args(args)
-    if args.get("deepspeed") and (candidate.sharding or candidate.offload):  # a rung's engine drops it (the ladder)
+    if args.get("deepspeed") and candidate.named_engine:  # a rung's engine drops it (the ladder)
         found.append(f"a DeepSpeed config of your own beside another engine of your launch's "
-                     f"({candidate.offload or candidate.sharding})")
+                     f"({candidate.named_engine})")
     if not optimizer_known(candidate.optim):
         found.append(f"the optimizer {candidate.optim} (two fp32 states assumed)")
     return found

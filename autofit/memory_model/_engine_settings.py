@@ -103,7 +103,7 @@ def zero_engine(candidate: Candidate) -> Optional[str]:
     sharding = engine_of(candidate.sharding)
     if sharding is not None and sharding.deepspeed and sharding.sharding:
         return sharding.name
-    if candidate.sharding is None and not candidate.offload:
+    if candidate.sharding is None and not candidate.optimizer_offload:
         stage = user_zero_stage(candidate)
         return engine_for(stage) if stage else None
     return None
@@ -187,7 +187,7 @@ class HostOffload(NamedTuple):
 def host_offload(candidate: Candidate) -> HostOffload:
     """The offload of autofit's rungs (optimizer offload, ZeRO-3 and FSDP2 offload) or of the user's own DeepSpeed
     configuration (``offload_optimizer``, ZeRO-3's ``offload_param``): one reading for every door."""
-    if candidate.offload:
+    if candidate.optimizer_offload:
         return HostOffload("deepspeed", False)
     sharding = engine_of(candidate.sharding)
     if sharding is not None and sharding.offloads_parameters:
@@ -203,7 +203,7 @@ def host_offload(candidate: Candidate) -> HostOffload:
 def as_launched(candidate: Candidate) -> Candidate:
     """The candidate with its user's DeepSpeed offload as the engine the ledger models (the probes run the user's own
     configuration as written: only the ledger reads it this way)."""
-    if candidate.sharding or candidate.offload:
+    if candidate.named_engine:
         return candidate
     engine = engine_of(user_offload_engine(user_deepspeed(candidate)))
     if engine is not None and engine.optimizer_offload:

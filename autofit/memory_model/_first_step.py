@@ -26,7 +26,7 @@ def first_step_optimizer_share(candidate: Candidate) -> float:
     """The part of the steady optimizer term a run holds before its first step: ZeRO's fp32 master weights on the
     device (4 of its 12 bytes per trainable parameter), nothing for torch's and bitsandbytes' optimizers (an offload
     keeps its states on the host, where the device term is already none)."""
-    return ZERO_MASTER_SHARE if zero_engine(candidate) is not None and not candidate.offload else 0.0
+    return ZERO_MASTER_SHARE if zero_engine(candidate) is not None and not candidate.optimizer_offload else 0.0
 
 
 def first_step_ledgers(ledgers: Sequence[Ledger], candidate: Candidate) -> List[Ledger]:

@@ -154,8 +154,8 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
     if candidate.unit.critic:  # PPO: a value model beside the policy, and the rollout (``_rollout``)
         return [_Phase(name, terms) for name, terms in rollout_phases(candidate, shape, device)]
     act_bytes = compute_bytes(candidate, shape, device)
-    state = sharded_state((offloaded_state_bytes if candidate.offload else state_bytes)(candidate, shape, device),
-                          candidate, shape, device)
+    on_device = offloaded_state_bytes if candidate.optimizer_offload else state_bytes
+    state = sharded_state(on_device(candidate, shape, device), candidate, shape, device)
     saved, layer_moment = activation_bytes(candidate, shape, act_bytes)
     logits = logit_bytes(candidate, shape, device, act_bytes, weight_bytes(candidate, shape))
     # offload: its staging buffers; several ranks: DDP's gradient buckets. ZeRO allocates its gradient partition
@@ -163,24 +163,24 @@ def _phases(candidate: Candidate, shape: ModelShape, device: str) -> List[_Phase
     # user's on tiny-qwen2: 139.62 MiB measured, the train phase without them 139.70 predicted]; its reduce buckets
     # live by phase (``zero_phase_buffers``)
     zero = zero_engine(candidate) is not None
-    resident_gradients = candidate.grad_accum >= 2 or bool(candidate.offload) or (candidate.ranks > 1 and not zero)
+    resident_gradients = candidate.grad_accum >= 2 or candidate.optimizer_offload or (candidate.ranks > 1 and not zero)
     static = {"weights": state.weights + state.autocast_copy, "reference": state.reference,
               "optimizer": state.optimizer, "gradients": state.gradients if resident_gradients else 0.0}
     backward_gradients = state.gradients if resident_gradients or zero else 0.0
     phases = [
         _Phase("train", {**static, "activations": saved, "logits": logits}),
         _Phase("backward", {**static, "activations": layer_moment, "gradients": backward_gradients + (
-            gradient_transient_bytes(candidate, shape, device) if candidate.offload else 0.0)}),
+            gradient_transient_bytes(candidate, shape, device) if candidate.optimizer_offload else 0.0)}),
         _Phase("step", {"weights": state.weights, "reference": state.reference,
                         "gradients": state.gradients + state.step_gradients,
                         "optimizer": state.optimizer + max(state.step_temporaries, state.embedding_temporaries)}),
     ]
-    if zero and not candidate.offload:  # DeepSpeed's fp32 master weights exist from its setup, Adam's states from the
-        # first step: the first backward holds 4 of the 12 bytes per trainable parameter [D: DeepSpeed's optimizer
-        # state is created lazily by torch's and DeepSpeed's Adam at their first step]
+    if zero and not candidate.optimizer_offload:  # DeepSpeed's fp32 master weights exist from its setup, Adam's
+        # states from the first step: the first backward holds 4 of the 12 bytes per trainable parameter [D:
+        # DeepSpeed's optimizer state is created lazily by torch's and DeepSpeed's Adam at their first step]
         phases.append(_Phase("first_backward", {**phases[1].terms,
                                                 "optimizer": state.optimizer * ZERO_MASTER_SHARE}))
-    if candidate.offload:
+    if candidate.optimizer_offload:
         phases.append(_Phase("engine_setup", {"weights": engine_setup_bytes(candidate, shape, device)}))
     if PRECOMPUTE in candidate.unit.phases and candidate.precompute_ref:  # the reference's log-probs, before training:
         # the policy's forward without gradients over the precompute batch (one layer's activations at a time)

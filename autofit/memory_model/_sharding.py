@@ -67,7 +67,7 @@ def sharded_state(state: StateBytes, candidate: Candidate, shape: ModelShape, de
     """One rank's share of ``state`` (a single GPU's) under the candidate's engine across ``candidate.ranks``."""
     ranks = candidate.ranks
     strategy = candidate.sharding or zero_engine(candidate) or DDP
-    if (ranks < 2 and strategy == DDP) or candidate.offload:  # a named engine on one GPU is its own
+    if (ranks < 2 and strategy == DDP) or candidate.optimizer_offload:  # a named engine on one GPU is its own
         return state
     if strategy in OFFLOADED:
         return _offloaded(state, candidate, shape, device, strategy)
@@ -138,7 +138,7 @@ def zero_phase_buffers(candidate: Candidate, shape: ModelShape, device: str) -> 
     next backward holds two [D: DeepSpeed 0.19 ``stage_1_and_2.py`` ``process_gradients``/``setup_buckets``,
     ``independent_gradient_partition_epilogue``/``_release_ipg_buffers``, ``stage3.py``
     ``_setup_for_real_optimizer``; V: CPU meter, tiny-qwen2, 1e6 against 1e8-element buckets: docs/decisions.md]."""
-    offload = bool(candidate.offload)  # ZeRO-2 with the optimizer on the host: its buckets are ZeRO-2's
+    offload = candidate.optimizer_offload  # ZeRO-2 with the optimizer on the host: its buckets are ZeRO-2's
     if zero_engine(candidate) is None and not offload:
         return {}
     settings = zero_settings(candidate, shape)
@@ -155,7 +155,7 @@ def zero_phase_buffers(candidate: Candidate, shape: ModelShape, device: str) -> 
 
 def sharding_host_bytes(candidate: Candidate, shape: ModelShape, device: str) -> float:
     """Host memory the offloading shardings take on this machine (every rank's shards)."""
-    if candidate.ranks < 2 or candidate.sharding not in OFFLOADED or candidate.offload:
+    if candidate.ranks < 2 or candidate.sharding not in OFFLOADED or candidate.optimizer_offload:
         return 0.0
     total = param_counts(shape, candidate.algo).total
     trainable = sum(t.numel * t.count for t in trainable_tensors(shape, candidate))

@@ -26,7 +26,7 @@ class FailedRungs:
 
     def observe(self, candidate: Candidate, result: ProbeResult) -> Optional[str]:
         """The note for the report when this result is the first failure of a rung's machinery."""
-        if candidate.offload and result.cause == ENGINE_FAILURE and not self.engine:
+        if candidate.optimizer_offload and result.cause == ENGINE_FAILURE and not self.engine:
             self.engine = True
             return (f"optimizer offload could not run here ({clip(result.error, 200)}); its other candidates were not "
                     "probed")
@@ -34,7 +34,7 @@ class FailedRungs:
 
     def skipped(self, candidate: Candidate) -> bool:
         """Not worth a probe: its engine failed already."""
-        return bool(candidate.offload) and self.engine
+        return candidate.optimizer_offload and self.engine
 
     def runnable(self, candidate: Candidate) -> Candidate:
         """The candidate as this machine can run it: without Liger's kernels once they failed."""

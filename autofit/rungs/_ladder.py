@@ -79,7 +79,7 @@ class LadderState:
             return self.colocated.with_rung(rung, **state_changes, candidate_changes=candidate_changes)
         candidate = self.candidate
         # quality rungs shrink the level without the optimizer offload a rung added (the user's engine is kept)
-        if rung.cost == QUALITY and candidate.offload and OFFLOAD_RUNG in candidate.rungs:
+        if rung.cost == QUALITY and candidate.optimizer_offload and OFFLOAD_RUNG in candidate.rungs:
             candidate = candidate.replace(offload=None, rungs=tuple(r for r in candidate.rungs if r != OFFLOAD_RUNG))
         if rung.cost == QUALITY and candidate.sharding in SHARDS_BACK_ON_GPU and candidate.sharding in candidate.rungs:
             candidate = candidate.replace(sharding=SHARDS_BACK_ON_GPU[candidate.sharding],
@@ -164,7 +164,7 @@ def own_engine(candidate: Candidate) -> Optional[Tuple[str, str]]:
         words = (f"ZeRO-{facts.stage}" + (" with optimizer offload" if facts.offloads_optimizer else "")
                  if facts else "configuration")
         return engine, f"DeepSpeed {words} (deepspeed:)"
-    launched = candidate.offload or candidate.sharding
+    launched = candidate.named_engine
     if launched and not candidate.rungs:  # the launch's (accelerate_config:, --accelerate-config, accelerate launch)
         return launched, f"{launched} engine (its accelerate config)"
     return None

@@ -62,7 +62,7 @@ class Sharding(RungBase):
         if candidate.ranks < 2 or candidate.quantization is not None:
             return None  # one GPU; bitsandbytes weights do not shard here
         # the engine it would follow: a rung's, the launch's, or a deepspeed: block's (not on the candidate's fields)
-        current = candidate.offload or candidate.sharding or (state.own_engine if not candidate.replaces else None)
+        current = candidate.named_engine or (state.own_engine if not candidate.replaces else None)
         if current == ZERO2_OFFLOAD and self.name not in OFFLOADING:
             return None  # optimizer offload is its own engine; only an offloading sharding replaces it
         if current == self.name or _rank(current) > _rank(self.name):

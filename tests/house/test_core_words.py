@@ -17,9 +17,10 @@ MAX_FACADE_NAMES = 73
 # 2,690 after the move, the vllm_sleep knob (20 lines), the engine registry (item 3: 83 lines, less what the candidate
 # no longer spells), the candidate's fields' module (11), less the facade's imports on one line and a dead helper, and
 # the launch's reading of the file (31) and the rungs' and the export's knob views (20); 2,717 after observe_trainer
-# and masked_argv moved (and the facade's knob views on one line); 2,502 after the key table (194) and the allocator's
-# options (15) moved
-MAX_CORE_LINES = 2502
+# and masked_argv moved (and the facade's knob views on one line); 2,721 with the candidate's two engine facts
+# (``named_engine``, ``optimizer_offload``: eleven modules ask them instead of reading ``Candidate.offload``); 2,506
+# after the key table (194) and the allocator's options (15) moved
+MAX_CORE_LINES = 2506
 
 
 def test_cores_facade_only_shrinks():

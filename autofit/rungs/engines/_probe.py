@@ -35,7 +35,7 @@ class EngineStep(ProbeStep):
         return bool(candidate.engine)
 
     def keeps_host(self, candidate: Candidate) -> bool:
-        return bool(candidate.offload)  # the offloaded optimizer's states (the shardings' offload runs on GPUs only)
+        return candidate.optimizer_offload  # its offloaded optimizer's states (the shardings' offload: GPUs only)
 
     def before_build(self, candidate: Candidate) -> None:
         enter_engine(candidate)
@@ -47,7 +47,7 @@ class EngineStep(ProbeStep):
 
     def read_back(self, trainer: Any, candidate: Candidate, meter: Any, handle: Any,
                   observed: Dict[str, Any]) -> Dict[str, Any]:
-        return {"host_bytes": offloaded_state(trainer, candidate, meter)} if candidate.offload else {}
+        return {"host_bytes": offloaded_state(trainer, candidate, meter)} if candidate.optimizer_offload else {}
 
     def failure(self, candidate: Candidate, outcome: Outcome, fault: str, cause: str) -> Optional[Tuple[Outcome, str]]:
         if outcome is Outcome.CRASH and fault not in (USER, INFRASTRUCTURE):
@@ -123,7 +123,7 @@ def offloaded_state(trainer, candidate: Candidate, meter) -> int:
     tensors = host_tensors(trainer)
     if not tensors:
         raise FactoryMisuse(
-            f"the candidate offloads the optimizer ({candidate.offload}) but the trainer did not run DeepSpeed's "
+            f"the candidate offloads the optimizer ({candidate.engine}) but the trainer did not run DeepSpeed's "
             "ZeRO optimizer with offload_optimizer: build the trainer's config from candidate.training_args() "
             "inside the factory, so it sees the engine's launch environment"
         )

@@ -78,7 +78,8 @@ class VllmServer(RungBase):
         if trainers == 1 and candidate.sharding:  # one rank shards nothing
             changes["sharding"] = None
             changes["rungs"] = tuple(r for r in candidate.rungs if r not in SHARDING_RUNGS and r != OFFLOAD_RUNG)
-            changes["offload"] = None if OFFLOAD_RUNG in candidate.rungs else candidate.offload
+            if OFFLOAD_RUNG in candidate.rungs:  # the optimizer offload goes with its rung
+                changes["offload"] = None
         return candidate.replace(**changes)
 
     def trade(self, candidate: Candidate, context: Mapping[str, Any]) -> Optional[str]:
