@@ -18,7 +18,7 @@ VLLM_TESTS ?= tests/vllm_lane
 
 # The lowest declared transformers, trl and optuna (pyproject.toml), installed in a second environment.
 FLOOR_VENV ?= .venv-floor
-FLOOR_PINS = $(shell $(PYTHON) -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print(' '.join(re.sub('>=', '==', d) for d in deps if re.match(r'(transformers|trl|optuna)>=', d)))")
+FLOOR_PINS = $(shell $(PYTHON) -c "import re, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print(' '.join(re.sub(r'>=([^,]+).*', r'==\1', d) for d in deps if re.match(r'(transformers|trl|optuna)>=', d)))")
 GPU_CHECK_OUT ?= /tmp/autofit-gpu-check
 
 # User targets (make help): search, estimate and train a model of yours; the CLI underneath, one engine.
