@@ -323,6 +323,18 @@ def test_the_users_own_deepspeed_file_is_named_deepspeed_not_data_parallel():
     assert own.replace(sharding="zero2").describe() == "mb=8x1x2 len=512 zero2"  # autofit's engine replaces it
 
 
+def test_the_engine_facts_a_candidate_answers():
+    # optimizer_offload: the offload rung's engine only, not a sharding that offloads; named_engine: the engine a rung
+    # named (offload before sharding), never data parallel's, which engine alone adds on several ranks
+    plain = candidate()
+    assert (plain.optimizer_offload, plain.named_engine, plain.engine) == (False, None, None)
+    assert (plain.replace(ranks=2).named_engine, plain.replace(ranks=2).engine) == (None, "ddp")
+    sharded = plain.replace(ranks=4, sharding="zero3-offload")
+    assert (sharded.optimizer_offload, sharded.named_engine, sharded.engine) == (False, *["zero3-offload"] * 2)
+    offloaded = sharded.replace(offload="zero2-offload")
+    assert (offloaded.optimizer_offload, offloaded.named_engine, offloaded.engine) == (True, *["zero2-offload"] * 2)
+
+
 # -- outcomes ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("exc, outcome", [
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), Outcome.OOM),
