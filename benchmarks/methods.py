@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from autofit.core import FACTORIES, RL_ALGOS, Candidate, Outcome, ProbeResult, SearchOptions, SearchSpec, format_size
+from autofit.core import RL_ALGOS, Candidate, Outcome, ProbeResult, SearchOptions, SearchSpec, algorithm, format_size
 from autofit.probe import ProcessRunner
 from autofit.rungs import FREE, QUALITY, SPEED, resolve_ladder
 from autofit.search import Search, divisors
@@ -54,7 +54,7 @@ class Workload:
 
     @property
     def factory(self) -> str:
-        return FACTORIES[self.algo]
+        return algorithm(self.algo).factory
 
     def spec(self, budget_bytes: int, out_dir: Path, max_probes: Optional[int] = None) -> SearchSpec:
         extra: Dict[str, Any] = {}

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from autofit.core import FACTORIES, Candidate, LoraSettings
+from autofit.core import Candidate, LoraSettings, algorithm
 from autofit.probe import ProcessRunner
 from autofit.probe._rates import measure_rates
 from autofit.rungs.engines import ZERO2_OFFLOAD
@@ -72,7 +72,7 @@ def rows(root: Path) -> Tuple[List[Dict], Tuple[float, ...]]:
     for name, model, algo, length, batch in WORKLOADS:
         folder = root / name.replace(" ", "-")
         calibration = _search(folder / "search", model, algo, length, batch)
-        runner = ProcessRunner(FACTORIES[algo], None, folder, PROBE_TIMEOUT_S)
+        runner = ProcessRunner(algorithm(algo).factory, None, folder, PROBE_TIMEOUT_S)
         base = Candidate(algo=algo, model=model, device="cpu", micro_batch=batch, grad_accum=1, max_length=length)
         file = {"model_name_or_path": model, "per_device_train_batch_size": batch, "gradient_accumulation_steps": 1,
                 "max_length": length, "gradient_checkpointing": False}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from autofit.cli._signals import exit_code, terminate_as_interrupt
-from autofit.core import DEVICE_IDS, SECONDS, InputError, Kind, one_line
+from autofit.core import FIELDS, InputError, one_line
 
 DEFAULT_WORKDIR = "autofit-worker"
 
@@ -36,9 +36,11 @@ def add_parser(commands: Any) -> None:
     worker.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
 
 
-def _read(kind: Kind, flag: str, text: Optional[str]) -> Any:
+def _read(field: str, flag: str, text: Optional[str]) -> Any:
+    """``text`` read as the search's option ``field`` reads its own (the worker's flags accept what the search's do)."""
     if text is None:
         return None
+    kind = FIELDS[field].metadata["kind"]
     try:
         value = kind.parse(text) if kind.parse else text
     except (TypeError, ValueError):
@@ -54,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     terminate_as_interrupt()
     try:
-        devices = _read(DEVICE_IDS, "--gpus-for-probes", args.gpus_for_probes)
-        idle_exit = _read(SECONDS, "--idle-exit", args.idle_exit)
+        devices = _read("gpus_for_probes", "--gpus-for-probes", args.gpus_for_probes)
+        idle_exit = _read("worker_silence_s", "--idle-exit", args.idle_exit)
         served = serve(args.study, Path(args.workdir), [str(d) for d in devices] if devices else None,
                        idle_exit_s=idle_exit)
     except InputError as exc:

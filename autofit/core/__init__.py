@@ -13,26 +13,14 @@ from autofit.core._cards import CARDS, Card, card_named
 from autofit.core._compat import installed_versions, vllm_installed
 from autofit.core._engines import DDP, ENGINES, engine_for, engine_of
 from autofit.core._errors import InputError
-from autofit.core._kinds import DEVICE_IDS, SECONDS, Kind
 from autofit.core._knob import MODELLED, PROBED, FileRun, Knob
-from autofit.core._knob_table import (
-    ACTIVATION_OFFLOADING,
-    BATCH_KEYS,
-    INIT_KWARGS,
-    KNOBS,
-    USE_LIGER,
-    VLLM_CONTEXT_KEY,
-    VLLM_SHARE_KEY,
-    user_dtype,
-    user_trusts_code,
-)
-from autofit.core._knobs import as_trained, blocks, key_rows, keys_of
+from autofit.core._knob_table import KNOBS, TRL_KEYS, user_dtype, user_trusts_code
+from autofit.core._knobs import as_trained, blocks, keys_of
 from autofit.core._launch import Launch, LaunchEngine, TrlFile
 from autofit.core._options import (
     ESTIMATE,
     FIELDS,
     FIT,
-    GROUP_ALGOS,
     SEARCH,
     SearchOptions,
     add_options,
@@ -41,10 +29,10 @@ from autofit.core._options import (
     ladder_names,
 )
 from autofit.core._outcome import INFRASTRUCTURE, PLUGIN, USER, FactoryMisuse, Outcome, PluginStepError, ProbeResult
-from autofit.core._secrets import masked, scrubbed, url_parts, url_secrets
+from autofit.core._secrets import masked, url_parts
 from autofit.core._settings import LoraSettings, runnable_attention
 from autofit.core._sizes import format_size, parse_size
-from autofit.core._spec import FACTORIES, MAX_EFFECTIVE_BATCH, SEARCHED_ARGS, Baseline, SearchSpec
+from autofit.core._spec import MAX_EFFECTIVE_BATCH, SEARCHED_ARGS, Baseline, SearchSpec
 from autofit.core._text import clip, one_line
 
 __all__ = [
@@ -54,18 +42,16 @@ __all__ = [
     "installed_versions", "vllm_installed",
     "DDP", "ENGINES", "engine_for", "engine_of",
     "InputError",
-    "DEVICE_IDS", "SECONDS", "Kind",
     "MODELLED", "PROBED", "FileRun", "Knob",
-    "ACTIVATION_OFFLOADING", "BATCH_KEYS", "INIT_KWARGS", "KNOBS", "USE_LIGER", "VLLM_CONTEXT_KEY", "VLLM_SHARE_KEY",
-    "user_dtype", "user_trusts_code",
-    "as_trained", "blocks", "key_rows", "keys_of",
+    "KNOBS", "TRL_KEYS", "user_dtype", "user_trusts_code",
+    "as_trained", "blocks", "keys_of",
     "Launch", "LaunchEngine", "TrlFile",
-    "ESTIMATE", "FIELDS", "FIT", "GROUP_ALGOS", "SEARCH", "SearchOptions", "add_options", "door_fields", "given_values",
+    "ESTIMATE", "FIELDS", "FIT", "SEARCH", "SearchOptions", "add_options", "door_fields", "given_values",
     "ladder_names",
     "INFRASTRUCTURE", "PLUGIN", "USER", "FactoryMisuse", "Outcome", "PluginStepError", "ProbeResult",
-    "masked", "scrubbed", "url_parts", "url_secrets",
+    "masked", "url_parts",
     "LoraSettings", "runnable_attention",
     "format_size", "parse_size",
-    "FACTORIES", "MAX_EFFECTIVE_BATCH", "SEARCHED_ARGS", "Baseline", "SearchSpec",
+    "MAX_EFFECTIVE_BATCH", "SEARCHED_ARGS", "Baseline", "SearchSpec",
     "clip", "one_line",
 ]

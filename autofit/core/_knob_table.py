@@ -8,6 +8,7 @@ spelled: a rung names its knob (``knob("checkpointing").keys``), the export and 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
 from autofit.core._algorithms import algorithm
@@ -18,13 +19,30 @@ from autofit.core._knob_peft import LORA, QUANTIZATION
 from autofit.core._settings import runnable_attention
 
 TRL_VLLM_UTILIZATION = 0.3  # GRPOConfig.vllm_gpu_memory_utilization
-# Keys other stages read by name: a built trainer's switches (its probe step checks it took them), the batch split
+# Keys the table spells by name (other stages read them as TRL_KEYS' fields; the batch split as keys_of("batch"))
 BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 INIT_KWARGS = "model_init_kwargs"  # where TRL's scripts put ModelConfig's dtype and attention for the trainer
 ACTIVATION_OFFLOADING = "activation_offloading"
 USE_LIGER = "use_liger_kernel"
 USE_VLLM, VLLM_SHARE_KEY, VLLM_CONTEXT_KEY = "use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length"
 VLLM_SLEEP_KEY = "vllm_enable_sleep_mode"
+
+
+@dataclass(frozen=True)
+class TrlKeys:
+    """The keys a stage reads by name, beside the knobs that own them: a built trainer's switch its rung's probe step
+    checks it took, a user's own value a rung defers to, the dtype and attention the export folds into ModelConfig."""
+
+    init_kwargs: str = INIT_KWARGS
+    activation_offloading: str = ACTIVATION_OFFLOADING
+    use_liger: str = USE_LIGER
+    vllm_mode: str = "vllm_mode"
+    vllm_share: str = VLLM_SHARE_KEY
+    vllm_context: str = VLLM_CONTEXT_KEY
+    vllm_sleep: str = VLLM_SLEEP_KEY
+
+
+TRL_KEYS = TrlKeys()
 
 
 def _int(value: Any) -> bool:

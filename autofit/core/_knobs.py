@@ -1,7 +1,7 @@
 """What more than one stage derives from the knob table (``autofit.core._knob_table``): the training arguments,
-best.json's blocks, the candidate as its trainer built it, the key table's modelled rows, the
-keys autofit searches, and which fields of the candidate's study key were added late. What the launch alone reads of a
-TRL file through the table is ``autofit.launch._file_knobs``'s."""
+best.json's blocks, the candidate as its trainer built it, the keys autofit searches, and which fields of the
+candidate's study key were added late. What the launch alone reads of a TRL file through the table is
+``autofit.launch._file_knobs``'s, the key table's rows of the knobs' keys ``autofit.memory_model._key_table``'s."""
 
 from __future__ import annotations
 
@@ -67,12 +67,3 @@ def searched_keys(length_fields: Iterable[str]) -> Tuple[str, ...]:
     searched knobs' keys, and every algorithm's length field."""
     keys: List[str] = [key for k in _table() if k.searched for key in k.training_keys]
     return tuple(keys + [name for name in length_fields if name not in keys])
-
-
-def key_rows() -> Dict[str, Tuple[str, str]]:
-    """The key table's rows of the knobs' keys: key -> (kind, words)."""
-    rows: Dict[str, Tuple[str, str]] = {}
-    for k in _table():
-        for key, words in {**k.training_keys, **k.model_keys}.items():
-            rows[key] = (k.kind, words)
-    return rows

@@ -14,9 +14,13 @@ SECRET_NAME = re.compile(r"pass|pwd|secret|token|auth|credential", re.IGNORECASE
 DSN_WORD = re.compile(r"(?P<name>\b[A-Za-z_]+)\s*=\s*(?P<value>'(?:[^'\\]|\\.)*'|\S+)")
 
 
-def masked(text: str) -> str:
+def masked(text: str, secrets_of: Optional[str] = None) -> str:
     """``text`` with every password it holds replaced by ``***``: a URL's userinfo password, its secret query
-    parameters, and ``name=value`` words whose name says secret (a DSN). Text without a secret is returned as is."""
+    parameters, and ``name=value`` words whose name says secret (a DSN). Text without a secret is returned as is.
+    With ``secrets_of`` (a URL), each password that URL holds is replaced too, as typed and as decoded: a driver's
+    error may quote what it was given."""
+    if secrets_of is not None:
+        return _scrubbed(masked(text), _url_secrets(secrets_of))
     if "://" in text:
         return _masked_url(text)
     if "=" in text:
@@ -81,7 +85,7 @@ def _url_split(head: str, rest: str) -> Tuple[Optional[str], str, str]:
     return None, authority, tail
 
 
-def scrubbed(text: str, secrets: Iterable[str]) -> str:
+def _scrubbed(text: str, secrets: Iterable[str]) -> str:
     """``text`` (a driver's error, which may quote what it was given) with each of ``secrets`` replaced by ``***``."""
     for secret in secrets:
         if secret and len(secret) >= 3:
@@ -89,7 +93,7 @@ def scrubbed(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
-def url_secrets(url: str) -> List[str]:
+def _url_secrets(url: str) -> List[str]:
     """The passwords ``url`` holds, as typed and as decoded (to scrub them from a driver's message)."""
     head, _, rest = url.partition("://")
     userinfo, _, tail = _url_split(head, rest)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from autofit import memory_model
-from autofit.core import INIT_KWARGS, KNOBS, Candidate, as_trained, blocks, format_size, one_line
+from autofit.core import KNOBS, TRL_KEYS, Candidate, as_trained, blocks, format_size, one_line
 from autofit.export._engine import engine_comments, engine_data, exported_engine, host_memory_data
 from autofit.export._user_yaml import user_yaml
 from autofit.export._vllm import vllm_comments, vllm_data
@@ -72,13 +72,13 @@ def training_args(candidate: Candidate) -> Dict[str, Any]:
     """The candidate's training arguments as best.yaml writes them: the attention kernel is ModelConfig's
     ``attn_implementation`` there (TRL's script puts it in ``model_init_kwargs``), not a second copy."""
     args = candidate.training_args()
-    init = args.get(INIT_KWARGS)
+    init = args.get(TRL_KEYS.init_kwargs)
     if candidate.attn_implementation is not None and isinstance(init, dict):
         init = {k: v for k, v in init.items() if k != "attn_implementation"}
         if init:
-            args[INIT_KWARGS] = init
+            args[TRL_KEYS.init_kwargs] = init
         else:
-            args.pop(INIT_KWARGS)
+            args.pop(TRL_KEYS.init_kwargs)
     return args
 
 

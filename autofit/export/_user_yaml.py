@@ -18,7 +18,7 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.representer import RoundTripRepresenter
 from ruamel.yaml.util import load_yaml_guess_indent
 
-from autofit.core import INIT_KWARGS, Candidate, TrlFile, keys_of
+from autofit.core import TRL_KEYS, Candidate, TrlFile, keys_of
 from autofit.machine import resolve_model
 from autofit.rungs import rung_named
 
@@ -117,8 +117,8 @@ def user_yaml(user: TrlFile, candidate: Candidate, exported: Dict[str, Any], why
     document = yaml.load(user.text)
     changes: List[Dict[str, Any]] = []
     exported = _checkpointing_key(user, exported)
-    if not user.wrote(INIT_KWARGS) and exported.get(INIT_KWARGS) == {"dtype": exported.get("dtype")}:
-        exported = {k: v for k, v in exported.items() if k != INIT_KWARGS}  # TRL's script passes dtype on
+    if not user.wrote(TRL_KEYS.init_kwargs) and exported.get(TRL_KEYS.init_kwargs) == {"dtype": exported.get("dtype")}:
+        exported = {k: v for k, v in exported.items() if k != TRL_KEYS.init_kwargs}  # TRL's script passes dtype on
     for key, value in exported.items():
         if key == MODEL_KEY:
             _model(document, user, candidate, value, changes)

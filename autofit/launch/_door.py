@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Tuple
 
-from autofit.core import BATCH_KEYS, DEFAULT_ALGO, MAX_EFFECTIVE_BATCH, InputError, Launch
+from autofit.core import DEFAULT_ALGO, MAX_EFFECTIVE_BATCH, InputError, Launch, keys_of
 from autofit.launch._accelerate_file import check_deepspeed_argument, read_accelerate_config
 from autofit.launch._engine import launch_engine
 from autofit.launch._file_knobs import option_file_keys
@@ -67,7 +67,7 @@ def _check_file_values(launch: Launch, from_file: Dict[str, Any], given: Mapping
 
     file = launch.file
     assert file is not None
-    for key in BATCH_KEYS:
+    for key in keys_of("batch"):
         value = file.training.get(key)
         if file.wrote(key) and (isinstance(value, bool) or not isinstance(value, int)
                                 or not 1 <= value <= MAX_EFFECTIVE_BATCH):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from autofit.core import BATCH_KEYS, SEARCHED_ARGS, Baseline, Launch, TrlFile, runnable_attention
+from autofit.core import SEARCHED_ARGS, Baseline, Launch, TrlFile, keys_of, runnable_attention
 from autofit.launch._file_knobs import file_baseline, file_options, read_keys
 from autofit.memory_model import PROBED_KEY, classify_key, means_the_default
 
@@ -84,7 +84,7 @@ def baseline(launch: Launch, rank_batch: int) -> Optional[Baseline]:
             return None
         return Baseline(settings=(("checkpointing", engine.checkpointing),), sharding=engine.sharding,
                         source=launch.source)
-    batch, accumulation = (file.training.get(key) for key in BATCH_KEYS)
+    batch, accumulation = (file.training.get(key) for key in keys_of("batch"))
     split = isinstance(batch, int) and isinstance(accumulation, int) and batch * accumulation == rank_batch
     settings = dict(file_baseline(file.run))
     settings["checkpointing"] = settings["checkpointing"] or engine.checkpointing  # FSDP's own

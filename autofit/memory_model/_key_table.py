@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from autofit.core import MODELLED, PROBED, key_rows
+from autofit.core import KNOBS, MODELLED, PROBED
 
 NO_MEMORY = "no-memory"
 NOT_PROBED = "not-probed"
@@ -147,7 +147,7 @@ _NOT_PROBED = {
 }
 
 TABLE: Dict[str, Tuple[str, str]] = {
-    **key_rows(),
+    **{key: (k.kind, words) for k in KNOBS for key, words in {**k.training_keys, **k.model_keys}.items()},
     **{key: (MODELLED, why) for key, why in _MODELLED.items()},
     **{key: (PROBED, why) for key, why in _PROBED.items()},
     **{key: (NO_MEMORY, "") for key in _NO_MEMORY},

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional, Tuple, Union
 
-from autofit.core import FACTORIES, InputError
+from autofit.core import ALGORITHMS, InputError
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +149,9 @@ def prepare_factory(factory: Union[str, Callable]) -> FactoryPayload:
     """The payload for ``factory`` (a built-in algorithm's name, "module:function", or a callable); raises
     ``FactoryError`` when a fresh process could not get it."""
     if isinstance(factory, str):
-        if factory in FACTORIES or factory in FACTORIES.values():
-            return FactoryPayload(ref=FACTORIES.get(factory, factory), identity="", builtin=True, name=factory)
+        builtin = {unit.name: unit.factory for unit in ALGORITHMS.values()}
+        if factory in builtin or factory in builtin.values():
+            return FactoryPayload(ref=builtin.get(factory, factory), identity="", builtin=True, name=factory)
         if ":" not in factory:
             raise FactoryError(f"trainer factory '{factory}' is not of the form 'package.module:function'")
         return FactoryPayload(ref=factory, identity=identity(load_factory(factory)), name=f"'{factory}'")

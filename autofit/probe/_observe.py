@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Optional
 
-from autofit.core import BATCH_KEYS, KNOBS, Candidate, FactoryMisuse, keys_of
+from autofit.core import KNOBS, Candidate, FactoryMisuse, keys_of
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def check_trainer(trainer, candidate: Candidate) -> None:
     wrong = {
         key: (getattr(args, key, None), value)
         for key, value in expected.items()
-        if key in (*BATCH_KEYS, "max_steps")
+        if key in (*keys_of("batch"), "max_steps")
         and getattr(args, key, None) != value
     }
     if wrong:

@@ -17,15 +17,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from autofit import launch as launches
 from autofit.core import (
-    GROUP_ALGOS,
     RL_ALGOS,
+    TRL_KEYS,
     InputError,
     Launch,
     SearchOptions,
     SearchSpec,
     algorithm_names,
     format_size,
-    keys_of,
     one_line,
     parse_size,
     user_trusts_code,
@@ -78,13 +77,13 @@ def question(options: SearchOptions, factory: Optional[str] = None, launch: Opti
         raise InputError("--gpu-memory is required on the CPU: it is the budget of the simulated device")
     check_engine_installed(launch)
     if spec.device == "cpu" and options.use_vllm == "colocate" and vllm_installed() \
-            and spec.user_args.get(keys_of("vllm_sleep")[0]) is True:
+            and spec.user_args.get(TRL_KEYS.vllm_sleep) is True:
         # the CPU build raises "Sleep mode is not supported on current platform" at start: every probe fails
-        raise InputError(f"{keys_of('vllm_sleep')[0]}: true: vLLM's CPU build has no sleep mode, so no probe could "
+        raise InputError(f"{TRL_KEYS.vllm_sleep}: true: vLLM's CPU build has no sleep mode, so no probe could "
                          "start it on the simulated device; set it false (or leave it out) here, or search on a GPU")
     if options.use_vllm is not None and not vllm_installed():
         spec = dataclasses.replace(spec, notes=spec.notes + tuple(_vllm_notes(spec)))
-    elif options.algo in GROUP_ALGOS and not vllm_installed():
+    elif options.algo in algorithm_names(groups=True) and not vllm_installed():
         spec = dataclasses.replace(spec, notes=spec.notes + (
             "vLLM is not installed: generation was probed through transformers' generate, and vLLM's settings "
             "(gpu_memory_utilization, max_num_seqs, sleep mode) were not searched",))

@@ -23,7 +23,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from autofit.core import InputError, masked, one_line, scrubbed, url_parts, url_secrets
+from autofit.core import InputError, masked, one_line, url_parts
 from autofit.machine import check_folder_private, read_own_file
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def open_storage(location: Union[str, Path]) -> BaseStorage:
         raise InputError(f"the queue {masked(text)} needs a package that is not installed ({one_line(exc)}): "
                          "pip install 'autofit[workers]'") from None
     except Exception as exc:  # noqa: BLE001 - a server refusing, a bad URL: each driver raises its own
-        said = scrubbed(masked(one_line(exc)), url_secrets(url))[:200]
+        said = masked(one_line(exc), secrets_of=url)[:200]
         raise InputError(f"the queue {masked(text)} cannot be reached ({type(exc).__name__}: {said})") from None
     raise InputError(f"the queue {masked(text)} has a scheme autofit does not read: {ACCEPTED}")
 

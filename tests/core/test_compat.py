@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 from packaging.version import Version
 
-from autofit.core import FACTORIES, Candidate, Outcome
+from autofit.core import Candidate, Outcome, algorithm
 from autofit.core import _compat as compat
 from autofit.probe import ProcessRunner
 
@@ -43,7 +43,7 @@ def test_the_installed_config_class_has_the_field_autofit_writes():
 def test_every_built_in_algorithm_probes_with_and_without_checkpointing(tmp_path, algo):
     # RL probes generate their completions token by token: 32 of them show checkpointing's saving as 64 did
     extra = dict(num_generations=2, prompt_length=16, max_length=32) if algo in ("grpo", "rloo") else {"max_length": 64}
-    runner = ProcessRunner(FACTORIES[algo], None, tmp_path)
+    runner = ProcessRunner(algorithm(algo).factory, None, tmp_path)
     plain = Candidate(algo, "tiny-qwen2", "cpu", micro_batch=4, grad_accum=1, **extra)
     results = {ckpt: runner.run(plain.replace(checkpointing=ckpt), 2) for ckpt in (False, True)}
     for result in results.values():

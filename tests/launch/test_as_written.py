@@ -10,12 +10,12 @@ import pytest
 
 from autofit import memory_model as mm
 from autofit.core import (
-    FACTORIES,
     Candidate,
     Launch,
     LoraSettings,
     Outcome,
     TrlFile,
+    algorithm,
     blocks,
     runnable_attention,
 )
@@ -139,7 +139,7 @@ def test_the_allocator_rung_keeps_the_users_other_allocator_options():
 def test_modules_to_save_reach_the_probe_and_the_ledger_predicts_its_peak(tmp_path):
     shape = mm.ModelShape.from_model("tiny-qwen2")
     saved = lora(modules_to_save=SAVED)
-    result = ProcessRunner(FACTORIES["sft"], None, tmp_path).run(saved, 2)
+    result = ProcessRunner(algorithm("sft").factory, None, tmp_path).run(saved, 2)
     assert result.outcome is Outcome.OK, result.error
     assert result.observed["peft"]["modules_to_save"] == sorted(SAVED)
     adapters = sum(t.numel * t.count for t in mm.trainable_tensors(shape, lora()))
@@ -152,7 +152,7 @@ def test_modules_to_save_reach_the_probe_and_the_ledger_predicts_its_peak(tmp_pa
 
 @pytest.mark.slow
 def test_the_files_4bit_settings_env_and_attention_reach_the_probe(tmp_path):
-    runner = ProcessRunner(FACTORIES["sft"], None, tmp_path)
+    runner = ProcessRunner(algorithm("sft").factory, None, tmp_path)
     as_file = lora().replace(quantization="4bit", bnb=QuantSettings(quant_type="fp4", nested=False,
                                                                     storage="bfloat16"),
                              attn_implementation="eager", env=(("AUTOFIT_AS_WRITTEN", "seen"),))

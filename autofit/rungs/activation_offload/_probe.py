@@ -34,7 +34,7 @@ import weakref
 from typing import Any, Callable, ContextManager, Dict, Iterator, Optional, Set
 from unittest import mock
 
-from autofit.core import ACTIVATION_OFFLOADING, Candidate, FactoryMisuse
+from autofit.core import TRL_KEYS, Candidate, FactoryMisuse
 from autofit.rungs._contract import ProbeStep
 
 TRAINER_MODULES = ("trl.trainer.sft_trainer", "trl.trainer.reward_trainer")
@@ -262,7 +262,7 @@ def offloaded_activations(trainer, host_copies, meter) -> Dict[str, int]:
     """The most host memory the offloaded activations took at once, the most TRL kept on the device instead (see the
     module's doc), and the most of the two together; on the simulated meter they leave the device's peaks, and its
     budget is checked now. A trainer that did not offload measured something else: an error."""
-    if not getattr(trainer.args, ACTIVATION_OFFLOADING, False):
+    if not getattr(trainer.args, TRL_KEYS.activation_offloading, False):
         raise FactoryMisuse(
             "the candidate offloads activations but the trainer's config has activation_offloading off: build the "
             "trainer's config from candidate.training_args() inside the factory"

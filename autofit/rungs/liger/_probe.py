@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from autofit.core import INFRASTRUCTURE, USE_LIGER, USER, Candidate, FactoryMisuse, Outcome
+from autofit.core import INFRASTRUCTURE, TRL_KEYS, USER, Candidate, FactoryMisuse, Outcome
 from autofit.rungs._contract import ProbeStep
 from autofit.rungs.liger._rung import KERNEL_FAILURE
 
@@ -35,7 +35,7 @@ def liger_modules(model) -> int:
 
 def check_liger_flag(trainer) -> None:
     """Before training: the trainer's config must ask for the kernels, or the probe would not measure them."""
-    if not getattr(trainer.args, USE_LIGER, False):
+    if not getattr(trainer.args, TRL_KEYS.use_liger, False):
         raise FactoryMisuse(
             "the candidate uses Liger's kernels but the trainer's config has use_liger_kernel off: build the "
             "trainer's config from candidate.training_args() inside the factory"

@@ -15,7 +15,7 @@ with a note too. A probe the kernels break is the rung's failure: the search goe
 import importlib.util
 from typing import Optional
 
-from autofit.core import USE_LIGER, Candidate, ProbeResult, clip
+from autofit.core import TRL_KEYS, Candidate, ProbeResult, clip
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import FREE, LadderState
 
@@ -59,7 +59,7 @@ class LigerKernels(RungBase):
         candidate = state.candidate
         if candidate.liger or not candidate.unit.liger:  # PPO's loop builds its own models
             return None
-        if dict(candidate.user_args).get(USE_LIGER) is not None:
+        if dict(candidate.user_args).get(TRL_KEYS.use_liger) is not None:
             return None  # the user decided, either way
         return state.with_rung(self, candidate_changes={"liger": True})
 

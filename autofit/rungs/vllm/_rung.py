@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional
 
-from autofit.core import VLLM_CONTEXT_KEY, VLLM_SHARE_KEY, Candidate, keys_of
+from autofit.core import TRL_KEYS, Candidate
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import FREE, SPEED, LadderState
 
@@ -32,7 +32,6 @@ SPARE = 0.10  # of what vLLM needs, kept free in its share (its profiling run an
 SHARES = (0.05, 0.95)  # the least and the most of the card the rung gives vLLM, in hundredths
 
 
-VLLM_SLEEP_KEY = keys_of("vllm_sleep")[0]  # vllm_enable_sleep_mode
 
 
 class VllmContext(RungBase):
@@ -40,7 +39,7 @@ class VllmContext(RungBase):
     cost = FREE
     modelled = True
     help = "vllm_max_model_length = the run's prompt + completion, not the model's whole context"
-    key_comments = {VLLM_CONTEXT_KEY: name}
+    key_comments = {TRL_KEYS.vllm_context: name}
     priced_by_its_search = ("what it buys is vLLM's start where the model's whole window does not fit the share "
                             "(the ledger's refusal); a share that holds the window is priced the same")
     probe_step = "autofit.rungs.vllm._probe:VllmStep"
@@ -64,7 +63,7 @@ class VllmShare(RungBase):
     modelled = True
     help = ("vllm_gpu_memory_utilization = what vLLM needs to start and hold TRL's batch (weights, profiling peak, "
             f"non-torch memory, CUDA graphs, KV cache), {SPARE:.0%} to spare: the trainer has the rest")
-    key_comments = {VLLM_SHARE_KEY: name}
+    key_comments = {TRL_KEYS.vllm_share: name}
     probe_step = "autofit.rungs.vllm._probe:VllmStep"
 
     def apply(self, state: LadderState) -> Optional[LadderState]:
@@ -109,6 +108,6 @@ class VllmSleep(RungBase):
         candidate = state.candidate
         if candidate.vllm != "colocate" or candidate.vllm_sleep:
             return None
-        if dict(candidate.user_args).get(VLLM_SLEEP_KEY) is not None:
+        if dict(candidate.user_args).get(TRL_KEYS.vllm_sleep) is not None:
             return None  # the user decided, either way
         return state.with_rung(self, candidate_changes={"vllm_sleep": True})

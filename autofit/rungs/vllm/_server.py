@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
-from autofit.core import Candidate, keys_of
+from autofit.core import TRL_KEYS, Candidate
 from autofit.rungs._contract import RungBase
 from autofit.rungs._ladder import OFFLOAD_RUNG, SPEED, LadderState
 from autofit.rungs._sharding import SHARDING_RUNGS
@@ -56,7 +56,7 @@ class VllmServer(RungBase):
         candidate = state.candidate
         if candidate.vllm != "colocate" or candidate.ranks < 2 or state.vllm_server_fits is None:
             return None
-        if dict(candidate.user_args).get(keys_of("vllm")[1]) is not None:  # vllm_mode
+        if dict(candidate.user_args).get(TRL_KEYS.vllm_mode) is not None:
             return None  # the user's file chose the mode
         rank_batch = candidate.micro_batch * candidate.grad_accum
         for gpus, trainers, per_rank in placements(candidate, rank_batch):
