@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from autofit.core import INFRASTRUCTURE, PLUGIN, USER, FactoryMisuse, Outcome, PluginStepError, ProbeResult
+from autofit.probe._build_locks import STALE_LOCK_CAUSE, stale_build_locks
 
 # Causes (``ProbeResult.cause``).
 BAD_FORK = "bad-fork"  # the probe was forked from a process that had initialized CUDA
@@ -181,11 +182,20 @@ CANNOT_CREATE_EXIT = 73
 
 
 def classify_exit(exitcode: Optional[int], timed_out: bool, phase: str = "", user_factory: bool = False, *,
-                  stopped: bool = False) -> ProbeResult:
+                  stopped: bool = False, started: Optional[float] = None) -> ProbeResult:
     """A probe that ended without writing its result: killed, hung or crashed hard. ``phase``: the last phase it
     recorded; a process that exited by itself while the user's factory built the trainer (``os._exit`` in it) is
     the factory's doing, not the machine's. ``stopped``: the probe was frozen (SIGSTOP) when its time ran out: the
-    machine's doing, like a killed probe server (run once more), not a slow candidate."""
+    machine's doing, like a killed probe server (run once more), not a slow candidate. ``started``: when the probe
+    started (``time.time()``): one out of time while a torch extension's build lock older than that is still there
+    waited on a killed build's lock (``autofit.probe._build_locks``), the machine's doing too."""
+    locks = stale_build_locks(started) if timed_out and not stopped and started is not None else []
+    if locks:
+        named = ", ".join(str(lock) for lock in locks[:3]) + (f" and {len(locks) - 3} more" if len(locks) > 3 else "")
+        return ProbeResult(Outcome.CRASH, error=f"probe ran out of time while a torch extension's build lock older "
+                                                f"than the probe was still there ({named}): an interrupted build left "
+                                                "it, and every build of that op waits on it", fault=INFRASTRUCTURE,
+                           cause=STALE_LOCK_CAUSE)
     if timed_out and stopped:
         return ProbeResult(Outcome.CRASH, error="probe was stopped (SIGSTOP or a debugger froze it) when its time "
                                                 "limit came: it was not running, so its time says nothing of the "

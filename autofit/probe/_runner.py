@@ -139,6 +139,7 @@ class ProcessRunner:
             args=(self.factory, candidate, self.budget_bytes, str(result_path), str(probe_dir / "probe.log")),
             kwargs={"env": dict(self.device_env)}, name=f"autofit-probe-{self._count}",
         )
+        started = time.time()
         with _main_module_left_alone(self._context):
             process.start()
         stopped = False
@@ -158,7 +159,7 @@ class ProcessRunner:
         if result_path.exists():
             return ProbeResult.from_dict(json.loads(result_path.read_text()))
         result = classify_exit(process.exitcode, timed_out, _last_phase(probe_dir), not self.factory.builtin,
-                               stopped=stopped)
+                               stopped=stopped, started=started)
         result.log_path = str(probe_dir / "probe.log")
         return result
 
@@ -180,6 +181,7 @@ class ProcessRunner:
                                          str(folder / "probe.log")),
                 kwargs={"env": {**rank_env(rank, candidate.ranks, port), **self.device_env}},
                 name=f"autofit-probe-{self._count}-rank{rank}"))
+        started = time.time()
         try:
             with _main_module_left_alone(self._context):
                 for process in processes:
@@ -197,7 +199,8 @@ class ProcessRunner:
         for folder, process, was_killed in zip(folders, processes, killed, strict=True):
             path = folder / "result.json"
             result = ProbeResult.from_dict(json.loads(path.read_text())) if path.exists() else \
-                classify_exit(process.exitcode, timed_out and was_killed, _last_phase(folder), not self.factory.builtin)
+                classify_exit(process.exitcode, timed_out and was_killed, _last_phase(folder), not self.factory.builtin,
+                              started=started)
             result.log_path = result.log_path or str(folder / "probe.log")
             results.append(result)
         return ranks.combine(results, [k and not timed_out for k in killed])

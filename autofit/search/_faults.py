@@ -6,6 +6,8 @@
   aside) stops it after the second: with ``FactoryError`` when it comes from a user's factory and not from the
   machine, else with ``InfrastructureError`` (the CLI's exit 4): a bad fork, a full disk, a CUDA driver that
   cannot start, a missing package, a probe killed by the host.
+- A probe that **waited on a killed build's lock** (``autofit.probe._build_locks``) stops it at once with
+  ``InfrastructureError``, not run again: every probe of that engine would wait its whole time limit on it.
 - A **plugin fault** (another package's rung failed in its own probe-step code) stops it at once with that
   package's ``PluginError`` (exit 2): its step runs in every probe of its levels.
 - A search that ends with no fit although no probe ran out of memory and the memory model ruled nothing out has
@@ -19,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple
 
 from autofit.core import INFRASTRUCTURE, PLUGIN, USER, Candidate, Outcome, PluginStepError, ProbeResult, clip
-from autofit.probe import FactoryError
+from autofit.probe import STALE_LOCK_CAUSE, FactoryError
 from autofit.rungs import PluginError
 
 if TYPE_CHECKING:
@@ -33,7 +35,12 @@ HINTS = {
             "(python -c 'import torch; print(torch.cuda.is_available())')",
     "import": "install the missing package in the environment autofit runs in",
     "signal-SIGKILL": "the host killed the probe, most often for lack of host memory",
+    STALE_LOCK_CAUSE: "remove the lock (rm -f FILE) where no build of that op runs now: a probe, a search or a "
+                      "DeepSpeed run stopped while it built the op left it",
 }
+# Causes no other probe escapes: the search stops at the first, without running it again (each run waits out its
+# whole time limit)
+STOPS_AT_ONCE = (STALE_LOCK_CAUSE,)
 
 
 class InfrastructureError(RuntimeError):
@@ -62,9 +69,10 @@ def factory_failure(candidate: Candidate, result: ProbeResult, repeated: bool = 
 
 def infrastructure_failure(result: ProbeResult, count: int) -> InfrastructureError:
     hint = HINTS.get(result.cause)
+    seen = f"the same error on {count} different candidates" if count > 1 else "an error every probe would meet"
     return InfrastructureError(
-        f"probes cannot run here: the same error on {count} different candidates, not an out-of-memory: "
-        f"{result.error}{_where(result)}" + (f"; {hint}" if hint else ""),
+        f"probes cannot run here: {seen}, not an out-of-memory: {result.error}{_where(result)}"
+        + (f"; {hint}" if hint else ""),
         result,
     )
 
@@ -82,6 +90,8 @@ class FaultWatch:
         if result.fault == PLUGIN:
             said = result.error.removeprefix(f"{PluginStepError.__name__}: ")
             raise PluginError(f"{said}{_where(result)}; the search stops ({candidate.describe()})")
+        if result.cause in STOPS_AT_ONCE:
+            raise infrastructure_failure(result, 1)
         if result.outcome is not Outcome.CRASH:
             return  # OOM answers the question; INVALID belongs to its rung; a time-out to its candidate
         signature = result.signature()

@@ -12,7 +12,7 @@ from autofit import memory_model
 from autofit.core import INFRASTRUCTURE, Candidate, InputError, Outcome, ProbeResult, SearchSpec, format_size
 from autofit.probe import ProbeProgress, Runner
 from autofit.rungs import FailedRungs
-from autofit.search._faults import FaultWatch, retry_note
+from autofit.search._faults import STOPS_AT_ONCE, FaultWatch, retry_note
 from autofit.search._guide import MemoryGuide
 from autofit.search._result import ProbeLimitReached, Record, SearchReport, Skip
 from autofit.search._slots import SlotRunner
@@ -75,7 +75,8 @@ class Prober:
         result, cached = self.store.measure(candidate, kind, key, level, run)
         if cached and self.guide.implausible(candidate, result):
             result, cached = self.store.measure(candidate, kind, key, level, run, fresh=True)
-        if not cached and result.outcome is Outcome.CRASH and result.fault == INFRASTRUCTURE:  # the machine's: again
+        if not cached and result.outcome is Outcome.CRASH and result.fault == INFRASTRUCTURE \
+                and result.cause not in STOPS_AT_ONCE:  # the machine's: again
             log.info("%s", Record(level, candidate, kind, result, cached, predicted, prior).log_line(
                 len(self.report.records) + 1) + "; not the candidate's failure: run once more")
             first, (result, _) = result, self.store.measure(candidate, kind, key, level, run, fresh=True)
