@@ -14,8 +14,9 @@ STALE_LOCK_CAUSE = "build-lock"
 
 
 def extensions_root() -> Path:
-    """Where torch builds its extensions: ``$TORCH_EXTENSIONS_DIR``, else ``torch_extensions`` in the user's cache
-    (``$XDG_CACHE_HOME``, else ``~/.cache``), as ``torch.utils.cpp_extension.get_default_build_root`` says."""
+    """Where torch builds its extensions, as ``torch.utils.cpp_extension._get_build_directory`` reads it:
+    ``$TORCH_EXTENSIONS_DIR``, else ``torch_extensions`` in the user's cache (``$XDG_CACHE_HOME``, else ``~/.cache``),
+    with a folder per Python and accelerator under it."""
     named = os.environ.get("TORCH_EXTENSIONS_DIR")
     if named:
         return Path(named).expanduser()

@@ -35,7 +35,7 @@ HINTS = {
             "(python -c 'import torch; print(torch.cuda.is_available())')",
     "import": "install the missing package in the environment autofit runs in",
     "signal-SIGKILL": "the host killed the probe, most often for lack of host memory",
-    STALE_LOCK_CAUSE: "remove the lock (rm -f FILE) where no build of that op runs now: a probe, a search or a "
+    STALE_LOCK_CAUSE: "where no build of that op runs now, remove the lock named (rm -f it): a probe, a search or a "
                       "DeepSpeed run stopped while it built the op left it",
 }
 # Causes no other probe escapes: the search stops at the first, without running it again (each run waits out its

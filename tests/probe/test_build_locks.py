@@ -61,6 +61,16 @@ def test_a_probe_out_of_time_on_a_stale_lock_is_the_machines(extensions, tmp_pat
     assert str(lock) in result.error
 
 
+@pytest.mark.slow
+def test_a_probe_of_two_ranks_names_the_lock_too(extensions, tmp_path):
+    # both ranks are killed at the time limit (rank 1 sleeps, rank 0 waits for it): each is the lock's, and so is
+    # the one result the ranks give
+    lock = _lock(extensions, age_s=3600)
+    runner = ProcessRunner("probe_factories:rank_one_hangs", None, tmp_path / "work", timeout_s=8)
+    result = runner.run(CANDIDATE.replace(max_length=64, ranks=2), 2)
+    assert result.outcome is Outcome.CRASH and result.cause == STALE_LOCK_CAUSE and str(lock) in result.error
+
+
 def test_a_lock_newer_than_the_probe_or_none_leaves_the_time_out_the_candidates(extensions):
     lock = _lock(extensions, age_s=5)
     assert classify_exit(None, True, started=time.time() - 60).outcome is Outcome.TIMEOUT  # a build under way

@@ -32,8 +32,6 @@ SPARE = 0.10  # of what vLLM needs, kept free in its share (its profiling run an
 SHARES = (0.05, 0.95)  # the least and the most of the card the rung gives vLLM, in hundredths
 
 
-
-
 class VllmContext(RungBase):
     name = "vllm-context"
     cost = FREE
